@@ -44,7 +44,9 @@ type PostError struct {
 	Err   error
 }
 
-func (e *PostError) Error() string { return fmt.Sprintf("rdma: post of request %d: %v", e.Index, e.Err) }
+func (e *PostError) Error() string {
+	return fmt.Sprintf("rdma: post of request %d: %v", e.Index, e.Err)
+}
 func (e *PostError) Unwrap() error { return e.Err }
 
 // CompletionError is a failed work completion as an error.

@@ -25,7 +25,9 @@ func Alloc(size int) (*Memory, error) { return mem.Alloc(size) }
 // shared and writable, for registration: stores through the mapping, local
 // or by remote RDMA_WRITE, reach the file, and Memory.Sync makes them
 // durable.
-func MapFile(f *os.File, offset int64, size int) (*Memory, error) { return mem.MapFile(f, offset, size) }
+func MapFile(f *os.File, offset int64, size int) (*Memory, error) {
+	return mem.MapFile(f, offset, size)
+}
 
 // PageSize is the system page size.
 var PageSize = mem.PageSize
