@@ -1,0 +1,106 @@
+package mem
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+func TestAcquireRejectsHeapMemory(t *testing.T) {
+	if _, err := Acquire(make([]byte, 4096), false); !errors.Is(err, ErrNotMapped) {
+		t.Fatalf("Acquire(heap) = %v, want ErrNotMapped", err)
+	}
+}
+
+func TestAcquireRejectsRangesPastTheMapping(t *testing.T) {
+	m, err := Alloc(PageSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if _, err := Acquire(m.Bytes()[:PageSize:PageSize][1:PageSize], false); err != nil {
+		t.Fatalf("Acquire inside the mapping: %v", err)
+	}
+	// A slice reaching past the mapping cannot be built safely, but an
+	// unmapped one can: after Close, the memory is unknown.
+	m2, _ := Alloc(PageSize)
+	b := m2.Bytes()
+	if err := m2.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Acquire(b, false); !errors.Is(err, ErrNotMapped) {
+		t.Fatalf("Acquire(unmapped) = %v, want ErrNotMapped", err)
+	}
+}
+
+func TestPinsAreCountedPerPage(t *testing.T) {
+	m, err := Alloc(4 * PageSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	whole, err := Acquire(m.Bytes(), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	middle, err := Acquire(m.Bytes()[PageSize+10:2*PageSize+10], true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []uint32{1, 2, 2, 1}
+	for i, n := range m.pins {
+		if n != want[i] {
+			t.Fatalf("pins %v, want %v", m.pins, want)
+		}
+	}
+	if err := m.Close(); !errors.Is(err, ErrBusy) {
+		t.Fatalf("Close with registrations = %v, want ErrBusy", err)
+	}
+	middle.Release()
+	middle.Release() // idempotent
+	for i, n := range m.pins {
+		if n != 1 {
+			t.Fatalf("after releasing the overlap, page %d has %d pins, want 1", i, n)
+		}
+	}
+	whole.Release()
+	if err := m.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Close(); !errors.Is(err, ErrClosed) {
+		t.Fatalf("second Close = %v, want ErrClosed", err)
+	}
+}
+
+func TestMapFileSharesStoresWithTheFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "arena")
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := f.Truncate(int64(2 * PageSize)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := MapFile(f, 1, PageSize); err == nil {
+		t.Error("unaligned offset accepted")
+	}
+	if _, err := MapFile(f, 0, 3*PageSize); err == nil {
+		t.Error("mapping past the end of the file accepted")
+	}
+	m, err := MapFile(f, int64(PageSize), PageSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	copy(m.Bytes()[5:], "durable")
+	if err := m.Sync(5, 7); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Close(); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, 7)
+	if _, err := f.ReadAt(got, int64(PageSize)+5); err != nil || string(got) != "durable" {
+		t.Fatalf("file has %q (%v), want %q", got, err, "durable")
+	}
+}

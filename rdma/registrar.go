@@ -1,0 +1,333 @@
+// Registrar: asynchronous memory registration on a bounded worker pool.
+
+package rdma
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/bits"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// RegistrarOptions configures a Registrar. Zero fields take the documented
+// defaults.
+type RegistrarOptions struct {
+	// Workers is how many registrations run at once. Pinning is bound by
+	// page faults and memory bandwidth, so a few workers saturate a
+	// machine. Default: min(4, GOMAXPROCS).
+	Workers int
+}
+
+// Registrar registers memory off the caller's goroutine. Register returns a
+// future at once; a bounded pool of workers pins and registers the buffers in
+// the order they were submitted. It owns the MRs it produces: each is
+// deregistered exactly once, by Registration.Release or, at the latest, by
+// Close. All methods are safe for concurrent use.
+type Registrar struct {
+	pd      PD
+	workers int
+
+	mu      sync.Mutex
+	wake    *sync.Cond
+	queue   []*Registration // FIFO of requests no worker has taken
+	live    map[*Registration]struct{}
+	closed  bool
+	running sync.WaitGroup
+
+	inFlight atomic.Int64
+	done     atomic.Uint64
+	failed   atomic.Uint64
+	canceled atomic.Uint64
+	bytes    atomic.Uint64
+	latency  [LatencyBuckets]atomic.Uint64
+}
+
+// NewRegistrar starts a Registrar that registers memory with pd. The
+// Registrar does not own pd: Close the Registrar before the PD.
+func NewRegistrar(pd PD, opts RegistrarOptions) *Registrar {
+	if opts.Workers <= 0 {
+		opts.Workers = min(4, runtime.GOMAXPROCS(0))
+	}
+	r := &Registrar{pd: pd, workers: opts.Workers, live: map[*Registration]struct{}{}}
+	r.wake = sync.NewCond(&r.mu)
+	r.running.Add(opts.Workers)
+	for range opts.Workers {
+		go r.work()
+	}
+	return r
+}
+
+// RegisterRequest is one buffer of a batch.
+type RegisterRequest struct {
+	Buf    []byte
+	Access Access
+}
+
+// Register queues buf for registration with access and returns at once.
+// Cancelling ctx before a worker has finished the registration fails the
+// future with ctx's error and leaves nothing registered.
+func (r *Registrar) Register(ctx context.Context, buf []byte, access Access) *Registration {
+	return r.RegisterBatch(ctx, []RegisterRequest{{buf, access}})[0]
+}
+
+// RegisterBatch queues several buffers at once, in order, under one ctx.
+func (r *Registrar) RegisterBatch(ctx context.Context, reqs []RegisterRequest) []*Registration {
+	futures := make([]*Registration, len(reqs))
+	now := time.Now()
+	for i, req := range reqs {
+		f := &Registration{r: r, ctx: ctx, buf: req.Buf, access: req.Access, queued: now, done: make(chan struct{})}
+		// Watch ctx before queueing: a cancel that fires first finds nothing
+		// queued, and the worker then sees ctx.Err() itself.
+		f.stopWatch = context.AfterFunc(ctx, func() { r.cancelQueued(f) })
+		futures[i] = f
+	}
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		for _, f := range futures {
+			f.complete(nil, ErrClosed)
+		}
+		return futures
+	}
+	r.queue = append(r.queue, futures...)
+	r.mu.Unlock()
+	r.wake.Broadcast()
+	return futures
+}
+
+// cancelQueued fails f with its context's error if no worker has taken it.
+func (r *Registrar) cancelQueued(f *Registration) {
+	r.mu.Lock()
+	removed := r.unqueueLocked(f)
+	r.mu.Unlock()
+	if removed {
+		f.complete(nil, f.ctx.Err())
+	}
+}
+
+func (r *Registrar) unqueueLocked(f *Registration) bool {
+	for i, q := range r.queue {
+		if q == f {
+			r.queue = append(r.queue[:i], r.queue[i+1:]...)
+			return true
+		}
+	}
+	return false
+}
+
+func (r *Registrar) work() {
+	defer r.running.Done()
+	for {
+		r.mu.Lock()
+		for len(r.queue) == 0 && !r.closed {
+			r.wake.Wait()
+		}
+		if r.closed {
+			r.mu.Unlock()
+			return
+		}
+		f := r.queue[0]
+		r.queue[0] = nil
+		r.queue = r.queue[1:]
+		r.inFlight.Add(1)
+		r.mu.Unlock()
+
+		r.register(f)
+		r.inFlight.Add(-1)
+	}
+}
+
+func (r *Registrar) register(f *Registration) {
+	if err := f.ctx.Err(); err != nil {
+		f.complete(nil, err)
+		return
+	}
+	mr, err := r.pd.Register(f.buf, f.access)
+	if err != nil {
+		f.complete(nil, fmt.Errorf("rdma: registering %d bytes with %v: %w", len(f.buf), f.access, err))
+		return
+	}
+	r.mu.Lock()
+	cause := f.ctx.Err()
+	if r.closed {
+		cause = ErrClosed
+	}
+	if cause == nil {
+		r.live[f] = struct{}{}
+	}
+	r.mu.Unlock()
+	if cause != nil {
+		// Cancelled or closed while pinning: nobody will ever see this MR.
+		_ = mr.Deregister()
+		f.complete(nil, cause)
+		return
+	}
+	r.bytes.Add(uint64(len(f.buf)))
+	r.latency[latencyBucket(time.Since(f.queued))].Add(1)
+	f.complete(mr, nil)
+}
+
+// Close stops the Registrar: queued registrations fail with ErrClosed,
+// running ones finish and are deregistered, and every MR the Registrar
+// produced that was not yet released is deregistered. It returns the
+// deregistration errors, if any. A second Close returns ErrClosed.
+func (r *Registrar) Close() error {
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		return ErrClosed
+	}
+	r.closed = true
+	queued := r.queue
+	r.queue = nil
+	r.mu.Unlock()
+	r.wake.Broadcast()
+	for _, f := range queued {
+		f.complete(nil, ErrClosed)
+	}
+	r.running.Wait()
+
+	r.mu.Lock()
+	live := r.live
+	r.live = nil
+	r.mu.Unlock()
+	var errs []error
+	for f := range live {
+		if err := f.mr.Deregister(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// release deregisters f's MR unless Close already did or will.
+func (r *Registrar) release(f *Registration) error {
+	r.mu.Lock()
+	_, ok := r.live[f]
+	delete(r.live, f)
+	r.mu.Unlock()
+	if !ok {
+		return ErrClosed
+	}
+	return f.mr.Deregister()
+}
+
+// RegistrarStats is a snapshot of a Registrar's counters.
+type RegistrarStats struct {
+	Queued   int    // submitted, not yet taken by a worker
+	InFlight int    // being registered now
+	Done     uint64 // registered successfully
+	Failed   uint64 // failed with an error from the provider
+	Canceled uint64 // cancelled by their context or by Close
+	Bytes    uint64 // bytes registered successfully
+	// Latency counts successful registrations by time from submission to
+	// completion: bucket i holds those at most LatencyBucketBound(i).
+	Latency [LatencyBuckets]uint64
+}
+
+// Stats returns the current counters.
+func (r *Registrar) Stats() RegistrarStats {
+	r.mu.Lock()
+	s := RegistrarStats{Queued: len(r.queue)}
+	r.mu.Unlock()
+	s.InFlight = int(r.inFlight.Load())
+	s.Done, s.Failed, s.Canceled = r.done.Load(), r.failed.Load(), r.canceled.Load()
+	s.Bytes = r.bytes.Load()
+	for i := range s.Latency {
+		s.Latency[i] = r.latency[i].Load()
+	}
+	return s
+}
+
+// LatencyBuckets is the number of registration-latency buckets: powers of
+// two from 1µs up, the last one unbounded.
+const LatencyBuckets = 32
+
+// LatencyBucketBound is the upper bound of latency bucket i.
+func LatencyBucketBound(i int) time.Duration {
+	if i >= LatencyBuckets-1 {
+		return time.Duration(1<<63 - 1)
+	}
+	return time.Microsecond << i
+}
+
+func latencyBucket(d time.Duration) int {
+	us := uint64((d + time.Microsecond - 1) / time.Microsecond) // rounded up
+	if us <= 1 {
+		return 0
+	}
+	return min(bits.Len64(us-1), LatencyBuckets-1)
+}
+
+// Registration is the future of one Register call.
+type Registration struct {
+	r         *Registrar
+	ctx       context.Context
+	buf       []byte
+	access    Access
+	queued    time.Time
+	stopWatch func() bool
+
+	once sync.Once
+	done chan struct{}
+	mr   MR
+	err  error
+}
+
+func (f *Registration) complete(mr MR, err error) {
+	f.once.Do(func() {
+		f.stopWatch()
+		f.mr, f.err = mr, err
+		switch {
+		case err == nil:
+			f.r.done.Add(1)
+		case errors.Is(err, ErrClosed) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
+			f.r.canceled.Add(1)
+		default:
+			f.r.failed.Add(1)
+		}
+		close(f.done)
+	})
+}
+
+// Done is closed when the registration has succeeded or failed.
+func (f *Registration) Done() <-chan struct{} { return f.done }
+
+// Wait blocks until the registration is done or ctx is done, and returns
+// the MR or the registration's error. A ctx that ends the wait does not
+// cancel the registration (the ctx given to Register does).
+func (f *Registration) Wait(ctx context.Context) (MR, error) {
+	select {
+	case <-f.done:
+		return f.mr, f.err
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// Release deregisters the MR, or cancels the registration if it is still
+// queued. Call it at most once, after the MR is no longer in use by any
+// posted work request; it returns ErrClosed if the Registrar already
+// deregistered the MR at Close.
+func (f *Registration) Release() error {
+	select {
+	case <-f.done:
+	default:
+		f.r.mu.Lock()
+		removed := f.r.unqueueLocked(f)
+		f.r.mu.Unlock()
+		if removed {
+			f.complete(nil, context.Canceled)
+			return nil
+		}
+		<-f.done // a worker is registering it: wait, then release
+	}
+	if f.err != nil {
+		return nil
+	}
+	return f.r.release(f)
+}

@@ -1,0 +1,154 @@
+package rdma_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/rkv-io/rkv/rdma"
+)
+
+// countingPD registers instantly or after a gate opens, and counts
+// deregistrations per MR so double or missing deregistrations show.
+type countingPD struct {
+	rdma.PD
+	gate chan struct{} // when non-nil, Register waits for it
+	mu   sync.Mutex
+	regs int
+	mrs  []*countingMR
+}
+
+type countingMR struct {
+	rdma.MR
+	deregs atomic.Int32
+}
+
+func (m *countingMR) Deregister() error {
+	if m.deregs.Add(1) > 1 {
+		return rdma.ErrClosed
+	}
+	return nil
+}
+
+func (pd *countingPD) Register(buf []byte, access rdma.Access) (rdma.MR, error) {
+	if pd.gate != nil {
+		<-pd.gate
+	}
+	mr := &countingMR{}
+	pd.mu.Lock()
+	pd.regs++
+	pd.mrs = append(pd.mrs, mr)
+	pd.mu.Unlock()
+	return mr, nil
+}
+
+func (pd *countingPD) checkExactlyOnce(t *testing.T) {
+	t.Helper()
+	pd.mu.Lock()
+	defer pd.mu.Unlock()
+	for i, mr := range pd.mrs {
+		if n := mr.deregs.Load(); n != 1 {
+			t.Errorf("MR %d deregistered %d times, want exactly once", i, n)
+		}
+	}
+}
+
+func TestRegistrarDeregistersEachMRExactlyOnce(t *testing.T) {
+	pd := &countingPD{}
+	r := rdma.NewRegistrar(pd, rdma.RegistrarOptions{Workers: 3})
+	var futures []*rdma.Registration
+	for range 50 {
+		futures = append(futures, r.Register(context.Background(), nil, rdma.AccessRemoteRead))
+	}
+	for i, f := range futures {
+		if _, err := f.Wait(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if i%2 == 0 { // half released by the user, half left to Close
+			if err := f.Release(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := futures[0].Release(); !errors.Is(err, rdma.ErrClosed) {
+		t.Errorf("second Release = %v, want ErrClosed", err)
+	}
+	if err := futures[1].Release(); !errors.Is(err, rdma.ErrClosed) {
+		t.Errorf("Release after Close = %v, want ErrClosed", err)
+	}
+	if pd.regs != 50 {
+		t.Errorf("%d registrations, want 50", pd.regs)
+	}
+	pd.checkExactlyOnce(t)
+}
+
+func TestRegistrarCancelWhileRegistering(t *testing.T) {
+	pd := &countingPD{gate: make(chan struct{})}
+	r := rdma.NewRegistrar(pd, rdma.RegistrarOptions{Workers: 1})
+	ctx, cancel := context.WithCancel(context.Background())
+	f := r.Register(ctx, nil, rdma.AccessRemoteRead)
+	for r.Stats().InFlight != 1 {
+		time.Sleep(time.Millisecond)
+	}
+	cancel()
+	close(pd.gate) // the registration finishes after its context ended
+	if _, err := f.Wait(context.Background()); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Wait = %v, want context.Canceled", err)
+	}
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	pd.checkExactlyOnce(t) // the orphaned MR was deregistered at once
+}
+
+func TestRegistrarCloseFailsQueuedWork(t *testing.T) {
+	pd := &countingPD{gate: make(chan struct{})}
+	r := rdma.NewRegistrar(pd, rdma.RegistrarOptions{Workers: 1})
+	running := r.Register(context.Background(), nil, rdma.AccessRemoteRead)
+	for r.Stats().InFlight != 1 {
+		time.Sleep(time.Millisecond)
+	}
+	queued := r.RegisterBatch(context.Background(), make([]rdma.RegisterRequest, 5))
+	closed := make(chan error)
+	go func() { closed <- r.Close() }()
+	for _, f := range queued {
+		if _, err := f.Wait(context.Background()); !errors.Is(err, rdma.ErrClosed) {
+			t.Errorf("queued registration: %v, want ErrClosed", err)
+		}
+	}
+	close(pd.gate)
+	if err := <-closed; err != nil {
+		t.Fatal(err)
+	}
+	if _, err := running.Wait(context.Background()); !errors.Is(err, rdma.ErrClosed) {
+		t.Errorf("registration running at Close: %v, want ErrClosed", err)
+	}
+	if s := r.Stats(); s.Canceled != 6 || s.Done != 0 {
+		t.Errorf("stats %+v, want 6 cancelled", s)
+	}
+	pd.checkExactlyOnce(t)
+}
+
+func TestRegistrarReleaseQueued(t *testing.T) {
+	pd := &countingPD{gate: make(chan struct{})}
+	r := rdma.NewRegistrar(pd, rdma.RegistrarOptions{Workers: 1})
+	defer r.Close()
+	r.Register(context.Background(), nil, rdma.AccessRemoteRead)
+	for r.Stats().InFlight != 1 {
+		time.Sleep(time.Millisecond)
+	}
+	f := r.Register(context.Background(), nil, rdma.AccessRemoteRead)
+	if err := f.Release(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Wait(context.Background()); !errors.Is(err, context.Canceled) {
+		t.Errorf("released queued registration: %v, want context.Canceled", err)
+	}
+	close(pd.gate)
+}
