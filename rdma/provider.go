@@ -156,6 +156,17 @@ func Providers() []string {
 	return names
 }
 
+// ProviderDevices lists the devices the named provider could open now.
+func ProviderDevices(provider string) ([]string, error) {
+	providers.RLock()
+	p, ok := providers.m[provider]
+	providers.RUnlock()
+	if !ok {
+		return nil, fmt.Errorf("rdma: unknown provider %q (compiled in: %v)", provider, Providers())
+	}
+	return p.Devices()
+}
+
 // Open opens a device. provider is a registered provider's name, or "auto"
 // (or ""): the verbs provider when it is compiled in and finds a device, the
 // soft provider otherwise. device is a device name, or "auto" (or "") for

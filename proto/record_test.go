@@ -1,0 +1,99 @@
+package proto
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"testing"
+)
+
+func encode(t testing.TB, version uint64, flags uint16, key, value string) []byte {
+	t.Helper()
+	b := make([]byte, RecordSize(len(key), len(value)))
+	n, err := EncodeRecord(b, version, flags, []byte(key), []byte(value))
+	if err != nil || n != len(b) {
+		t.Fatalf("EncodeRecord = %d, %v; want %d", n, err, len(b))
+	}
+	return b
+}
+
+func TestRecordRoundTrip(t *testing.T) {
+	b := encode(t, 42, 0, "user:1", "hello world")
+	if len(b)%RecordAlign != 0 {
+		t.Fatalf("record size %d not aligned", len(b))
+	}
+	r, err := VerifyRecord(b, []byte("user:1"), 42)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(r.Value) != "hello world" || r.Version != 42 || r.Tombstone() {
+		t.Fatalf("decoded %+v", r)
+	}
+	if r, err := VerifyRecord(encode(t, 7, RecordTombstone, "k", ""), []byte("k"), 0); err != nil || !r.Tombstone() {
+		t.Fatalf("tombstone: %+v, %v", r, err)
+	}
+}
+
+func TestRecordVerificationCatchesEveryCorruption(t *testing.T) {
+	good := encode(t, 9, 0, "key", "value bytes")
+	for i := range RecordHeaderSize + len("key") + len("value bytes") {
+		if i >= RecordStateOffset && i < RecordStateOffset+4 {
+			continue // the state word is checked by value, below
+		}
+		b := bytes.Clone(good)
+		b[i] ^= 0x40
+		if _, err := VerifyRecord(b, []byte("key"), 9); !errors.Is(err, ErrBadRecord) {
+			t.Errorf("flipping a bit of byte %d: %v, want ErrBadRecord", i, err)
+		}
+	}
+	for cut := range RecordHeaderSize + len("key") + len("value bytes") { // padding is optional
+		if _, err := VerifyRecord(good[:cut], []byte("key"), 9); !errors.Is(err, ErrBadRecord) {
+			t.Errorf("truncated to %d bytes: %v, want ErrBadRecord", cut, err)
+		}
+	}
+}
+
+func TestRecordStaleness(t *testing.T) {
+	b := encode(t, 9, 0, "key", "v")
+	if _, err := VerifyRecord(b, []byte("other"), 9); !errors.Is(err, ErrStaleRecord) {
+		t.Errorf("other key: %v", err)
+	}
+	if _, err := VerifyRecord(b, []byte("key"), 10); !errors.Is(err, ErrStaleRecord) {
+		t.Errorf("other version: %v", err)
+	}
+	binary.LittleEndian.PutUint32(b[RecordStateOffset:], RecordDead)
+	if _, err := VerifyRecord(b, []byte("key"), 9); !errors.Is(err, ErrStaleRecord) {
+		t.Errorf("dead record: %v", err)
+	}
+}
+
+func TestEncodeRecordRejectsBadInput(t *testing.T) {
+	if _, err := EncodeRecord(make([]byte, 64), 1, 0, nil, nil); err == nil {
+		t.Error("empty key accepted")
+	}
+	if _, err := EncodeRecord(make([]byte, 1<<17), 1, 0, make([]byte, MaxKeyLen+1), nil); err == nil {
+		t.Error("oversized key accepted")
+	}
+	if _, err := EncodeRecord(make([]byte, 40), 1, 0, []byte("key"), []byte("too long")); err == nil {
+		t.Error("short buffer accepted")
+	}
+}
+
+func FuzzVerifyRecord(f *testing.F) {
+	f.Add(encode(f, 1, 0, "k", "v"), []byte("k"))
+	f.Add(encode(f, 2, RecordTombstone, "key", ""), []byte("key"))
+	f.Add([]byte{}, []byte("k"))
+	f.Fuzz(func(t *testing.T, b, key []byte) {
+		r, err := VerifyRecord(b, key, 0)
+		if err != nil {
+			return
+		}
+		again := make([]byte, RecordSize(len(r.Key), len(r.Value)))
+		if _, err := EncodeRecord(again, r.Version, r.Flags, r.Key, r.Value); err != nil {
+			t.Fatalf("verified record does not re-encode: %v", err)
+		}
+		if !bytes.Equal(again[:RecordHeaderSize+len(r.Key)+len(r.Value)], b[:RecordHeaderSize+len(r.Key)+len(r.Value)]) {
+			t.Fatalf("verified record differs from its re-encoding")
+		}
+	})
+}
