@@ -29,9 +29,11 @@ type Options struct {
 	ListenAddr string
 	// Port (verbs) is the physical port number. Default 1.
 	Port int
-	// GIDIndex (verbs) is the GID table index used for RoCE. Default -1:
-	// the first RoCEv2 IPv4-mapped GID, falling back to index 0.
-	GIDIndex int
+	// GID (verbs) selects the port GID used for RoCE: "" (the default)
+	// picks the first RoCEv2 IPv4-mapped GID, falling back to index 0; a
+	// decimal string is a GID table index ("1"); an IP address selects the
+	// RoCEv2 GID of that address.
+	GID string
 }
 
 // Device is an open RDMA device.

@@ -55,7 +55,9 @@ func (a Access) String() string {
 }
 
 // Opcode names a work request's operation, or, in a Completion, the
-// operation that completed.
+// operation that completed. Completions use the ibv_wc_opcode set: a
+// SEND_WITH_IMM completes as OpSend and an RDMA_WRITE_WITH_IMM as OpWrite
+// on the requester; the responder's RECV completes as OpRecv or OpRecvImm.
 type Opcode uint8
 
 // Work request opcodes (SendWR.Op) and completion opcodes (Completion.Op).

@@ -1,0 +1,27 @@
+//go:build verbs
+
+package verbs
+
+import (
+	"testing"
+
+	"github.com/rkv-io/rkv/rdma/rdmatest"
+)
+
+// TestConformance runs the shared provider suite between the first and the
+// last device (rxe0 and rxe1 in `deploy/rxevm/run.sh --rxe 2`), or through
+// one device when there is only one.
+func TestConformance(t *testing.T) {
+	devs := testDevices(t)
+	opts := testOptions(t)
+	rdmatest.Run(t, rdmatest.Config{
+		Provider: ProviderName,
+		DeviceA:  devs[0],
+		DeviceB:  devs[len(devs)-1],
+		OptionsA: opts,
+		OptionsB: opts,
+		// Soft-RoCE under TCG moves ~40 MB/s: 1 GiB each way would take
+		// most of a minute. 128 MiB still spans many MRs' worth of pages.
+		LargeSize: 128 << 20,
+	})
+}

@@ -1,0 +1,212 @@
+//go:build verbs
+
+package verbs
+
+/*
+#include "shim.h"
+*/
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"unsafe"
+
+	"github.com/rkv-io/rkv/rdma"
+	"github.com/rkv-io/rkv/rdma/internal/mem"
+	"golang.org/x/sys/unix"
+)
+
+// pd is a protection domain. Besides the application's MRs it owns a guard
+// MR: one registered page that a work request's SGE is redirected past the
+// end of when the SGE names memory the QP must not touch (an MR of another
+// provider or PD, a deregistered MR, bytes outside the MR), so that the
+// device itself fails the request with LOC_PROT_ERR, in order, with the QP
+// moving to ERR, as the soft provider does.
+type pd struct {
+	dev *device
+	pd  *C.struct_ibv_pd
+
+	mu     sync.Mutex // guards mrs, qps, closed
+	mrs    int
+	qps    int
+	closed bool
+
+	guardMem *mem.Memory
+	guardRef *mem.Ref
+	guard    *C.struct_ibv_mr
+	guardEnd C.uint64_t // one past the guard MR: never a valid address for it
+}
+
+func (d *device) AllocPD() (_ rdma.PD, err error) {
+	if err := d.acquire(&d.pds); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			d.release(&d.pds)
+		}
+	}()
+	p, cerr := C.ibv_alloc_pd(d.ctx)
+	if p == nil {
+		return nil, fmt.Errorf("rdma/verbs: ibv_alloc_pd(%s): %v", d.name, errnoOr(cerr, "failed"))
+	}
+	pd := &pd{dev: d, pd: p}
+	if err := pd.allocGuard(); err != nil {
+		C.ibv_dealloc_pd(p)
+		return nil, err
+	}
+	return pd, nil
+}
+
+func (p *pd) allocGuard() error {
+	m, err := mem.Alloc(mem.PageSize)
+	if err != nil {
+		return err
+	}
+	ref, err := mem.Acquire(m.Bytes(), false)
+	if err != nil {
+		m.Close()
+		return err
+	}
+	b := m.Bytes()
+	g, cerr := C.rkv_reg_mr(p.pd, unsafe.Pointer(unsafe.SliceData(b)), C.size_t(len(b)), 0)
+	if g == nil {
+		ref.Release()
+		m.Close()
+		return regError(len(b), 0, cerr)
+	}
+	p.guardMem, p.guardRef, p.guard = m, ref, g
+	p.guardEnd = C.uint64_t(uintptr(g.addr)) + C.uint64_t(g.length)
+	return nil
+}
+
+func (p *pd) freeGuard() error {
+	if rc := C.ibv_dereg_mr(p.guard); rc != 0 {
+		return fmt.Errorf("rdma/verbs: ibv_dereg_mr of the PD's guard MR: %v", syscall.Errno(rc))
+	}
+	p.guardRef.Release()
+	return p.guardMem.Close()
+}
+
+func (p *pd) acquire(counter *int) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return rdma.ErrClosed
+	}
+	*counter++
+	return nil
+}
+
+func (p *pd) release(counter *int) {
+	p.mu.Lock()
+	*counter--
+	p.mu.Unlock()
+}
+
+// Close deallocates the PD: ErrBusy while MRs or QPs of it exist.
+func (p *pd) Close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return rdma.ErrClosed
+	}
+	if p.mrs > 0 || p.qps > 0 {
+		return fmt.Errorf("rdma/verbs: close of a PD with %d MR(s) and %d QP(s): %w", p.mrs, p.qps, rdma.ErrBusy)
+	}
+	if err := p.freeGuard(); err != nil {
+		return err
+	}
+	if rc := C.ibv_dealloc_pd(p.pd); rc != 0 {
+		// The guard is gone; the PD stays allocated and Close may be retried.
+		if err := p.allocGuard(); err != nil {
+			return errors.Join(fmt.Errorf("rdma/verbs: ibv_dealloc_pd: %v", syscall.Errno(rc)), err)
+		}
+		return fmt.Errorf("rdma/verbs: ibv_dealloc_pd: %v", syscall.Errno(rc))
+	}
+	p.closed = true
+	p.dev.release(&p.dev.pds)
+	return nil
+}
+
+// mr is a memory region registered with ibv_reg_mr.
+type mr struct {
+	pd     *pd
+	mr     *C.struct_ibv_mr
+	buf    []byte
+	ref    *mem.Ref
+	access rdma.Access
+	addr   uint64
+	lkey   uint32
+	rkey   uint32
+
+	mu   sync.Mutex  // serialises Deregister
+	dead atomic.Bool // deregistered: Post redirects SGEs naming it to the guard
+}
+
+// Register registers buf, which must lie in one rdma.Alloc or rdma.MapFile
+// mapping. The kernel pins the pages itself (ibv_reg_mr), within
+// RLIMIT_MEMLOCK unless the process has CAP_IPC_LOCK.
+func (p *pd) Register(buf []byte, access rdma.Access) (_ rdma.MR, err error) {
+	if err := access.Validate(); err != nil {
+		return nil, err
+	}
+	ref, err := mem.Acquire(buf, false)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			ref.Release()
+		}
+	}()
+	if err := p.acquire(&p.mrs); err != nil {
+		return nil, err
+	}
+	m, cerr := C.rkv_reg_mr(p.pd, unsafe.Pointer(unsafe.SliceData(buf)), C.size_t(len(buf)), C.int(access))
+	if m == nil {
+		p.release(&p.mrs)
+		return nil, regError(len(buf), access, cerr)
+	}
+	return &mr{pd: p, mr: m, buf: buf, ref: ref, access: access,
+		addr: uint64(uintptr(m.addr)), lkey: uint32(m.lkey), rkey: uint32(m.rkey)}, nil
+}
+
+// regError explains a failed ibv_reg_mr. ENOMEM and EPERM are what the
+// kernel returns when pinning would exceed RLIMIT_MEMLOCK.
+func regError(n int, access rdma.Access, err error) error {
+	if errors.Is(err, syscall.ENOMEM) || errors.Is(err, syscall.EPERM) {
+		var lim unix.Rlimit
+		_ = unix.Getrlimit(unix.RLIMIT_MEMLOCK, &lim)
+		return &rdma.MemlockError{Bytes: n, Limit: lim.Cur, Err: fmt.Errorf("ibv_reg_mr: %w", err)}
+	}
+	return fmt.Errorf("rdma/verbs: ibv_reg_mr of %d bytes with %v: %v", n, access, errnoOr(err, "failed"))
+}
+
+func (m *mr) Addr() uint64        { return m.addr }
+func (m *mr) Len() int            { return len(m.buf) }
+func (m *mr) LKey() uint32        { return m.lkey }
+func (m *mr) RKey() uint32        { return m.rkey }
+func (m *mr) Access() rdma.Access { return m.access }
+func (m *mr) Bytes() []byte       { return m.buf }
+
+// Deregister revokes the region (ibv_dereg_mr) exactly once.
+func (m *mr) Deregister() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.dead.Load() {
+		return rdma.ErrClosed
+	}
+	if rc := C.ibv_dereg_mr(m.mr); rc != 0 {
+		return fmt.Errorf("rdma/verbs: ibv_dereg_mr (lkey %#x): %v", m.lkey, syscall.Errno(rc))
+	}
+	m.dead.Store(true)
+	m.mr = nil
+	m.ref.Release()
+	m.pd.release(&m.pd.mrs)
+	return nil
+}

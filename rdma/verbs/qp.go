@@ -1,0 +1,712 @@
+//go:build verbs
+
+package verbs
+
+/*
+#include "shim.h"
+*/
+import "C"
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"github.com/rkv-io/rkv/rdma"
+)
+
+// Transport settings not in rdma.QPConfig.
+const (
+	// minRNRTimer is the RNR NAK delay this QP asks a requester to wait
+	// when a SEND or WRITE_WITH_IMM finds no RECV posted: code 20 of the
+	// IB table, 10.24 ms.
+	minRNRTimer = 20
+	// rnrRetry is how many RNR NAKs a request survives before it completes
+	// with RNR_RETRY_EXC_ERR. 7 would mean "retry forever" and hang the
+	// sender on a peer that never posts a RECV; 6 bounds the wait to about
+	// 7 x 10.24 ms (plus round trips) when the peer is an rkv QP.
+	rnrRetry = 6
+	// maxRdAtomic caps the READs/atomics in flight per QP (both directions).
+	maxRdAtomic = 16
+	// hopLimit is the GRH hop limit (IP TTL for RoCEv2).
+	hopLimit = 64
+)
+
+// ackTimeoutCode returns the IB local ACK timeout exponent n, with a timeout
+// of 4.096µs * 2^n, for the smallest such timeout >= d. 0 (infinite) is
+// never returned.
+func ackTimeoutCode(d time.Duration) uint8 {
+	const unit = 4096 * time.Nanosecond
+	for n := uint8(1); n < 31; n++ {
+		if unit<<n >= d {
+			return n
+		}
+	}
+	return 31
+}
+
+// retryCount clamps RetryCount to the 3-bit field of verbs.
+func retryCount(n int) uint8 { return uint8(min(n, 7)) }
+
+// qp is an RC queue pair. Work requests are built directly in C arrays
+// allocated with the QP (MaxSendWR x MaxSGE and MaxRecvWR x MaxSGE) and
+// reused, so posting allocates nothing.
+type qp struct {
+	dev      *device
+	pd       *pd
+	qp       *C.struct_ibv_qp
+	num      uint32
+	psn      uint32
+	cfg      rdma.QPConfig
+	scq, rcq *cq
+
+	state atomic.Uint32 // rdma.QPState: set by Modify*, error completions and async events
+
+	mu     sync.Mutex // serialises Modify*, State and Close; guards closed, attr
+	closed bool
+	attr   *C.struct_ibv_qp_attr
+	iattr  *C.struct_ibv_qp_init_attr
+
+	sendMu sync.Mutex
+	swr    []C.struct_ibv_send_wr
+	ssge   []C.struct_ibv_sge
+
+	recvMu sync.Mutex
+	rwr    []C.struct_ibv_recv_wr
+	rsge   []C.struct_ibv_sge
+
+	cmem []unsafe.Pointer // C allocations to free at Close
+
+	// Emulated responder errors (see emulated): requests posted as a WRITE
+	// that fails locally, whose error completion is reported with status.
+	synthMu  sync.Mutex
+	synth    []synthWR // posted, in posting order
+	synthNew []synthWR // filled by the current PostSend, committed once posted
+	hasSynth atomic.Bool
+}
+
+type synthWR struct {
+	id     uint64
+	status rdma.Status
+	idx    int // index in the PostSend call, until committed
+}
+
+func (p *pd) CreateQP(cfg rdma.QPConfig) (_ rdma.QP, err error) {
+	cfg, err = cfg.WithDefaults()
+	if err != nil {
+		return nil, err
+	}
+	scq, ok1 := cfg.SendCQ.(*cq)
+	rcq, ok2 := cfg.RecvCQ.(*cq)
+	if !ok1 || !ok2 {
+		return nil, fmt.Errorf("rdma/verbs: CreateQP: SendCQ and RecvCQ must be verbs CQs (got %T, %T)", cfg.SendCQ, cfg.RecvCQ)
+	}
+	if scq.dev != p.dev || rcq.dev != p.dev {
+		return nil, fmt.Errorf("rdma/verbs: CreateQP: the CQs belong to another device than the PD")
+	}
+	lim := p.dev.lim
+	if lim.maxQPWR > 0 && (cfg.MaxSendWR > lim.maxQPWR || cfg.MaxRecvWR > lim.maxQPWR) {
+		return nil, fmt.Errorf("rdma/verbs: CreateQP: %s allows at most %d work requests per queue (asked %d/%d)", p.dev.name, lim.maxQPWR, cfg.MaxSendWR, cfg.MaxRecvWR)
+	}
+	if lim.maxSGE > 0 && cfg.MaxSGE > lim.maxSGE {
+		return nil, fmt.Errorf("rdma/verbs: CreateQP: %s allows at most %d SGEs per request (asked %d)", p.dev.name, lim.maxSGE, cfg.MaxSGE)
+	}
+	if err := p.acquire(&p.qps); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			p.release(&p.qps)
+		}
+	}()
+	if err := scq.attach(); err != nil {
+		return nil, fmt.Errorf("rdma/verbs: CreateQP: send CQ: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			scq.detach()
+		}
+	}()
+	if err := rcq.attach(); err != nil {
+		return nil, fmt.Errorf("rdma/verbs: CreateQP: recv CQ: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			rcq.detach()
+		}
+	}()
+
+	q := &qp{dev: p.dev, pd: p, cfg: cfg, scq: scq, rcq: rcq, psn: rand.Uint32() & 0xffffff}
+	defer func() {
+		if err != nil {
+			q.freeC()
+		}
+	}()
+	q.attr = (*C.struct_ibv_qp_attr)(q.calloc(1, C.sizeof_struct_ibv_qp_attr))
+	q.iattr = (*C.struct_ibv_qp_init_attr)(q.calloc(1, C.sizeof_struct_ibv_qp_init_attr))
+	ia := q.iattr
+	ia.send_cq = scq.cq
+	ia.recv_cq = rcq.cq
+	ia.cap.max_send_wr = C.uint32_t(cfg.MaxSendWR)
+	ia.cap.max_recv_wr = C.uint32_t(cfg.MaxRecvWR)
+	ia.cap.max_send_sge = C.uint32_t(cfg.MaxSGE)
+	ia.cap.max_recv_sge = C.uint32_t(cfg.MaxSGE)
+	ia.qp_type = C.IBV_QPT_RC
+	if cfg.SignalAll {
+		ia.sq_sig_all = 1
+	}
+	h, cerr := C.ibv_create_qp(p.pd, ia)
+	if h == nil {
+		return nil, fmt.Errorf("rdma/verbs: ibv_create_qp(%s, send %d, recv %d, sge %d): %v", p.dev.name, cfg.MaxSendWR, cfg.MaxRecvWR, cfg.MaxSGE, errnoOr(cerr, "failed"))
+	}
+	q.qp, q.num = h, uint32(h.qp_num)
+
+	// The device may round the queues up; the C arrays hold what it
+	// granted, and a post of more requests than that fails with
+	// ErrQueueFull at the first one beyond (they could not all be
+	// outstanding at once).
+	sw := max(cfg.MaxSendWR, int(ia.cap.max_send_wr), 1)
+	rw := max(cfg.MaxRecvWR, int(ia.cap.max_recv_wr), 1)
+	sge := max(cfg.MaxSGE, 1)
+	q.swr = unsafe.Slice((*C.struct_ibv_send_wr)(q.calloc(sw, C.sizeof_struct_ibv_send_wr)), sw)
+	q.ssge = unsafe.Slice((*C.struct_ibv_sge)(q.calloc(sw*sge, C.sizeof_struct_ibv_sge)), sw*sge)
+	q.rwr = unsafe.Slice((*C.struct_ibv_recv_wr)(q.calloc(rw, C.sizeof_struct_ibv_recv_wr)), rw)
+	q.rsge = unsafe.Slice((*C.struct_ibv_sge)(q.calloc(rw*sge, C.sizeof_struct_ibv_sge)), rw*sge)
+
+	q.state.Store(uint32(rdma.QPStateReset))
+	p.dev.objMu.Lock()
+	p.dev.qpByPtr[h] = q
+	p.dev.qpByNum[q.num] = q
+	p.dev.objMu.Unlock()
+	return q, nil
+}
+
+func (q *qp) calloc(n int, size C.size_t) unsafe.Pointer {
+	p := C.calloc(C.size_t(n), size)
+	if p == nil {
+		panic("rdma/verbs: out of C memory")
+	}
+	q.cmem = append(q.cmem, p)
+	return p
+}
+
+func (q *qp) freeC() {
+	for _, p := range q.cmem {
+		C.free(p)
+	}
+	q.cmem = nil
+	q.swr, q.ssge, q.rwr, q.rsge, q.attr, q.iattr = nil, nil, nil, nil, nil, nil
+}
+
+func (q *qp) Num() uint32 { return q.num }
+
+// Info returns what the peer needs: QPN, the initial PSN, LID, GID and the
+// port's active MTU.
+func (q *qp) Info() rdma.QPInfo {
+	return rdma.QPInfo{
+		Provider: ProviderName,
+		QPNum:    q.num,
+		PSN:      q.psn,
+		LID:      q.dev.lid,
+		GID:      q.dev.gid,
+		MTU:      mtuBytes(q.dev.mtu),
+	}
+}
+
+// State returns the QP's state as the device reports it (ibv_query_qp);
+// SQD counts as RTS, SQE as ERR.
+func (q *qp) State() rdma.QPState {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed {
+		return rdma.QPStateError
+	}
+	C.memset(unsafe.Pointer(q.attr), 0, C.sizeof_struct_ibv_qp_attr)
+	if rc := C.ibv_query_qp(q.qp, q.attr, C.IBV_QP_STATE, q.iattr); rc != 0 {
+		return rdma.QPState(q.state.Load())
+	}
+	var s rdma.QPState
+	switch q.attr.qp_state {
+	case C.IBV_QPS_RESET:
+		s = rdma.QPStateReset
+	case C.IBV_QPS_INIT:
+		s = rdma.QPStateInit
+	case C.IBV_QPS_RTR:
+		s = rdma.QPStateRTR
+	case C.IBV_QPS_RTS, C.IBV_QPS_SQD:
+		s = rdma.QPStateRTS
+	default:
+		s = rdma.QPStateError
+	}
+	q.state.Store(uint32(s))
+	return s
+}
+
+// modify runs ibv_modify_qp with q.attr (filled by fill after a memset)
+// when the tracked state is from, and records to on success.
+func (q *qp) modify(from, to rdma.QPState, mask C.int, fill func(a *C.struct_ibv_qp_attr)) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed {
+		return rdma.ErrClosed
+	}
+	if cur := rdma.QPState(q.state.Load()); cur != from {
+		return fmt.Errorf("rdma/verbs: QP %d: %v -> %v from %v: %w", q.num, from, to, cur, rdma.ErrQPState)
+	}
+	C.memset(unsafe.Pointer(q.attr), 0, C.sizeof_struct_ibv_qp_attr)
+	fill(q.attr)
+	if rc := C.ibv_modify_qp(q.qp, q.attr, mask); rc != 0 {
+		err := fmt.Errorf("rdma/verbs: QP %d: ibv_modify_qp %v -> %v: %v", q.num, from, to, syscall.Errno(rc))
+		if syscall.Errno(rc) == syscall.EINVAL {
+			err = fmt.Errorf("%w (%w)", err, rdma.ErrQPState)
+		}
+		return err
+	}
+	q.state.Store(uint32(to))
+	return nil
+}
+
+// ModifyToInit: RESET -> INIT with remote READ, WRITE and atomic access
+// enabled on the QP (each MR's own flags still decide).
+func (q *qp) ModifyToInit() error {
+	return q.modify(rdma.QPStateReset, rdma.QPStateInit,
+		C.IBV_QP_STATE|C.IBV_QP_PKEY_INDEX|C.IBV_QP_PORT|C.IBV_QP_ACCESS_FLAGS,
+		func(a *C.struct_ibv_qp_attr) {
+			a.qp_state = C.IBV_QPS_INIT
+			a.pkey_index = 0
+			a.port_num = C.uint8_t(q.dev.port)
+			a.qp_access_flags = C.IBV_ACCESS_REMOTE_WRITE | C.IBV_ACCESS_REMOTE_READ | C.IBV_ACCESS_REMOTE_ATOMIC
+		})
+}
+
+// ModifyToRTR: INIT -> RTR connected to remote. On RoCE the address vector
+// carries a GRH with the peer's GID and this device's GID index; on
+// InfiniBand the peer's LID. The path MTU is the smaller of both ports'.
+func (q *qp) ModifyToRTR(remote rdma.QPInfo) error {
+	if remote.Provider != ProviderName {
+		return fmt.Errorf("rdma/verbs: QP %d: peer QP uses provider %q, not %q", q.num, remote.Provider, ProviderName)
+	}
+	if remote.QPNum == 0 || remote.QPNum > 0xffffff || remote.PSN > 0xffffff {
+		return fmt.Errorf("rdma/verbs: QP %d: invalid peer QPN %d or PSN %d", q.num, remote.QPNum, remote.PSN)
+	}
+	if q.dev.ethernet && remote.GID == ([16]byte{}) {
+		return fmt.Errorf("rdma/verbs: QP %d: peer QP %d has no GID, which RoCE needs", q.num, remote.QPNum)
+	}
+	if !q.dev.ethernet && remote.LID == 0 && remote.GID == ([16]byte{}) {
+		return fmt.Errorf("rdma/verbs: QP %d: peer QP %d has neither LID nor GID", q.num, remote.QPNum)
+	}
+	mtu := mtuBytes(q.dev.mtu)
+	if remote.MTU > 0 {
+		mtu = min(mtu, remote.MTU)
+	}
+	return q.modify(rdma.QPStateInit, rdma.QPStateRTR,
+		C.IBV_QP_STATE|C.IBV_QP_AV|C.IBV_QP_PATH_MTU|C.IBV_QP_DEST_QPN|C.IBV_QP_RQ_PSN|
+			C.IBV_QP_MAX_DEST_RD_ATOMIC|C.IBV_QP_MIN_RNR_TIMER,
+		func(a *C.struct_ibv_qp_attr) {
+			a.qp_state = C.IBV_QPS_RTR
+			a.path_mtu = mtuEnum(mtu)
+			a.dest_qp_num = C.uint32_t(remote.QPNum)
+			a.rq_psn = C.uint32_t(remote.PSN)
+			a.max_dest_rd_atomic = C.uint8_t(clampRd(q.dev.lim.maxRdAtom))
+			a.min_rnr_timer = minRNRTimer
+			ah := &a.ah_attr
+			ah.port_num = C.uint8_t(q.dev.port)
+			ah.dlid = C.uint16_t(remote.LID)
+			if q.dev.ethernet || remote.GID != ([16]byte{}) && remote.LID == 0 {
+				ah.is_global = 1
+				C.rkv_set_gid(&ah.grh.dgid, (*C.uint8_t)(unsafe.Pointer(&remote.GID[0])))
+				ah.grh.sgid_index = C.uint8_t(q.dev.gidIndex)
+				ah.grh.hop_limit = hopLimit
+			}
+		})
+}
+
+func clampRd(devMax int) int {
+	if devMax <= 0 {
+		return 1
+	}
+	return min(devMax, maxRdAtomic)
+}
+
+// ModifyToRTS: RTR -> RTS with the ACK timeout and retry count of the
+// QPConfig and the finite RNR retry count described at rnrRetry.
+func (q *qp) ModifyToRTS() error {
+	return q.modify(rdma.QPStateRTR, rdma.QPStateRTS,
+		C.IBV_QP_STATE|C.IBV_QP_TIMEOUT|C.IBV_QP_RETRY_CNT|C.IBV_QP_RNR_RETRY|C.IBV_QP_SQ_PSN|C.IBV_QP_MAX_QP_RD_ATOMIC,
+		func(a *C.struct_ibv_qp_attr) {
+			a.qp_state = C.IBV_QPS_RTS
+			a.sq_psn = C.uint32_t(q.psn)
+			a.timeout = C.uint8_t(ackTimeoutCode(q.cfg.AckTimeout))
+			a.retry_cnt = C.uint8_t(retryCount(q.cfg.RetryCount))
+			a.rnr_retry = rnrRetry
+			a.max_rd_atomic = C.uint8_t(clampRd(q.dev.lim.maxInitRdAtom))
+		})
+}
+
+// ModifyToError moves the QP to ERR from any state; outstanding work is
+// flushed with WR_FLUSH_ERR.
+func (q *qp) ModifyToError() error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed {
+		return rdma.ErrClosed
+	}
+	if err := q.toErrorLocked(); err != nil {
+		return err
+	}
+	return nil
+}
+
+func (q *qp) toErrorLocked() error {
+	C.memset(unsafe.Pointer(q.attr), 0, C.sizeof_struct_ibv_qp_attr)
+	q.attr.qp_state = C.IBV_QPS_ERR
+	if rc := C.ibv_modify_qp(q.qp, q.attr, C.IBV_QP_STATE); rc != 0 {
+		return fmt.Errorf("rdma/verbs: QP %d: ibv_modify_qp -> ERR: %v", q.num, syscall.Errno(rc))
+	}
+	q.state.Store(uint32(rdma.QPStateError))
+	return nil
+}
+
+// Close destroys the QP (before its CQs and PD can be closed).
+func (q *qp) Close() error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed {
+		return rdma.ErrClosed
+	}
+	q.sendMu.Lock()
+	defer q.sendMu.Unlock()
+	q.recvMu.Lock()
+	defer q.recvMu.Unlock()
+	if rc := C.ibv_destroy_qp(q.qp); rc != 0 {
+		return fmt.Errorf("rdma/verbs: QP %d: ibv_destroy_qp: %v", q.num, syscall.Errno(rc))
+	}
+	q.closed = true
+	q.dev.objMu.Lock()
+	delete(q.dev.qpByPtr, q.qp)
+	if q.dev.qpByNum[q.num] == q {
+		delete(q.dev.qpByNum, q.num)
+	}
+	q.dev.objMu.Unlock()
+	q.qp = nil
+	q.freeC()
+	q.scq.detach()
+	q.rcq.detach()
+	q.pd.release(&q.pd.qps)
+	q.state.Store(uint32(rdma.QPStateError))
+	return nil
+}
+
+var wrOpcodes = [...]C.enum_ibv_wr_opcode{
+	rdma.OpWrite:       C.IBV_WR_RDMA_WRITE,
+	rdma.OpWriteImm:    C.IBV_WR_RDMA_WRITE_WITH_IMM,
+	rdma.OpSend:        C.IBV_WR_SEND,
+	rdma.OpSendImm:     C.IBV_WR_SEND_WITH_IMM,
+	rdma.OpRead:        C.IBV_WR_RDMA_READ,
+	rdma.OpCompareSwap: C.IBV_WR_ATOMIC_CMP_AND_SWP,
+	rdma.OpFetchAdd:    C.IBV_WR_ATOMIC_FETCH_AND_ADD,
+}
+
+// postError builds the *rdma.PostError for the request at index i.
+func postError(i int, err error) error { return &rdma.PostError{Index: i, Err: err} }
+
+func errInvalid(format string, a ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{rdma.ErrInvalidWR}, a...)...)
+}
+
+func postErrno(rc C.int) error {
+	switch syscall.Errno(rc) {
+	case syscall.ENOMEM:
+		return rdma.ErrQueueFull
+	case syscall.EINVAL:
+		return fmt.Errorf("%w (the device refused it: EINVAL)", rdma.ErrInvalidWR)
+	}
+	return fmt.Errorf("rdma/verbs: post: %v", syscall.Errno(rc))
+}
+
+// fillSGE writes s into dst. An SGE the QP must not use is pointed one
+// byte past the PD's guard MR, so the device fails the request with
+// LOC_PROT_ERR like any other local protection error; guarded reports that.
+func (q *qp) fillSGE(dst *C.struct_ibv_sge, s *rdma.SGE) (guarded bool, err error) {
+	if s.Length < 0 || s.Length > math.MaxUint32 {
+		return false, errInvalid("SGE length %d", s.Length)
+	}
+	m, ok := s.MR.(*mr)
+	if !ok || m == nil || m.pd != q.pd || m.dead.Load() || s.Offset < 0 || s.Offset > len(m.buf)-s.Length {
+		dst.addr = q.pd.guardEnd
+		dst.length = C.uint32_t(max(s.Length, 1))
+		dst.lkey = q.pd.guard.lkey
+		return true, nil
+	}
+	dst.addr = C.uint64_t(m.addr + uint64(s.Offset))
+	dst.length = C.uint32_t(s.Length)
+	dst.lkey = C.uint32_t(m.lkey)
+	return false, nil
+}
+
+// PostSend posts send-queue work requests. A request that cannot be
+// expressed (unknown opcode or flags, too many SGEs, negative length) stops
+// the post with a *rdma.PostError wrapping rdma.ErrInvalidWR; the ones
+// before it are posted. SGEs naming memory outside the QP's reach fail at
+// the device with LOC_PROT_ERR (see fillSGE).
+func (q *qp) PostSend(wrs []rdma.SendWR) error {
+	if len(wrs) == 0 {
+		return nil
+	}
+	q.sendMu.Lock()
+	defer q.sendMu.Unlock()
+	if q.closed {
+		return postError(0, rdma.ErrClosed)
+	}
+	if st := rdma.QPState(q.state.Load()); st != rdma.QPStateRTS && st != rdma.QPStateError {
+		return postError(0, fmt.Errorf("%w: PostSend on QP %d in %v", rdma.ErrQPState, q.num, st))
+	}
+	maxSGE := q.cfg.MaxSGE
+	q.synthNew = q.synthNew[:0]
+	n := 0
+	var bad error
+	for n < len(wrs) {
+		if n == len(q.swr) {
+			bad = fmt.Errorf("%w: %d requests in one post, the send queue holds %d", rdma.ErrQueueFull, len(wrs), len(q.swr))
+			break
+		}
+		if bad = q.fillSend(n, &wrs[n], maxSGE); bad != nil {
+			break
+		}
+		n++
+	}
+	posted := n
+	var perr error
+	if n > 0 {
+		q.swr[n-1].next = nil
+		if r := C.rkv_post_send(q.qp, &q.swr[0]); r.err != 0 {
+			posted = int(r.bad)
+			perr = postError(posted, postErrno(r.err))
+		}
+	}
+	if len(q.synthNew) > 0 {
+		q.commitSynth(posted)
+	}
+	if perr != nil {
+		return perr
+	}
+	if bad != nil {
+		return postError(n, bad)
+	}
+	return nil
+}
+
+// emulated reports whether w is a request this provider makes fail the way
+// the IB specification has the responder fail it, rather than the way the
+// device's userspace driver would: rxe's refuses a misaligned atomic at
+// post time (EINVAL) where a responder answers with a NAK that completes the
+// request with REM_INV_REQ_ERR (and moves both QPs to ERR), which is what
+// the soft provider does. Such a request is posted instead as a 1-byte
+// RDMA_READ with rkey 0 from address 0 into the byte past the PD's guard
+// MR: the peer refuses it (REM_ACCESS_ERR, both QPs to ERR) or, should rkey
+// 0 exist there, the local copy fails (LOC_PROT_ERR); either way nothing is
+// modified anywhere, and Poll reports the failure with the status returned
+// here.
+//
+// A remote failure rather than a local one (a WRITE from the guard) because
+// that is what a device does with a misaligned atomic: the peer's QP fails
+// too, and the request takes the completer's ordinary error path.
+func emulated(w *rdma.SendWR) (rdma.Status, bool) {
+	if w.Op.IsAtomic() && w.RemoteAddr&7 != 0 {
+		return rdma.StatusRemInvReqErr, true
+	}
+	return 0, false
+}
+
+// commitSynth records the emulated requests among the first posted ones.
+func (q *qp) commitSynth(posted int) {
+	q.synthMu.Lock()
+	defer q.synthMu.Unlock()
+	for _, s := range q.synthNew {
+		if s.idx < posted {
+			q.synth = append(q.synth, s)
+		}
+	}
+	q.synthNew = q.synthNew[:0]
+	q.hasSynth.Store(len(q.synth) > 0)
+}
+
+// errorCompletion is called by Poll for each error completion of this QP:
+// the QP is in ERR now, and an emulated request gets its status.
+func (q *qp) errorCompletion(c *rdma.Completion) {
+	q.state.Store(uint32(rdma.QPStateError))
+	if !q.hasSynth.Load() {
+		return
+	}
+	q.synthMu.Lock()
+	defer q.synthMu.Unlock()
+	if len(q.synth) > 0 && q.synth[0].id == c.ID {
+		if c.Status != rdma.StatusWRFlushErr {
+			c.Status = q.synth[0].status
+		}
+		q.synth = q.synth[1:]
+		q.hasSynth.Store(len(q.synth) > 0)
+	}
+}
+
+func (q *qp) fillSend(i int, w *rdma.SendWR, maxSGE int) error {
+	if int(w.Op) >= len(wrOpcodes) || w.Op == 0 || w.Op == rdma.OpRecv {
+		return errInvalid("opcode %v in a send request", w.Op)
+	}
+	if w.Flags&^(rdma.Signaled|rdma.Fence) != 0 {
+		return errInvalid("unknown send flags %#x", uint8(w.Flags))
+	}
+	if len(w.SGL) > maxSGE {
+		return errInvalid("%d SGEs, the QP allows %d", len(w.SGL), maxSGE)
+	}
+	if w.Op.IsAtomic() && (len(w.SGL) != 1 || w.SGL[0].Length != 8) {
+		return errInvalid("%v needs one 8-byte SGE for its result", w.Op)
+	}
+	sges := q.ssge[i*maxSGE : i*maxSGE+len(w.SGL)]
+	fence := w.Flags&rdma.Fence != 0
+	for j := range w.SGL {
+		guarded, err := q.fillSGE(&sges[j], &w.SGL[j])
+		if err != nil {
+			return err
+		}
+		// A request that fails on a local SGE waits for the READs and
+		// atomics before it: rxe 6.1 loses completions when its requester
+		// fails a request while an earlier READ's response is being
+		// processed (the error path runs the completer concurrently with
+		// the completer task).
+		fence = fence || guarded
+	}
+	op, raddr, rkey := w.Op, w.RemoteAddr, w.RKey
+	if st, ok := emulated(w); ok {
+		op, raddr, rkey = rdma.OpRead, 0, 0
+		sges[0] = C.struct_ibv_sge{addr: q.pd.guardEnd, length: 1, lkey: q.pd.guard.lkey}
+		q.synthNew = append(q.synthNew, synthWR{id: w.ID, status: st, idx: i})
+	}
+	d := &q.swr[i]
+	d.wr_id = C.uint64_t(w.ID)
+	if i+1 < len(q.swr) {
+		d.next = &q.swr[i+1]
+	} else {
+		d.next = nil
+	}
+	if len(sges) > 0 {
+		d.sg_list = &sges[0]
+	} else {
+		d.sg_list = nil
+	}
+	d.num_sge = C.int(len(sges))
+	d.opcode = wrOpcodes[op]
+	var flags C.uint
+	if w.Flags&rdma.Signaled != 0 {
+		flags |= C.IBV_SEND_SIGNALED
+	}
+	if fence {
+		flags |= C.IBV_SEND_FENCE
+	}
+	d.send_flags = flags
+	binary.BigEndian.PutUint32((*[4]byte)(unsafe.Pointer(&d.anon0))[:], w.Imm)
+	u := unsafe.Pointer(&d.wr)
+	switch op {
+	case rdma.OpCompareSwap, rdma.OpFetchAdd:
+		*(*uint64)(unsafe.Add(u, C.RKV_WR_ATOMIC_RADDR)) = raddr
+		*(*uint64)(unsafe.Add(u, C.RKV_WR_ATOMIC_CMP)) = w.CompareAdd
+		*(*uint64)(unsafe.Add(u, C.RKV_WR_ATOMIC_SWAP)) = w.Swap
+		*(*uint32)(unsafe.Add(u, C.RKV_WR_ATOMIC_RKEY)) = rkey
+	default:
+		*(*uint64)(unsafe.Add(u, C.RKV_WR_RDMA_RADDR)) = raddr
+		*(*uint32)(unsafe.Add(u, C.RKV_WR_RDMA_RKEY)) = rkey
+	}
+	return nil
+}
+
+// PostRecv posts receive buffers. Recvs may be posted from INIT on. On a
+// QP known to be in ERR the QP is moved to ERR once more after the post:
+// rxe flushes its receive queue only when its responder runs, and a
+// userspace post does not run it.
+func (q *qp) PostRecv(wrs []rdma.RecvWR) error {
+	if len(wrs) == 0 {
+		return nil
+	}
+	st, err := q.postRecvLocked(wrs)
+	if st == rdma.QPStateError {
+		q.kickFlush() // takes q.mu: not while holding recvMu (Close's order is mu, recvMu)
+	}
+	return err
+}
+
+func (q *qp) postRecvLocked(wrs []rdma.RecvWR) (rdma.QPState, error) {
+	q.recvMu.Lock()
+	defer q.recvMu.Unlock()
+	if q.closed {
+		return rdma.QPStateReset, postError(0, rdma.ErrClosed) // nothing to kick
+	}
+	st := rdma.QPState(q.state.Load())
+	if st == rdma.QPStateReset {
+		return st, postError(0, fmt.Errorf("%w: PostRecv on QP %d in RESET", rdma.ErrQPState, q.num))
+	}
+	return st, q.postRecv(wrs)
+}
+
+func (q *qp) postRecv(wrs []rdma.RecvWR) error {
+	maxSGE := q.cfg.MaxSGE
+	n := 0
+	var bad error
+	for n < len(wrs) {
+		if n == len(q.rwr) {
+			bad = fmt.Errorf("%w: %d requests in one post, the receive queue holds %d", rdma.ErrQueueFull, len(wrs), len(q.rwr))
+			break
+		}
+		w := &wrs[n]
+		if len(w.SGL) > maxSGE {
+			bad = errInvalid("%d SGEs, the QP allows %d", len(w.SGL), maxSGE)
+			break
+		}
+		sges := q.rsge[n*maxSGE : n*maxSGE+len(w.SGL)]
+		for j := range w.SGL {
+			if _, bad = q.fillSGE(&sges[j], &w.SGL[j]); bad != nil {
+				break
+			}
+		}
+		if bad != nil {
+			break
+		}
+		d := &q.rwr[n]
+		d.wr_id = C.uint64_t(w.ID)
+		if n+1 < len(q.rwr) {
+			d.next = &q.rwr[n+1]
+		}
+		if len(sges) > 0 {
+			d.sg_list = &sges[0]
+		} else {
+			d.sg_list = nil
+		}
+		d.num_sge = C.int(len(sges))
+		n++
+	}
+	if n > 0 {
+		q.rwr[n-1].next = nil
+		if r := C.rkv_post_recv(q.qp, &q.rwr[0]); r.err != 0 {
+			return postError(int(r.bad), postErrno(r.err))
+		}
+	}
+	if bad != nil {
+		return postError(n, bad)
+	}
+	return nil
+}
+
+// kickFlush re-applies ERR so the device flushes requests posted while the
+// QP was already in ERR.
+func (q *qp) kickFlush() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if !q.closed {
+		_ = q.toErrorLocked()
+	}
+}
