@@ -1,7 +1,88 @@
-// Package membership will run hashicorp/memberlist gossip: each server
-// advertises its control address, data endpoint, hash-index region and
-// arenas (addr, rkey); clients and servers build the cluster view and place
-// keys by rendezvous hashing from it.
+// Package membership runs rkv's cluster membership over hashicorp/memberlist
+// (SWIM gossip): who is in the cluster, what each server advertises for
+// one-sided reads, and which servers hold a key.
 //
-// Status: not implemented yet (issue 5); only the package exists.
+// # Nodes and metadata
+//
+// Every node, server or client, is a memberlist member. It gossips a
+// proto.NodeMeta: its role, control address, RDMA provider and endpoint,
+// and, for a server, its generation, hash-index region and arenas (address,
+// length, rkey). A server calls SetMeta each time that changes, e.g. when
+// another arena finishes its asynchronous registration.
+//
+// memberlist caps metadata at 512 bytes, which holds a server's index and
+// up to 18 arenas (14 with every field at its widest; measured in
+// proto.TestNodeMetaSize). Beyond that the metadata carries only the arena
+// count and a digest (proto.ArenaSet), and the list itself (a
+// proto.ArenaTable) travels two ways: the server pushes it to every member
+// with a reliable (TCP) user message when it changes, and to each member
+// that joins; and every node includes the tables it knows in memberlist's
+// push/pull state (LocalState/MergeRemoteState), so a joining node gets
+// them all from its seed and anti-entropy repairs any push that failed. A
+// table is accepted only when it matches the generation and digest of the
+// metadata memberlist delivered for its node. Until it arrives,
+// Member.ArenasPending is set.
+//
+// # Clients are light members
+//
+// Clients learn the view from gossip by joining memberlist themselves,
+// with role client; placement ignores them. The alternative, clients
+// asking a server for the view over the control RPC and watching it,
+// would need a control protocol and a server to proxy every change, and
+// would put a server on the path of every client's view. As members,
+// clients see failures as fast as servers do, receive arena tables
+// directly, and cost the servers little: SWIM's probe load per node does
+// not grow with the cluster, and a client is one more entry in push/pull
+// state. The costs are accepted knowingly: every client holds the gossip
+// key (so a client could forge gossip, as a server could), takes part in
+// failure detection (an overloaded client can make others suspect a server
+// until it refutes), and must be reachable by UDP and TCP from every node,
+// which RDMA's data path requires of it anyway. For thousands of
+// short-lived clients, a view proxy would be the better design.
+//
+// # The view
+//
+// View returns an immutable snapshot: the members (name, gossip address,
+// state, decoded metadata) and a version that grows by one per change.
+// Dead and left members stay in it (StateDead, StateLeft) for
+// Tuning.DeadRetention, then are reaped. memberlist's suspect state is not
+// observable through its API, so a suspect member stays StateAlive until
+// it is declared dead.
+//
+// Subscribe delivers each change as an Event carrying the view it produced.
+// memberlist calls its event delegate while holding its own lock, so
+// delivery never blocks: each subscriber has a buffer of
+// Config.EventBuffer events and, when it is full, the oldest event is
+// dropped for the newest. Gaps in the versions tell a subscriber that it
+// missed events; the newest event always arrives.
+//
+// # Placement
+//
+// Placement ranks the alive servers of a view for a key by rendezvous
+// (highest random weight) hashing and returns the R best: the first is
+// the key's primary. Only names and the key enter the score, so every node
+// with the same servers agrees, and a server's departure moves only its
+// keys. The cluster uses R = 1 today.
+//
+// # Encryption and key rotation
+//
+// With Config.SecretKey, memberlist encrypts every packet and stream with
+// AES-GCM and refuses anything else, so a node without the key can neither
+// join nor read metadata. Without one, rkeys travel in clear text, and any
+// host that can send to the RDMA network can read server memory with them:
+// Create logs a warning and Warning says so.
+//
+// To rotate keys without a partition, do each step on every node before
+// the next: InstallKey(new) (nodes now decrypt with both keys), UseKey(new)
+// (nodes encrypt with the new key, which everyone can read), then
+// RemoveKey(old). Key changes are local; the operator (or a future control
+// command) runs them on each node, and a node restarted meanwhile must be
+// given the new key in its Config.
+//
+// # Tuning
+//
+// Config.Tuning starts from memberlist's DefaultLocalConfig (probe every
+// second, failure declared a few seconds later) and takes overrides; a
+// server on a data-center network should use ProfileLAN. The tests use
+// intervals of tens of milliseconds.
 package membership

@@ -1,0 +1,715 @@
+package membership
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+
+	"github.com/rkv-io/rkv/proto"
+)
+
+var (
+	// ErrClosed is returned by the methods of a Membership after Shutdown.
+	ErrClosed = errors.New("membership: shut down")
+	// ErrLeft is returned by SetMeta and Join after Leave.
+	ErrLeft = errors.New("membership: left the cluster")
+	// ErrNotEncrypted is returned by the key methods of a node created
+	// without a SecretKey.
+	ErrNotEncrypted = errors.New("membership: gossip is not encrypted (no Config.SecretKey)")
+)
+
+// Membership is this node's membership of the cluster: its gossip, its
+// view of the others, and its own metadata. Its methods are safe for
+// concurrent use.
+type Membership struct {
+	s    *settings
+	name string
+	ml   *memberlist.Memberlist
+	warn string
+
+	setMu sync.Mutex // serializes SetMeta and Leave: metadata and incarnation go up together
+
+	// mu guards what follows. It is a leaf lock: memberlist calls the
+	// delegates while holding its own lock, so nothing here calls
+	// memberlist while holding mu.
+	mu         sync.Mutex
+	closed     bool
+	left       bool
+	local      proto.NodeMeta                // as given, full arena list
+	localRaw   []byte                        // as gossiped, at most memberlist.MetaMaxSize bytes
+	localTable *proto.ArenaTable             // the arena list, when it does not fit in localRaw
+	members    map[string]*Member            // every member memberlist told us about, self included
+	raw        map[string][]byte             // each member's metadata as last decoded
+	pending    map[string][]proto.ArenaTable // tables matching no metadata yet, newest first
+	version    uint64
+	subs       map[*subscriber]struct{}
+	pushAll    bool                // push localTable to every alive member
+	pushTo     map[string]struct{} // push localTable to these (members that joined)
+
+	view         atomic.Pointer[View]
+	pushDisabled atomic.Bool // tests: leave arena lists to push/pull
+
+	wake chan struct{} // cap 1: pushes queued
+	stop chan struct{}
+	done chan struct{}
+}
+
+// Create starts gossip on the configured address, with this node as the
+// only member, then joins Config.Seeds if any (failing if none answers).
+// Without a gossip key it logs a warning (see Warning).
+func Create(cfg Config) (*Membership, error) {
+	s, err := cfg.settings()
+	if err != nil {
+		return nil, err
+	}
+	raw, table, err := encodeLocal(s.Name, s.Meta)
+	if err != nil {
+		return nil, err
+	}
+	m := &Membership{
+		s:          s,
+		name:       s.Name,
+		local:      cloneMeta(s.Meta),
+		localRaw:   raw,
+		localTable: table,
+		members:    map[string]*Member{},
+		raw:        map[string][]byte{},
+		pending:    map[string][]proto.ArenaTable{},
+		subs:       map[*subscriber]struct{}{},
+		pushTo:     map[string]struct{}{},
+		wake:       make(chan struct{}, 1),
+		stop:       make(chan struct{}),
+		done:       make(chan struct{}),
+	}
+	m.view.Store(newView(0, nil))
+	if s.keyring == nil {
+		m.warn = "gossip is not encrypted: node metadata, including the rkeys that let any host on the network RDMA_READ server memory, travels in clear text; set Config.SecretKey"
+	}
+	d := &delegate{m}
+	s.ml.Delegate, s.ml.Events = d, d
+	// memberlist calls the delegates from here on, before it returns.
+	ml, err := memberlist.Create(s.ml)
+	if err != nil {
+		return nil, fmt.Errorf("membership: starting gossip on %s:%d: %w", s.BindAddr, s.BindPort, err)
+	}
+	m.ml = ml
+	go m.run()
+	if m.warn != "" {
+		s.Logger.Warn(m.warn)
+	}
+	if len(s.Seeds) > 0 {
+		if _, err := m.Join(s.Seeds); err != nil {
+			_ = m.Shutdown()
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+// encodeLocal encodes a node's metadata for gossip, with its arena table
+// when the list does not fit.
+func encodeLocal(name string, meta proto.NodeMeta) ([]byte, *proto.ArenaTable, error) {
+	raw, detached, err := proto.EncodeNodeMetaLimit(meta, memberlist.MetaMaxSize)
+	if err != nil {
+		return nil, nil, fmt.Errorf("membership: %w", err)
+	}
+	if !detached {
+		return raw, nil, nil
+	}
+	return raw, &proto.ArenaTable{Node: name, Generation: meta.Generation, Arenas: proto.SortArenas(meta.Arenas)}, nil
+}
+
+// Join contacts the seeds ("host:port"), exchanging full state with each
+// that answers, and returns how many answered; it fails only if none did.
+// It blocks for up to Tuning.TCPTimeout per seed.
+func (m *Membership) Join(seeds []string) (int, error) {
+	if err := m.usable(); err != nil {
+		return 0, err
+	}
+	n, err := m.ml.Join(seeds)
+	if err != nil {
+		return n, fmt.Errorf("membership: joining through %v: %w", seeds, err)
+	}
+	return n, nil
+}
+
+func (m *Membership) usable() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	switch {
+	case m.closed:
+		return ErrClosed
+	case m.left:
+		return ErrLeft
+	}
+	return nil
+}
+
+// SetMeta replaces this node's metadata and announces it. A server calls
+// it whenever its metadata changes, e.g. each time another arena finishes
+// its registration. meta.Role must be the configured role and
+// meta.Leaving false. SetMeta returns once the local view holds the new
+// metadata and its announcement is queued for gossip; other nodes see it
+// within a few gossip intervals (EventUpdate there). An arena list too
+// large for the 512-byte metadata is sent to every member directly, and
+// in push/pull state. SetMeta copies meta: the caller may reuse its
+// slices.
+func (m *Membership) SetMeta(meta proto.NodeMeta) error {
+	if meta.Role != m.s.Role {
+		return fmt.Errorf("membership: metadata of role %v on a %v", meta.Role, m.s.Role)
+	}
+	if meta.Leaving {
+		return errors.New("membership: NodeMeta.Leaving is set by Leave")
+	}
+	m.setMu.Lock()
+	defer m.setMu.Unlock()
+	return m.setMeta(meta, func() {
+		// UpdateNode queues the alive message at once, then waits
+		// for it to be sent to enough nodes. That wait buys nothing
+		// here (a newer alive message replaces a queued one) and
+		// would hold every later SetMeta behind gossip rounds, so it
+		// is cut to a nanosecond and its timeout error ignored.
+		_ = m.ml.UpdateNode(time.Nanosecond)
+	})
+}
+
+// setMeta installs meta as the local metadata and calls announce, which
+// must make memberlist regossip it. The caller holds setMu.
+func (m *Membership) setMeta(meta proto.NodeMeta, announce func()) error {
+	raw, table, err := encodeLocal(m.name, meta)
+	if err != nil {
+		return err
+	}
+	meta = cloneMeta(meta)
+	m.mu.Lock()
+	if err := m.usableLocked(); err != nil {
+		m.mu.Unlock()
+		return err
+	}
+	m.local, m.localRaw = meta, raw
+	changed := !tablesEqual(m.localTable, table)
+	m.localTable = table
+	m.mu.Unlock()
+
+	announce() // calls delegate.NodeMeta, then NotifyUpdate for this node
+
+	if table != nil && changed {
+		m.mu.Lock()
+		m.pushAll = true
+		m.mu.Unlock()
+		m.kick()
+	}
+	return nil
+}
+
+// cloneMeta copies what a NodeMeta points to.
+func cloneMeta(meta proto.NodeMeta) proto.NodeMeta {
+	meta.Arenas = slices.Clone(meta.Arenas)
+	if meta.Index != nil {
+		x := *meta.Index
+		meta.Index = &x
+	}
+	return meta
+}
+
+func (m *Membership) usableLocked() error {
+	switch {
+	case m.closed:
+		return ErrClosed
+	case m.left:
+		return ErrLeft
+	}
+	return nil
+}
+
+func tablesEqual(a, b *proto.ArenaTable) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return a.Node == b.Node && a.Generation == b.Generation && slices.Equal(a.Arenas, b.Arenas)
+}
+
+// Leave announces that this node leaves the cluster and waits up to
+// timeout for the announcement to go out: first metadata with Leaving
+// set, so that others record StateLeft rather than StateDead, then
+// memberlist's leave message. Other nodes then drop this one from
+// placement. timeout must be positive. Call Shutdown afterwards. Leave
+// after Leave does nothing.
+func (m *Membership) Leave(timeout time.Duration) error {
+	if timeout <= 0 {
+		return fmt.Errorf("membership: Leave with a timeout of %v", timeout)
+	}
+	m.setMu.Lock()
+	defer m.setMu.Unlock()
+	m.mu.Lock()
+	closed, left, meta := m.closed, m.left, m.local
+	m.mu.Unlock()
+	if closed {
+		return ErrClosed
+	}
+	if left {
+		return nil
+	}
+	deadline := time.Now().Add(timeout)
+	meta.Leaving = true
+	// The leave message would replace a queued alive message of the same
+	// node, so the Leaving metadata must be sent first: wait for it, with
+	// half the time.
+	if err := m.setMeta(meta, func() { _ = m.ml.UpdateNode(timeout / 2) }); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	m.left = true
+	m.mu.Unlock()
+	if err := m.ml.Leave(max(time.Until(deadline), time.Millisecond)); err != nil {
+		return fmt.Errorf("membership: leaving: %w", err)
+	}
+	return nil
+}
+
+// Shutdown stops gossip at once, without telling the cluster (others
+// declare this node dead after their suspicion timeout; call Leave first
+// to leave cleanly), and closes every Subscribe channel. It waits for an
+// arena push in flight, up to Tuning.TCPTimeout, and for a Leave or
+// SetMeta in progress. Shutdown after Shutdown does nothing.
+func (m *Membership) Shutdown() error {
+	m.setMu.Lock() // memberlist panics on a Leave after its Shutdown
+	defer m.setMu.Unlock()
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return nil
+	}
+	m.closed = true
+	for sub := range m.subs {
+		close(sub.ch)
+		delete(m.subs, sub)
+	}
+	m.mu.Unlock()
+	close(m.stop)
+	<-m.done
+	if err := m.ml.Shutdown(); err != nil {
+		return fmt.Errorf("membership: %w", err)
+	}
+	return nil
+}
+
+// Name is this node's name.
+func (m *Membership) Name() string { return m.name }
+
+// LocalNode returns this node as its own view shows it.
+func (m *Membership) LocalNode() Member {
+	if me, ok := m.View().Member(m.name); ok {
+		return me
+	}
+	// Not reachable: memberlist reports this node during Create.
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return Member{Name: m.name, State: StateAlive, Meta: m.local}
+}
+
+// View returns the current view. It never blocks for long and never
+// returns nil.
+func (m *Membership) View() *View { return m.view.Load() }
+
+// Warning returns why this node's gossip is unsafe, or "" when it is
+// encrypted.
+func (m *Membership) Warning() string { return m.warn }
+
+// Subscribe returns a channel of the view's changes from now on, and a
+// function that cancels the subscription and closes the channel (calling
+// it again does nothing). Shutdown closes it too.
+//
+// Delivery never blocks memberlist: the channel holds Config.EventBuffer
+// events, and when it is full the oldest is dropped to make room for the
+// newest. A subscriber detects the loss by a gap in Event.View.Version()
+// and rereads View(); the newest event always arrives, so the last View
+// received is current.
+func (m *Membership) Subscribe() (<-chan Event, func()) {
+	sub := &subscriber{ch: make(chan Event, m.s.EventBuffer)}
+	m.mu.Lock()
+	if m.closed {
+		close(sub.ch)
+	} else {
+		m.subs[sub] = struct{}{}
+	}
+	m.mu.Unlock()
+	return sub.ch, func() {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		if _, ok := m.subs[sub]; ok {
+			delete(m.subs, sub)
+			close(sub.ch)
+		}
+	}
+}
+
+type subscriber struct{ ch chan Event }
+
+// send delivers ev, dropping the oldest event if the buffer is full. The
+// caller holds Membership.mu, so sends are serialized and only the
+// subscriber receives concurrently: after one receive there is room.
+func (s *subscriber) send(ev Event) {
+	select {
+	case s.ch <- ev:
+		return
+	default:
+	}
+	select {
+	case <-s.ch:
+	default:
+	}
+	select {
+	case s.ch <- ev:
+	default:
+	}
+}
+
+// InstallKey adds a gossip key (16, 24 or 32 bytes) to this node's
+// keyring: from now on it also decrypts with it. See the package
+// documentation for rotating keys across the cluster.
+func (m *Membership) InstallKey(key []byte) error {
+	if m.s.keyring == nil {
+		return ErrNotEncrypted
+	}
+	if err := m.s.keyring.AddKey(slices.Clone(key)); err != nil {
+		return fmt.Errorf("membership: installing a gossip key: %w", err)
+	}
+	return nil
+}
+
+// UseKey makes an installed key the primary: this node encrypts with it
+// from now on. Every member must have installed it first.
+func (m *Membership) UseKey(key []byte) error {
+	if m.s.keyring == nil {
+		return ErrNotEncrypted
+	}
+	if err := m.s.keyring.UseKey(key); err != nil {
+		return fmt.Errorf("membership: using a gossip key: %w", err)
+	}
+	return nil
+}
+
+// RemoveKey removes a key that is not the primary from this node's
+// keyring. Removing a key that is not installed does nothing.
+func (m *Membership) RemoveKey(key []byte) error {
+	if m.s.keyring == nil {
+		return ErrNotEncrypted
+	}
+	if err := m.s.keyring.RemoveKey(key); err != nil {
+		return fmt.Errorf("membership: removing a gossip key: %w", err)
+	}
+	return nil
+}
+
+// kick wakes the background goroutine.
+func (m *Membership) kick() {
+	select {
+	case m.wake <- struct{}{}:
+	default:
+	}
+}
+
+// run pushes this node's arena table to members that need it and reaps
+// members dead or left for longer than DeadRetention.
+func (m *Membership) run() {
+	defer close(m.done)
+	tick := time.NewTicker(min(max(m.s.deadRetention/4, 10*time.Millisecond), time.Second))
+	defer tick.Stop()
+	for {
+		select {
+		case <-m.stop:
+			return
+		case <-tick.C:
+			m.reap(time.Now())
+		case <-m.wake:
+			m.push()
+		}
+	}
+}
+
+// push sends the local arena table to the members queued for it, over
+// memberlist's reliable (TCP) user messages. Failures are left to
+// push/pull anti-entropy.
+func (m *Membership) push() {
+	m.mu.Lock()
+	table := m.localTable
+	var targets []*memberlist.Node
+	for name, mb := range m.members {
+		_, queued := m.pushTo[name]
+		if name != m.name && mb.State == StateAlive && (m.pushAll || queued) {
+			targets = append(targets, &memberlist.Node{Name: name, Addr: net.IP(mb.Addr.Addr().AsSlice()), Port: mb.Addr.Port()})
+		}
+	}
+	m.pushAll = false
+	clear(m.pushTo)
+	m.mu.Unlock()
+	if table == nil || len(targets) == 0 || m.pushDisabled.Load() {
+		return
+	}
+	msg, err := encodeTables([]proto.ArenaTable{*table})
+	if err != nil {
+		m.s.Logger.Error("encoding the arena table", "err", err)
+		return
+	}
+	for _, n := range targets {
+		select {
+		case <-m.stop:
+			return
+		default:
+		}
+		if err := m.ml.SendReliable(n, msg); err != nil {
+			m.s.Logger.Debug("pushing the arena table", "to", n.Name, "err", err)
+		}
+	}
+}
+
+// Messages between delegates start with a type byte.
+const msgArenaTables byte = 1
+
+func encodeTables(tables []proto.ArenaTable) ([]byte, error) {
+	b, err := proto.EncodeArenaTables(tables)
+	if err != nil {
+		return nil, err
+	}
+	return append([]byte{msgArenaTables}, b...), nil
+}
+
+func (m *Membership) reap(now time.Time) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return
+	}
+	for name, mb := range m.members {
+		if mb.State != StateAlive && now.Sub(mb.Since) >= m.s.deadRetention {
+			delete(m.members, name)
+			delete(m.raw, name)
+			delete(m.pending, name)
+			m.publishLocked(EventReap, *mb)
+		}
+	}
+}
+
+// publishLocked makes a new view and delivers its event. The caller holds
+// mu.
+func (m *Membership) publishLocked(kind EventKind, mb Member) {
+	m.version++
+	members := make([]Member, 0, len(m.members))
+	for _, x := range m.members {
+		members = append(members, *x)
+	}
+	v := newView(m.version, members)
+	m.view.Store(v)
+	ev := Event{Kind: kind, Member: mb, View: v}
+	for sub := range m.subs {
+		sub.send(ev)
+	}
+	m.s.Logger.Debug("view changed", "event", kind.String(), "member", mb.String(), "version", v.version)
+}
+
+// observe applies what memberlist reports about a node. It runs under
+// memberlist's node lock.
+func (m *Membership) observe(n *memberlist.Node, kind EventKind) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return
+	}
+	mb := m.members[n.Name]
+	if mb == nil {
+		mb = &Member{Name: n.Name}
+		m.members[n.Name] = mb
+	}
+	ip, _ := netip.AddrFromSlice(n.Addr)
+	mb.Addr = netip.AddrPortFrom(ip.Unmap(), n.Port)
+	if old, ok := m.raw[n.Name]; !ok || !bytes.Equal(old, n.Meta) {
+		m.raw[n.Name] = bytes.Clone(n.Meta)
+		m.decodeLocked(mb, n.Meta)
+	}
+	now := time.Now()
+	switch kind {
+	case EventJoin, EventUpdate:
+		if mb.State != StateAlive {
+			mb.State, mb.Since = StateAlive, now
+			kind = EventJoin
+		}
+	case EventFail:
+		// memberlist reports both as NotifyLeave; a node leaving on
+		// purpose said so in its metadata first.
+		if mb.MetaErr == nil && mb.Meta.Leaving {
+			kind = EventLeave
+			mb.State = StateLeft
+		} else {
+			mb.State = StateDead
+		}
+		mb.Since = now
+	}
+	m.publishLocked(kind, *mb)
+	if kind == EventJoin && n.Name != m.name && m.localTable != nil {
+		m.pushTo[n.Name] = struct{}{}
+		m.kick()
+	}
+}
+
+// decodeLocked decodes a member's metadata into mb, attaching its arena
+// list when the metadata carries only its summary. The caller holds mu.
+func (m *Membership) decodeLocked(mb *Member, raw []byte) {
+	meta, err := proto.DecodeNodeMeta(raw)
+	if err != nil {
+		m.s.Logger.Debug("undecodable metadata", "member", mb.Name, "err", err)
+		mb.Meta, mb.MetaErr, mb.ArenasPending = proto.NodeMeta{}, err, false
+		return
+	}
+	old := mb.Meta
+	mb.Meta, mb.MetaErr, mb.ArenasPending = meta, nil, false
+	if !meta.Detached() {
+		return
+	}
+	if mb.Name == m.name {
+		if t := m.localTable; t != nil && t.Matches(&meta) {
+			mb.Meta.Arenas = t.Arenas
+			return
+		}
+	}
+	for _, t := range m.pending[mb.Name] {
+		if t.Matches(&meta) {
+			mb.Meta.Arenas = t.Arenas
+			delete(m.pending, mb.Name)
+			return
+		}
+	}
+	mb.ArenasPending = true
+	if old.Role == meta.Role && old.Generation == meta.Generation {
+		mb.Meta.Arenas = old.Arenas
+	}
+}
+
+// maxPending is how many unmatched arena tables are kept per member: a
+// relayed stale table must not push out the one the next metadata needs.
+const maxPending = 4
+
+func (m *Membership) keepPendingLocked(t proto.ArenaTable) {
+	p := m.pending[t.Node]
+	for _, x := range p {
+		if tablesEqual(&x, &t) {
+			return
+		}
+	}
+	p = append([]proto.ArenaTable{t}, p[:min(len(p), maxPending-1)]...)
+	m.pending[t.Node] = p
+}
+
+// mergeTables applies arena tables received from another node. Each is
+// checked against the metadata memberlist delivered for its node; one
+// that matches no metadata yet is kept (one per member) for the metadata
+// it probably precedes. Tables of nodes unknown here are dropped: push/pull
+// brings them back.
+func (m *Membership) mergeTables(b []byte, from string) {
+	if len(b) == 0 || b[0] != msgArenaTables {
+		m.s.Logger.Debug("unknown gossip message", "from", from, "bytes", len(b))
+		return
+	}
+	tables, err := proto.DecodeArenaTables(b[1:])
+	if err != nil {
+		m.s.Logger.Debug("bad arena tables", "from", from, "err", err)
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return
+	}
+	for _, t := range tables {
+		mb := m.members[t.Node]
+		if t.Node == m.name || mb == nil {
+			continue
+		}
+		switch {
+		case mb.MetaErr != nil || !t.Matches(&mb.Meta):
+			m.keepPendingLocked(t)
+		case mb.ArenasPending:
+			mb.Meta.Arenas, mb.ArenasPending = t.Arenas, false
+			delete(m.pending, t.Node)
+			m.publishLocked(EventUpdate, *mb)
+		}
+	}
+}
+
+// localState returns the arena tables this node has: its own and every
+// alive member's, for push/pull.
+func (m *Membership) localState() []byte {
+	m.mu.Lock()
+	var tables []proto.ArenaTable
+	for name, mb := range m.members {
+		if mb.State == StateAlive && mb.MetaErr == nil && mb.Meta.Detached() && !mb.ArenasPending {
+			tables = append(tables, proto.ArenaTable{Node: name, Generation: mb.Meta.Generation, Arenas: mb.Meta.Arenas})
+		}
+	}
+	m.mu.Unlock()
+	if len(tables) == 0 {
+		return nil
+	}
+	b, err := encodeTables(tables)
+	if err != nil {
+		m.s.Logger.Error("encoding arena tables", "err", err)
+		return nil
+	}
+	return b
+}
+
+// delegate is what memberlist calls. memberlist.Delegate's methods may run
+// concurrently, from memberlist's packet and stream goroutines;
+// memberlist.EventDelegate's run one at a time, holding memberlist's node
+// lock. None blocks: each takes Membership.mu briefly, and event delivery
+// drops rather than waits.
+type delegate struct{ m *Membership }
+
+// NodeMeta returns the encoded local metadata, at most
+// memberlist.MetaMaxSize bytes (SetMeta made sure). memberlist keeps the
+// slice; it is never modified after it is published.
+func (d *delegate) NodeMeta(limit int) []byte {
+	d.m.mu.Lock()
+	defer d.m.mu.Unlock()
+	if len(d.m.localRaw) > limit {
+		d.m.s.Logger.Error("metadata exceeds memberlist's limit", "bytes", len(d.m.localRaw), "limit", limit)
+		return nil
+	}
+	return d.m.localRaw
+}
+
+// NotifyMsg receives a user message (an arena table pushed by a server).
+// memberlist reuses buf after the call: it is decoded, not kept.
+func (d *delegate) NotifyMsg(buf []byte) { d.m.mergeTables(buf, "message") }
+
+// GetBroadcasts returns nothing: arena tables are too large for gossip
+// packets and go by push and push/pull instead.
+func (d *delegate) GetBroadcasts(overhead, limit int) [][]byte { return nil }
+
+// LocalState returns the arena tables this node knows, for a push/pull
+// exchange or a join. memberlist sends the slice and drops it.
+func (d *delegate) LocalState(join bool) []byte { return d.m.localState() }
+
+// MergeRemoteState receives the other side's LocalState after memberlist
+// merged its member list, so the tables' nodes are known. buf is decoded,
+// not kept.
+func (d *delegate) MergeRemoteState(buf []byte, join bool) {
+	if len(buf) > 0 {
+		d.m.mergeTables(buf, "push/pull")
+	}
+}
+
+// NotifyJoin, NotifyUpdate and NotifyLeave report a node's arrival,
+// metadata change, and departure (dead or left: decided by its Leaving
+// metadata). n is memberlist's: read, never kept.
+func (d *delegate) NotifyJoin(n *memberlist.Node)   { d.m.observe(n, EventJoin) }
+func (d *delegate) NotifyUpdate(n *memberlist.Node) { d.m.observe(n, EventUpdate) }
+func (d *delegate) NotifyLeave(n *memberlist.Node)  { d.m.observe(n, EventFail) }

@@ -1,0 +1,709 @@
+// Gossip node metadata: what a node tells the cluster about itself.
+
+package proto
+
+import (
+	"bytes"
+	"cmp"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/cespare/xxhash/v2"
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// Every node gossips a NodeMeta (memberlist's node metadata, at most
+// GossipMetaMaxSize bytes). It is one msgpack array, positional so that it
+// stays small:
+//
+//	[ MetaVersion, role, leaving, rkvVersion, controlAddr, provider,
+//	  [endpointAddr, gid (bin 16) | nil, lid],
+//	  generation,
+//	  [indexAddr, indexRKey, slots, neighborhood, seed] | nil,
+//	  [[arenaID, addr, length, rkey], ...],      // sorted by ID
+//	  [arenaCount, arenaDigest] | nil ]
+//
+// Integers take msgpack's smallest form. Measured (TestNodeMetaSize) for a
+// verbs server with its index, a 34-byte control address and 1 GiB arenas
+// at 47-bit addresses with 32-bit rkeys: 115 bytes with no arena, 136 with
+// one, 199 with 4, 283 with 8, 453 with 16; an arena costs about 21 bytes
+// (27 at most). So 18 arenas fit in memberlist's 512 bytes (14 with every
+// field at its widest). Beyond that, EncodeNodeMetaLimit leaves the arena
+// list out and keeps its count and digest (ArenaSet): 125 bytes for 64
+// arenas. The list then travels as an ArenaTable, in memberlist's push/pull
+// state and in direct messages.
+//
+// The version comes first. A decoder refuses any other version: the layout
+// is exact, with no optional trailing fields, so a change of layout is a
+// new MetaVersion, and a cluster moves to it only once every node can read
+// it.
+const (
+	MetaVersion = 1
+
+	// GossipMetaMaxSize is memberlist's limit on node metadata
+	// (memberlist.MetaMaxSize).
+	GossipMetaMaxSize = 512
+
+	// Length limits of NodeMeta's strings.
+	MaxMetaAddrLen     = 255 // ControlAddr and Endpoint.Addr: host:port
+	MaxMetaProviderLen = 32
+	MaxMetaVersionLen  = 64 // RKVVersion
+	MaxMetaNodeNameLen = 512
+)
+
+// ErrBadMeta means gossip metadata or an arena table that is malformed, of
+// another MetaVersion, or inconsistent. Encoders return it too, for values
+// that could never be decoded.
+var ErrBadMeta = errors.New("proto: bad node metadata")
+
+// Role is what a node does in the cluster.
+type Role uint8
+
+// Roles.
+const (
+	RoleServer Role = 1 // holds data; placement puts keys on servers only
+	RoleClient Role = 2 // reads the view; holds no data
+)
+
+func (r Role) String() string {
+	switch r {
+	case RoleServer:
+		return "server"
+	case RoleClient:
+		return "client"
+	}
+	return fmt.Sprintf("role(%d)", uint8(r))
+}
+
+// Endpoint is where a server's RDMA device is reached. The soft provider
+// uses Addr (host:port of the device's data endpoint); verbs uses GID and
+// LID (LID 0 on RoCE).
+type Endpoint struct {
+	Addr string
+	GID  [16]byte
+	LID  uint16
+}
+
+func (e Endpoint) String() string {
+	var parts []string
+	if e.Addr != "" {
+		parts = append(parts, e.Addr)
+	}
+	if e.GID != ([16]byte{}) {
+		parts = append(parts, "gid "+netip.AddrFrom16(e.GID).String())
+	}
+	if e.LID != 0 {
+		parts = append(parts, fmt.Sprintf("lid %d", e.LID))
+	}
+	return strings.Join(parts, " ")
+}
+
+// IndexRegion is where a server's one-sided hash index lies: the table's
+// registered memory and the geometry a reader needs to find a key in it.
+type IndexRegion struct {
+	Addr     uint64
+	RKey     uint32
+	Geometry IndexGeometry
+}
+
+// ArenaRegion is one registered arena a reader may RDMA_READ.
+type ArenaRegion struct {
+	ID     uint16 // below MaxArenas; what index slots name
+	Addr   uint64
+	Length uint64
+	RKey   uint32 // read-only capability
+}
+
+// ArenaSet summarizes an arena list that travels outside the metadata:
+// how many arenas, and ArenaDigest of the list. The zero value means the
+// arenas are inline (NodeMeta.Arenas).
+type ArenaSet struct {
+	Count  int
+	Digest uint64
+}
+
+// NodeMeta is a node's gossip metadata.
+type NodeMeta struct {
+	Role        Role
+	Leaving     bool   // the node is leaving the cluster on purpose
+	RKVVersion  string // the software's version, for operators
+	ControlAddr string // host:port of the control RPC listener
+	Provider    string // RDMA provider: "soft" or "verbs"
+	Endpoint    Endpoint
+
+	// Generation changes at every start of a server; the index and all
+	// arenas belong to it, and their rkeys die with it.
+	Generation uint64
+	Index      *IndexRegion // nil until the index is registered, and on clients
+
+	// Arenas is the arena list, sorted by ID. When the list is too large
+	// for memberlist's 512 bytes, the encoded metadata carries ArenaSet
+	// instead and Arenas is empty until the list arrives out of band; a
+	// NodeMeta may also carry both (the list attached to its summary),
+	// and then they must agree.
+	Arenas   []ArenaRegion
+	ArenaSet ArenaSet
+}
+
+// Detached reports whether the arena list travels outside the metadata.
+func (m *NodeMeta) Detached() bool { return m.ArenaSet.Count != 0 }
+
+// ArenaTable is one server's full arena list for one generation: what
+// travels outside the metadata when the list does not fit in it.
+type ArenaTable struct {
+	Node       string // the server's memberlist name
+	Generation uint64
+	Arenas     []ArenaRegion // sorted by ID
+}
+
+// Matches reports whether t is the list that the detached metadata m
+// describes.
+func (t *ArenaTable) Matches(m *NodeMeta) bool {
+	return m.Detached() && t.Generation == m.Generation && SummarizeArenas(t.Arenas) == m.ArenaSet
+}
+
+// SummarizeArenas returns the count and digest of an arena list; the list
+// must be sorted by ID (as EncodeNodeMeta writes it and every decoder
+// returns it).
+func SummarizeArenas(arenas []ArenaRegion) ArenaSet {
+	if len(arenas) == 0 {
+		return ArenaSet{}
+	}
+	var buf bytes.Buffer
+	e := msgpack.NewEncoder(&buf)
+	encodeArenas(e, arenas)
+	return ArenaSet{Count: len(arenas), Digest: xxhash.Sum64(buf.Bytes())}
+}
+
+// SortArenas returns the arenas sorted by ID, as a new slice.
+func SortArenas(arenas []ArenaRegion) []ArenaRegion {
+	s := slices.Clone(arenas)
+	slices.SortFunc(s, func(a, b ArenaRegion) int { return cmp.Compare(a.ID, b.ID) })
+	return s
+}
+
+// Validate checks m as an encoder and a decoder do. Errors wrap ErrBadMeta.
+func (m *NodeMeta) Validate() error {
+	switch m.Role {
+	case RoleServer, RoleClient:
+	default:
+		return badMeta("role %d", m.Role)
+	}
+	for _, s := range []struct {
+		name, v string
+		max     int
+	}{
+		{"rkv version", m.RKVVersion, MaxMetaVersionLen},
+		{"control address", m.ControlAddr, MaxMetaAddrLen},
+		{"provider", m.Provider, MaxMetaProviderLen},
+		{"endpoint address", m.Endpoint.Addr, MaxMetaAddrLen},
+	} {
+		if len(s.v) > s.max {
+			return badMeta("%s of %d bytes, limit %d", s.name, len(s.v), s.max)
+		}
+	}
+	if m.Role == RoleClient && (m.Index != nil || len(m.Arenas) != 0 || m.Detached()) {
+		return badMeta("a client advertises no index or arenas")
+	}
+	if x := m.Index; x != nil {
+		if err := x.Geometry.Validate(); err != nil {
+			return fmt.Errorf("%w: index: %w", ErrBadMeta, err)
+		}
+		if x.Addr+uint64(x.Geometry.TableBytes()) < x.Addr {
+			return badMeta("index at %#x of %d bytes wraps around", x.Addr, x.Geometry.TableBytes())
+		}
+	}
+	if err := validateArenas(m.Arenas); err != nil {
+		return err
+	}
+	if m.Detached() {
+		if m.ArenaSet.Count < 0 || m.ArenaSet.Count > MaxArenas {
+			return badMeta("arena set of %d arenas, limit %d", m.ArenaSet.Count, MaxArenas)
+		}
+		if len(m.Arenas) != 0 && SummarizeArenas(m.Arenas) != m.ArenaSet {
+			return badMeta("%d arenas do not match the arena set (%d, %#x)", len(m.Arenas), m.ArenaSet.Count, m.ArenaSet.Digest)
+		}
+	} else if m.ArenaSet.Digest != 0 {
+		return badMeta("arena digest without a count")
+	}
+	return nil
+}
+
+func validateArenas(arenas []ArenaRegion) error {
+	if len(arenas) > MaxArenas {
+		return badMeta("%d arenas, limit %d", len(arenas), MaxArenas)
+	}
+	for i, a := range arenas {
+		if a.ID >= MaxArenas {
+			return badMeta("arena ID %d, limit %d", a.ID, MaxArenas-1)
+		}
+		if i > 0 && a.ID <= arenas[i-1].ID {
+			return badMeta("arena IDs %d then %d: not strictly increasing (unique, sorted)", arenas[i-1].ID, a.ID)
+		}
+		if a.Length == 0 || a.Length > MaxArenaOffset+1 {
+			return badMeta("arena %d of %d bytes: must be 1 to 2^40", a.ID, a.Length)
+		}
+		if a.Addr+a.Length < a.Addr {
+			return badMeta("arena %d at %#x of %d bytes wraps around", a.ID, a.Addr, a.Length)
+		}
+	}
+	return nil
+}
+
+func badMeta(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ErrBadMeta}, args...)...)
+}
+
+// EncodeNodeMeta encodes m, its arenas sorted by ID, whatever its size.
+// Errors wrap ErrBadMeta.
+func EncodeNodeMeta(m NodeMeta) ([]byte, error) {
+	m.Arenas = SortArenas(m.Arenas)
+	if err := m.Validate(); err != nil {
+		return nil, err
+	}
+	var buf bytes.Buffer
+	e := msgpack.NewEncoder(&buf)
+	_ = e.EncodeArrayLen(metaFields)
+	_ = e.EncodeUint(MetaVersion)
+	_ = e.EncodeUint(uint64(m.Role))
+	_ = e.EncodeBool(m.Leaving)
+	_ = e.EncodeString(m.RKVVersion)
+	_ = e.EncodeString(m.ControlAddr)
+	_ = e.EncodeString(m.Provider)
+	_ = e.EncodeArrayLen(3)
+	_ = e.EncodeString(m.Endpoint.Addr)
+	if m.Endpoint.GID == ([16]byte{}) {
+		_ = e.EncodeNil()
+	} else {
+		_ = e.EncodeBytes(m.Endpoint.GID[:])
+	}
+	_ = e.EncodeUint(uint64(m.Endpoint.LID))
+	_ = e.EncodeUint(m.Generation)
+	if x := m.Index; x == nil {
+		_ = e.EncodeNil()
+	} else {
+		_ = e.EncodeArrayLen(5)
+		_ = e.EncodeUint(x.Addr)
+		_ = e.EncodeUint(uint64(x.RKey))
+		_ = e.EncodeUint(x.Geometry.Slots)
+		_ = e.EncodeUint(uint64(x.Geometry.Neighborhood))
+		_ = e.EncodeUint(x.Geometry.Seed)
+	}
+	encodeArenas(e, m.Arenas)
+	if !m.Detached() {
+		_ = e.EncodeNil()
+	} else {
+		_ = e.EncodeArrayLen(2)
+		_ = e.EncodeUint(uint64(m.ArenaSet.Count))
+		_ = e.EncodeUint(m.ArenaSet.Digest)
+	}
+	return buf.Bytes(), nil // writes to a bytes.Buffer cannot fail
+}
+
+// metaFields is the length of a MetaVersion 1 metadata array.
+const metaFields = 11
+
+func encodeArenas(e *msgpack.Encoder, arenas []ArenaRegion) {
+	_ = e.EncodeArrayLen(len(arenas))
+	for _, a := range arenas {
+		_ = e.EncodeArrayLen(4)
+		_ = e.EncodeUint(uint64(a.ID))
+		_ = e.EncodeUint(a.Addr)
+		_ = e.EncodeUint(a.Length)
+		_ = e.EncodeUint(uint64(a.RKey))
+	}
+}
+
+// EncodeNodeMetaLimit encodes m in at most limit bytes: inline if it fits,
+// otherwise with its arena list detached (ArenaSet instead of Arenas). It
+// returns whether it detached the list; the caller then sends the list as
+// an ArenaTable. Errors wrap ErrBadMeta, also when m does not fit even
+// without its arenas.
+func EncodeNodeMetaLimit(m NodeMeta, limit int) (b []byte, detached bool, err error) {
+	if m.Detached() {
+		return nil, false, badMeta("EncodeNodeMetaLimit wants the arena list, not an arena set")
+	}
+	if b, err = EncodeNodeMeta(m); err != nil || len(b) <= limit {
+		return b, false, err
+	}
+	m.Arenas = SortArenas(m.Arenas)
+	m.ArenaSet = SummarizeArenas(m.Arenas)
+	m.Arenas = nil
+	if b, err = EncodeNodeMeta(m); err != nil {
+		return nil, false, err
+	}
+	if len(b) > limit {
+		return nil, false, badMeta("%d bytes without the arena list, limit %d", len(b), limit)
+	}
+	return b, m.Detached(), nil
+}
+
+// DecodeNodeMeta decodes and validates metadata that EncodeNodeMeta
+// produced. It retains nothing of b. Errors wrap ErrBadMeta.
+func DecodeNodeMeta(b []byte) (NodeMeta, error) {
+	d := newMetaDecoder(b)
+	n, err := d.arrayLen("metadata", metaFields+16)
+	if err != nil {
+		return NodeMeta{}, err
+	}
+	if n < 1 {
+		return NodeMeta{}, badMeta("empty array")
+	}
+	v, err := d.uint("version", 255)
+	if err != nil {
+		return NodeMeta{}, err
+	}
+	if v != MetaVersion {
+		return NodeMeta{}, badMeta("metadata version %d; this node reads version %d", v, MetaVersion)
+	}
+	if n != metaFields {
+		return NodeMeta{}, badMeta("version %d metadata of %d fields, want %d", v, n, metaFields)
+	}
+	var m NodeMeta
+	role, err := d.uint("role", 255)
+	if err != nil {
+		return NodeMeta{}, err
+	}
+	m.Role = Role(role)
+	if m.Leaving, err = d.bool("leaving"); err != nil {
+		return NodeMeta{}, err
+	}
+	if m.RKVVersion, err = d.str("rkv version", MaxMetaVersionLen); err != nil {
+		return NodeMeta{}, err
+	}
+	if m.ControlAddr, err = d.str("control address", MaxMetaAddrLen); err != nil {
+		return NodeMeta{}, err
+	}
+	if m.Provider, err = d.str("provider", MaxMetaProviderLen); err != nil {
+		return NodeMeta{}, err
+	}
+	if m.Endpoint, err = d.endpoint(); err != nil {
+		return NodeMeta{}, err
+	}
+	if m.Generation, err = d.uint("generation", 1<<64-1); err != nil {
+		return NodeMeta{}, err
+	}
+	if m.Index, err = d.index(); err != nil {
+		return NodeMeta{}, err
+	}
+	if m.Arenas, err = d.arenas(); err != nil {
+		return NodeMeta{}, err
+	}
+	if m.ArenaSet, err = d.arenaSet(); err != nil {
+		return NodeMeta{}, err
+	}
+	if err := d.end(); err != nil {
+		return NodeMeta{}, err
+	}
+	if err := m.Validate(); err != nil {
+		return NodeMeta{}, err
+	}
+	return m, nil
+}
+
+// EncodeArenaTables encodes arena tables: [MetaVersion, [[node,
+// generation, arenas], ...]]. Each table's arenas are sorted. Errors wrap
+// ErrBadMeta.
+func EncodeArenaTables(tables []ArenaTable) ([]byte, error) {
+	if len(tables) > maxArenaTables {
+		return nil, badMeta("%d arena tables, limit %d", len(tables), maxArenaTables)
+	}
+	var buf bytes.Buffer
+	e := msgpack.NewEncoder(&buf)
+	_ = e.EncodeArrayLen(2)
+	_ = e.EncodeUint(MetaVersion)
+	_ = e.EncodeArrayLen(len(tables))
+	for _, t := range tables {
+		if t.Node == "" || len(t.Node) > MaxMetaNodeNameLen {
+			return nil, badMeta("arena table of node name of %d bytes: must be 1 to %d", len(t.Node), MaxMetaNodeNameLen)
+		}
+		arenas := SortArenas(t.Arenas)
+		if err := validateArenas(arenas); err != nil {
+			return nil, fmt.Errorf("%w (arena table of %s)", err, t.Node)
+		}
+		_ = e.EncodeArrayLen(3)
+		_ = e.EncodeString(t.Node)
+		_ = e.EncodeUint(t.Generation)
+		encodeArenas(e, arenas)
+	}
+	return buf.Bytes(), nil
+}
+
+// maxArenaTables bounds the tables in one message: one per server.
+const maxArenaTables = 1 << 16
+
+// DecodeArenaTables decodes what EncodeArenaTables produced. It retains
+// nothing of b. Errors wrap ErrBadMeta.
+func DecodeArenaTables(b []byte) ([]ArenaTable, error) {
+	d := newMetaDecoder(b)
+	n, err := d.arrayLen("arena tables", 16)
+	if err != nil {
+		return nil, err
+	}
+	if n < 1 {
+		return nil, badMeta("empty array")
+	}
+	v, err := d.uint("version", 255)
+	if err != nil {
+		return nil, err
+	}
+	if v != MetaVersion {
+		return nil, badMeta("arena tables version %d; this node reads version %d", v, MetaVersion)
+	}
+	if n != 2 {
+		return nil, badMeta("arena tables of %d fields, want 2", n)
+	}
+	n, err = d.arrayLen("arena table list", maxArenaTables)
+	if err != nil {
+		return nil, err
+	}
+	if n == -1 {
+		return nil, badMeta("arena table list: nil, want an array")
+	}
+	tables := make([]ArenaTable, 0, n)
+	for range n {
+		if _, err := d.fixedArray("arena table", 3, false); err != nil {
+			return nil, err
+		}
+		var t ArenaTable
+		if t.Node, err = d.str("node name", MaxMetaNodeNameLen); err != nil {
+			return nil, err
+		}
+		if t.Node == "" {
+			return nil, badMeta("arena table without a node name")
+		}
+		if t.Generation, err = d.uint("generation", 1<<64-1); err != nil {
+			return nil, err
+		}
+		if t.Arenas, err = d.arenas(); err != nil {
+			return nil, fmt.Errorf("%w (arena table of %s)", err, t.Node)
+		}
+		tables = append(tables, t)
+	}
+	if err := d.end(); err != nil {
+		return nil, err
+	}
+	return tables, nil
+}
+
+// metaDecoder reads msgpack strictly: every length is checked against its
+// limit and against the bytes left before anything is allocated.
+type metaDecoder struct {
+	r *bytes.Reader
+	d *msgpack.Decoder
+}
+
+func newMetaDecoder(b []byte) *metaDecoder {
+	r := bytes.NewReader(b)
+	// A bytes.Reader is an io.ByteScanner: the decoder reads it directly,
+	// without buffering ahead, so r.Len() is what is left.
+	return &metaDecoder{r: r, d: msgpack.NewDecoder(r)}
+}
+
+func (d *metaDecoder) wrap(what string, err error) error {
+	return fmt.Errorf("%w: %s: %w", ErrBadMeta, what, err)
+}
+
+func (d *metaDecoder) end() error {
+	if n := d.r.Len(); n != 0 {
+		return badMeta("%d bytes after the end", n)
+	}
+	return nil
+}
+
+// arrayLen reads an array header of at most max elements; nil is -1.
+func (d *metaDecoder) arrayLen(what string, max int) (int, error) {
+	n, err := d.d.DecodeArrayLen()
+	if err != nil {
+		return 0, d.wrap(what, err)
+	}
+	if n > max || n > d.r.Len() {
+		return 0, badMeta("%s of %d elements (limit %d, %d bytes left)", what, n, max, d.r.Len())
+	}
+	return n, nil
+}
+
+// fixedArray reads an array header that must say n elements.
+func (d *metaDecoder) fixedArray(what string, n int, nilOK bool) (isNil bool, err error) {
+	k, err := d.arrayLen(what, n)
+	if err != nil {
+		return false, err
+	}
+	if k == -1 && nilOK {
+		return true, nil
+	}
+	if k != n {
+		return false, badMeta("%s of %d fields, want %d", what, k, n)
+	}
+	return false, nil
+}
+
+func (d *metaDecoder) uint(what string, max uint64) (uint64, error) {
+	c, err := d.d.PeekCode()
+	if err != nil {
+		return 0, d.wrap(what, err)
+	}
+	if c >= 0xe0 || (c >= 0xd0 && c <= 0xd3) { // negative fixint, int8..int64
+		v, err := d.d.DecodeInt64()
+		if err != nil {
+			return 0, d.wrap(what, err)
+		}
+		if v < 0 {
+			return 0, badMeta("%s %d is negative", what, v)
+		}
+		return d.checkUint(what, uint64(v), max)
+	}
+	v, err := d.d.DecodeUint64()
+	if err != nil {
+		return 0, d.wrap(what, err)
+	}
+	return d.checkUint(what, v, max)
+}
+
+func (d *metaDecoder) checkUint(what string, v, max uint64) (uint64, error) {
+	if v > max {
+		return 0, badMeta("%s %d, limit %d", what, v, max)
+	}
+	return v, nil
+}
+
+func (d *metaDecoder) bool(what string) (bool, error) {
+	v, err := d.d.DecodeBool()
+	if err != nil {
+		return false, d.wrap(what, err)
+	}
+	return v, nil
+}
+
+func (d *metaDecoder) bytes(what string, max int) ([]byte, error) {
+	n, err := d.d.DecodeBytesLen()
+	if err != nil {
+		return nil, d.wrap(what, err)
+	}
+	if n == -1 {
+		return nil, nil
+	}
+	if n > max || n > d.r.Len() {
+		return nil, badMeta("%s of %d bytes (limit %d, %d bytes left)", what, n, max, d.r.Len())
+	}
+	b := make([]byte, n)
+	if err := d.d.ReadFull(b); err != nil {
+		return nil, d.wrap(what, err)
+	}
+	return b, nil
+}
+
+func (d *metaDecoder) str(what string, max int) (string, error) {
+	b, err := d.bytes(what, max)
+	return string(b), err
+}
+
+func (d *metaDecoder) endpoint() (Endpoint, error) {
+	var e Endpoint
+	if _, err := d.fixedArray("endpoint", 3, false); err != nil {
+		return e, err
+	}
+	var err error
+	if e.Addr, err = d.str("endpoint address", MaxMetaAddrLen); err != nil {
+		return e, err
+	}
+	gid, err := d.bytes("GID", len(e.GID))
+	if err != nil {
+		return e, err
+	}
+	if gid != nil && len(gid) != len(e.GID) {
+		return e, badMeta("GID of %d bytes, want %d", len(gid), len(e.GID))
+	}
+	copy(e.GID[:], gid)
+	lid, err := d.uint("LID", 1<<16-1)
+	e.LID = uint16(lid)
+	return e, err
+}
+
+func (d *metaDecoder) index() (*IndexRegion, error) {
+	if isNil, err := d.fixedArray("index", 5, true); err != nil || isNil {
+		return nil, err
+	}
+	var x IndexRegion
+	var err error
+	if x.Addr, err = d.uint("index address", 1<<64-1); err != nil {
+		return nil, err
+	}
+	rkey, err := d.uint("index rkey", 1<<32-1)
+	if err != nil {
+		return nil, err
+	}
+	x.RKey = uint32(rkey)
+	if x.Geometry.Slots, err = d.uint("index slots", 1<<64-1); err != nil {
+		return nil, err
+	}
+	nb, err := d.uint("index neighborhood", maxIndexNeighborhood)
+	if err != nil {
+		return nil, err
+	}
+	x.Geometry.Neighborhood = int(nb)
+	if x.Geometry.Seed, err = d.uint("index seed", 1<<64-1); err != nil {
+		return nil, err
+	}
+	return &x, nil
+}
+
+func (d *metaDecoder) arenas() ([]ArenaRegion, error) {
+	n, err := d.arrayLen("arenas", MaxArenas)
+	if err != nil {
+		return nil, err
+	}
+	if n == -1 {
+		return nil, badMeta("arenas: nil, want an array")
+	}
+	if n == 0 {
+		return nil, nil
+	}
+	arenas := make([]ArenaRegion, n)
+	for i := range arenas {
+		a := &arenas[i]
+		if _, err := d.fixedArray("arena", 4, false); err != nil {
+			return nil, err
+		}
+		id, err := d.uint("arena ID", MaxArenas-1)
+		if err != nil {
+			return nil, err
+		}
+		a.ID = uint16(id)
+		if a.Addr, err = d.uint("arena address", 1<<64-1); err != nil {
+			return nil, err
+		}
+		if a.Length, err = d.uint("arena length", 1<<64-1); err != nil {
+			return nil, err
+		}
+		rkey, err := d.uint("arena rkey", 1<<32-1)
+		if err != nil {
+			return nil, err
+		}
+		a.RKey = uint32(rkey)
+	}
+	if err := validateArenas(arenas); err != nil {
+		return nil, err
+	}
+	return arenas, nil
+}
+
+func (d *metaDecoder) arenaSet() (ArenaSet, error) {
+	var s ArenaSet
+	if isNil, err := d.fixedArray("arena set", 2, true); err != nil || isNil {
+		return s, err
+	}
+	count, err := d.uint("arena count", MaxArenas)
+	if err != nil {
+		return s, err
+	}
+	if count == 0 {
+		return s, badMeta("arena set of 0 arenas: should be nil")
+	}
+	s.Count = int(count)
+	s.Digest, err = d.uint("arena digest", 1<<64-1)
+	return s, err
+}
