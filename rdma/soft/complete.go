@@ -1,0 +1,143 @@
+// Completions, the move to ERR, and flushing the work queues.
+
+package soft
+
+import (
+	"errors"
+	"log/slog"
+
+	"github.com/rkv-io/rkv/rdma"
+)
+
+// errModifyToError is the reason of a QP moved to ERR by its owner.
+var errModifyToError = errors.New("ModifyToError")
+
+// completionOps maps send opcodes to the ibv_wc_opcode set the requester
+// reports: the immediate variants complete as their plain forms.
+var completionOps = [...]rdma.Opcode{
+	rdma.OpWrite: rdma.OpWrite, rdma.OpWriteImm: rdma.OpWrite, rdma.OpSend: rdma.OpSend, rdma.OpSendImm: rdma.OpSend,
+	rdma.OpRead: rdma.OpRead, rdma.OpCompareSwap: rdma.OpCompareSwap, rdma.OpFetchAdd: rdma.OpFetchAdd,
+}
+
+// pushSend reports the completion of a send-queue request: always on
+// error, on success only when signaled. It reports whether it did.
+// fromInline says the caller is a Wait reading the connection inline.
+func (q *qp) pushSend(w *sendWQE, st rdma.Status, fromInline bool) bool {
+	if st == rdma.StatusSuccess && !w.signaled || q.state.Load() == uint32(stateClosed) {
+		return false
+	}
+	wc := rdma.Completion{ID: w.id, Status: st, Op: completionOps[w.op], QPNum: q.num}
+	if st == rdma.StatusSuccess {
+		wc.ByteLen = w.length
+	}
+	q.sendCQ.push(&wc, fromInline)
+	return true
+}
+
+func (q *qp) pushRecv(w *recvWQE, wc rdma.Completion) {
+	if q.state.Load() == uint32(stateClosed) {
+		return
+	}
+	wc.ID, wc.QPNum = w.id, q.num
+	q.recvCQ.push(&wc, false)
+}
+
+// toError moves the QP to ERR. It reports whether this call did, in which
+// case the caller must call finishError once it holds no queue lock.
+func (q *qp) toError() bool {
+	for {
+		s := q.state.Load()
+		if s == uint32(rdma.QPStateError) || s == uint32(stateClosed) {
+			return false
+		}
+		if q.state.CompareAndSwap(s, uint32(rdma.QPStateError)) {
+			return true
+		}
+	}
+}
+
+// finishError completes the move to ERR: it closes both connections (the
+// peer sees its requests go unanswered, as with a QP in ERR on a real
+// fabric), stops the goroutines, and flushes the queues nobody else owns.
+func (q *qp) finishError(reason error) {
+	q.mu.Lock()
+	q.reason = reason
+	q.mu.Unlock()
+	q.kill()
+	q.mu.Lock()
+	req, resp, cancel := q.reqConn, q.respConn, q.cancel
+	if q.rsp.draining {
+		resp = nil // serve closes it gracefully
+	}
+	q.mu.Unlock()
+	if errors.Is(reason, errModifyToError) {
+		slog.Debug("rdma/soft: QP moved to ERR", "device", q.dev.name, "qp", q.num, "reason", reason)
+	} else {
+		slog.Warn("rdma/soft: QP moved to ERR", "device", q.dev.name, "qp", q.num, "reason", reason)
+	}
+	if req != nil {
+		_ = req.Close()
+	}
+	if resp != nil {
+		_ = resp.Close()
+	}
+	if cancel != nil {
+		cancel()
+	}
+	q.sq.mu.Lock()
+	if !q.sq.readerActive {
+		q.flushSendLocked()
+	}
+	q.sq.mu.Unlock()
+	q.rq.mu.Lock()
+	if !q.rq.respActive {
+		q.flushRecvLocked()
+	}
+	q.rq.mu.Unlock()
+}
+
+// kill closes q.dead, once: goroutines waiting for a RECV, the peer's RTR
+// or a kick give up.
+func (q *qp) kill() { q.deadOnce.Do(func() { close(q.dead) }) }
+
+// enterError moves the QP to ERR for reason, unless it is there already.
+func (q *qp) enterError(reason error) {
+	if q.toError() {
+		q.finishError(reason)
+	}
+}
+
+// flushSendLocked completes every request left with WR_FLUSH_ERR.
+func (q *qp) flushSendLocked() {
+	s := &q.sq
+	for ; s.head < s.tail; s.head++ {
+		q.pushSend(s.at(s.head), rdma.StatusWRFlushErr, false)
+	}
+	s.sent = s.tail
+	s.fenced = false
+}
+
+// failSendLocked completes the oldest request with st, moves the QP to ERR
+// and, when no receiver owns the queue, flushes the rest. It reports
+// whether the caller must call finishError.
+func (q *qp) failSendLocked(st rdma.Status) bool {
+	s := &q.sq
+	if s.head < s.tail {
+		q.pushSend(s.at(s.head), st, false)
+		s.head++
+		s.sent = max(s.sent, s.head)
+	}
+	flipped := q.toError()
+	if !s.readerActive {
+		q.flushSendLocked()
+	}
+	return flipped
+}
+
+// flushRecvLocked completes every posted RECV with WR_FLUSH_ERR.
+func (q *qp) flushRecvLocked() {
+	r := &q.rq
+	for ; r.head < r.tail; r.head++ {
+		q.pushRecv(r.at(r.head), rdma.Completion{Status: rdma.StatusWRFlushErr, Op: rdma.OpRecv})
+	}
+}

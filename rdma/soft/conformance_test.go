@@ -1,0 +1,26 @@
+// The provider-independent conformance suite, run against the soft provider.
+
+package soft
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/rkv-io/rkv/rdma/rdmatest"
+)
+
+func TestConformance(t *testing.T) {
+	// The full 1 GiB large-region case (about 20 s under -race here); -short
+	// skips it.
+	rdmatest.Run(t, rdmatest.Config{Provider: ProviderName})
+}
+
+// BenchmarkRegistrar is the server-shaped registration case: 8 arenas of
+// 1 GiB. Run it alone: go test -run '^$' -bench Registrar -benchtime 1x.
+func BenchmarkRegistrar(b *testing.B) {
+	for _, workers := range []int{1, 2, 4} {
+		b.Run(fmt.Sprintf("workers=%d", workers), func(b *testing.B) {
+			rdmatest.BenchmarkRegistrar(b, rdmatest.Config{Provider: ProviderName}, 8, 1<<30, workers)
+		})
+	}
+}

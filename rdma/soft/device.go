@@ -1,0 +1,203 @@
+// A soft device: its data endpoint, MR table, QP table and lifetime.
+
+package soft
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rkv-io/rkv/rdma"
+)
+
+const defaultListenAddr = "127.0.0.1:0"
+
+type device struct {
+	name string
+	addr string // data endpoint, host:port
+	ln   *net.TCPListener
+
+	mrs   mrTable
+	rkeys *keyGen
+	lkeys *keyGen
+
+	qpMu    sync.RWMutex
+	qps     map[uint32]*qp
+	nextQPN uint32
+
+	mu      sync.Mutex
+	pds     int
+	cqs     int
+	closed  bool
+	pending map[*net.TCPConn]struct{} // accepted connections still in their handshake
+
+	closing chan struct{} // closed by Close
+	wg      sync.WaitGroup
+
+	sweeping  atomic.Bool
+	sweepKick chan struct{}
+	lastLazy  atomic.Int64
+}
+
+func openDevice(name string, opts rdma.Options) (*device, error) {
+	laddr := opts.ListenAddr
+	if laddr == "" {
+		laddr = defaultListenAddr
+	}
+	ln, err := net.Listen("tcp", laddr)
+	if err != nil {
+		return nil, fmt.Errorf("rdma/soft: device %s: listening on %s: %w", name, laddr, err)
+	}
+	d := &device{
+		name:      name,
+		addr:      ln.Addr().String(),
+		ln:        ln.(*net.TCPListener),
+		mrs:       mrTable{m: map[uint32]*mr{}},
+		rkeys:     newKeyGen(),
+		lkeys:     newKeyGen(),
+		qps:       map[uint32]*qp{},
+		nextQPN:   rand.Uint32(),
+		pending:   map[*net.TCPConn]struct{}{},
+		closing:   make(chan struct{}),
+		sweepKick: make(chan struct{}, 1),
+	}
+	d.wg.Add(2)
+	go d.acceptLoop()
+	go d.sweeper()
+	return d, nil
+}
+
+func (d *device) Name() string     { return d.name }
+func (d *device) Provider() string { return ProviderName }
+
+// Addr returns the device's data endpoint.
+func (d *device) Addr() string { return d.addr }
+
+func (d *device) AllocPD() (rdma.PD, error) {
+	if err := d.hold(&d.pds); err != nil {
+		return nil, err
+	}
+	return &pd{dev: d}, nil
+}
+
+func (d *device) CreateCQ(size int) (rdma.CQ, error) {
+	if size <= 0 || size > maxCQSize {
+		return nil, fmt.Errorf("rdma/soft: CreateCQ(%d): size must be in 1..%d", size, maxCQSize)
+	}
+	if err := d.hold(&d.cqs); err != nil {
+		return nil, err
+	}
+	return newCQ(d, size), nil
+}
+
+// hold counts one more PD or CQ, unless the device is closed.
+func (d *device) hold(n *int) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return rdma.ErrClosed
+	}
+	*n++
+	return nil
+}
+
+func (d *device) release(n *int) {
+	d.mu.Lock()
+	*n--
+	d.mu.Unlock()
+}
+
+// Close stops the data endpoint and every goroutine of the device.
+func (d *device) Close() error {
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return rdma.ErrClosed
+	}
+	if d.pds > 0 || d.cqs > 0 {
+		d.mu.Unlock()
+		return fmt.Errorf("rdma/soft: device %s has %d PDs and %d CQs open: %w", d.name, d.pds, d.cqs, rdma.ErrBusy)
+	}
+	d.closed = true
+	for c := range d.pending {
+		_ = c.Close()
+	}
+	d.mu.Unlock()
+	close(d.closing)
+	err := d.ln.Close()
+	d.wg.Wait()
+	return err
+}
+
+func (d *device) acceptLoop() {
+	defer d.wg.Done()
+	for {
+		c, err := d.ln.AcceptTCP()
+		if err != nil {
+			select {
+			case <-d.closing:
+				return
+			default:
+			}
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			// Out of file descriptors and the like: back off, as net/http does.
+			slog.Warn("rdma/soft: accept failed", "device", d.name, "err", err)
+			select {
+			case <-d.closing:
+				return
+			case <-time.After(10 * time.Millisecond):
+			}
+			continue
+		}
+		d.mu.Lock()
+		if d.closed {
+			d.mu.Unlock()
+			_ = c.Close()
+			return
+		}
+		d.pending[c] = struct{}{}
+		d.wg.Add(1)
+		d.mu.Unlock()
+		go d.handshake(c)
+	}
+}
+
+func (d *device) forget(c *net.TCPConn) {
+	d.mu.Lock()
+	delete(d.pending, c)
+	d.mu.Unlock()
+}
+
+// addQP gives q a QP number unique on the device (24 bits, as in verbs).
+func (d *device) addQP(q *qp) {
+	d.qpMu.Lock()
+	defer d.qpMu.Unlock()
+	for {
+		d.nextQPN++
+		n := d.nextQPN & 0xffffff
+		if _, used := d.qps[n]; n > 1 && !used {
+			q.num = n
+			d.qps[n] = q
+			return
+		}
+	}
+}
+
+func (d *device) removeQP(q *qp) {
+	d.qpMu.Lock()
+	delete(d.qps, q.num)
+	d.qpMu.Unlock()
+}
+
+func (d *device) lookupQP(n uint32) *qp {
+	d.qpMu.RLock()
+	defer d.qpMu.RUnlock()
+	return d.qps[n]
+}

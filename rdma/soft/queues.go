@@ -1,0 +1,160 @@
+// Work queues: fixed rings of copied work requests, with the local checks done at post time.
+
+package soft
+
+import (
+	"sync"
+
+	"github.com/rkv-io/rkv/rdma"
+)
+
+// sge is an SGE resolved to a soft MR; m is nil when the SGE named no MR
+// of this provider (then the request fails with LOC_PROT_ERR).
+type sge struct {
+	m   *mr
+	off int
+	n   int
+}
+
+type sendWQE struct {
+	id         uint64
+	op         rdma.Opcode
+	signaled   bool
+	fence      bool
+	sgl        []sge // backed by the slot's own array
+	length     uint32
+	raddr      uint64
+	rkey       uint32
+	imm        uint32
+	compareAdd uint64
+	swap       uint64
+	localErr   rdma.Status // non-zero: fails with this status when its turn comes
+}
+
+// payload is the number of bytes the request sends.
+func (w *sendWQE) payload() int {
+	if w.op == rdma.OpWrite || w.op == rdma.OpWriteImm || w.op == rdma.OpSend || w.op == rdma.OpSendImm {
+		return int(w.length)
+	}
+	return 0
+}
+
+// copyFrom copies o into w, reusing w's SGE array.
+func (w *sendWQE) copyFrom(o *sendWQE) {
+	sgl := append(w.sgl[:0], o.sgl...)
+	*w = *o
+	w.sgl = sgl
+}
+
+// load copies a validated work request into the slot and checks its local
+// SGEs against q's PD.
+func (w *sendWQE) load(wr *rdma.SendWR, q *qp) {
+	*w = sendWQE{
+		id:       wr.ID,
+		op:       wr.Op,
+		signaled: wr.Flags&rdma.Signaled != 0 || q.cfg.SignalAll,
+		fence:    wr.Flags&rdma.Fence != 0,
+		sgl:      w.sgl[:0],
+	}
+	switch wr.Op {
+	case rdma.OpWriteImm, rdma.OpSendImm:
+		w.imm = wr.Imm
+	case rdma.OpCompareSwap:
+		w.compareAdd, w.swap = wr.CompareAdd, wr.Swap
+	case rdma.OpFetchAdd:
+		w.compareAdd = wr.CompareAdd
+	}
+	if wr.Op != rdma.OpSend && wr.Op != rdma.OpSendImm {
+		w.raddr, w.rkey = wr.RemoteAddr, wr.RKey
+	}
+	// READ targets and atomic results are written by the NIC.
+	write := wr.Op == rdma.OpRead || wr.Op.IsAtomic()
+	var total int
+	for _, e := range wr.SGL {
+		s := sge{off: e.Offset, n: e.Length}
+		s.m, _ = e.MR.(*mr)
+		if e.Length > 0 && w.localErr == 0 && !q.localOK(s, write) {
+			w.localErr = rdma.StatusLocProtErr
+		}
+		w.sgl = append(w.sgl, s)
+		total += e.Length
+	}
+	w.length = uint32(total)
+}
+
+// localOK reports whether s names memory of an MR of q's PD, inside it,
+// with local write access if the NIC is to write it.
+func (q *qp) localOK(s sge, write bool) bool {
+	m := s.m
+	return m != nil && m.pd == q.pd && s.off <= len(m.buf)-s.n &&
+		(!write || m.access&rdma.AccessLocalWrite != 0) && !m.dead.Load()
+}
+
+type sendQueue struct {
+	mu   sync.Mutex
+	ring []sendWQE
+	// Requests [head, sent) were handed to the wire (or failed locally),
+	// [sent, tail) wait for the transmitter. Counters only grow.
+	head, sent, tail uint64
+
+	readerActive bool  // a receiver goroutine owns completions of [head, sent)
+	linkDown     error // no connection to the peer: the next request fails with RETRY_EXC_ERR
+	blocked      bool  // a request failed locally: nothing after it is sent
+	fenced       bool  // the transmitter waits for [head, sent) to drain before a fenced request
+	armed        bool  // the receiver's read deadline is set
+}
+
+func (s *sendQueue) init(n, maxSGE int) {
+	s.ring = make([]sendWQE, n)
+	sgls := make([]sge, n*maxSGE)
+	for i := range s.ring {
+		s.ring[i].sgl = sgls[i*maxSGE : i*maxSGE : (i+1)*maxSGE]
+	}
+}
+
+func (s *sendQueue) at(i uint64) *sendWQE { return &s.ring[i%uint64(len(s.ring))] }
+
+type recvWQE struct {
+	id       uint64
+	sgl      []sge
+	length   int
+	localErr rdma.Status
+}
+
+func (w *recvWQE) load(wr *rdma.RecvWR, q *qp) {
+	*w = recvWQE{id: wr.ID, sgl: w.sgl[:0]}
+	for _, e := range wr.SGL {
+		s := sge{off: e.Offset, n: e.Length}
+		s.m, _ = e.MR.(*mr)
+		if e.Length > 0 && w.localErr == 0 && !q.localOK(s, true) {
+			w.localErr = rdma.StatusLocProtErr
+		}
+		w.sgl = append(w.sgl, s)
+		w.length += e.Length
+	}
+}
+
+func (w *recvWQE) copyFrom(o *recvWQE) {
+	sgl := append(w.sgl[:0], o.sgl...)
+	*w = *o
+	w.sgl = sgl
+}
+
+type recvQueue struct {
+	mu         sync.Mutex
+	ring       []recvWQE
+	head, tail uint64
+	respActive bool          // a responder goroutine owns the RECV it took and flushes on exit
+	posted     chan struct{} // a RECV was posted: wakes a responder waiting out an RNR
+}
+
+func (r *recvQueue) init(n, maxSGE int) {
+	r.ring = make([]recvWQE, n)
+	sgls := make([]sge, n*maxSGE)
+	for i := range r.ring {
+		r.ring[i].sgl = sgls[i*maxSGE : i*maxSGE : (i+1)*maxSGE]
+	}
+	r.posted = make(chan struct{}, 1)
+}
+
+func (r *recvQueue) at(i uint64) *recvWQE { return &r.ring[i%uint64(len(r.ring))] }
