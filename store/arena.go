@@ -1,0 +1,131 @@
+// Arenas: files mapped MAP_SHARED and registered REMOTE_READ in the background.
+
+package store
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/rkv-io/rkv/proto"
+	"github.com/rkv-io/rkv/rdma"
+)
+
+// ArenaInfo is what a reader needs to read an arena one-sidedly: it is
+// advertised once the arena's registration completes.
+type ArenaInfo struct {
+	ID         uint16
+	Addr       uint64 // remote address of the arena's first byte
+	Length     int64
+	RKey       uint32 // read-only capability
+	Generation uint64 // changes at every start of the store: rkeys do too
+}
+
+type arena struct {
+	id   uint16
+	path string
+	file *os.File
+	mem  *rdma.Memory
+	reg  *rdma.Registration // REMOTE_READ, for the whole arena
+
+	// Guarded by Store.mu.
+	head       int64 // next byte no lease has been given
+	live, dead int64 // bytes of current records, and of superseded ones and lease remnants
+}
+
+func arenaPath(dir string, id int) string {
+	return filepath.Join(dir, fmt.Sprintf("arena-%04d.rkv", id))
+}
+
+// openArena opens or creates the arena file, reserves its blocks so a store
+// through the mapping can never hit ENOSPC (which would be a SIGBUS), and
+// maps it.
+func openArena(dir string, id int, size int64) (*arena, error) {
+	path := arenaPath(dir, id)
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("store: arena %d: %w", id, err)
+	}
+	st, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("store: arena %d: %w", id, err)
+	}
+	if st.Size() != 0 && st.Size() != size {
+		f.Close()
+		return nil, fmt.Errorf("store: arena %s is %d bytes but ArenaSize is %d: the data directory was made with other options", path, st.Size(), size)
+	}
+	if err := unix.Fallocate(int(f.Fd()), 0, 0, size); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("store: reserving %d bytes for arena %s: %w", size, path, err)
+	}
+	mem, err := rdma.MapFile(f, 0, int(size))
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("store: arena %d: %w", id, err)
+	}
+	return &arena{id: uint16(id), path: path, file: f, mem: mem}, nil
+}
+
+func (a *arena) register(ctx context.Context, r *rdma.Registrar) {
+	a.reg = r.Register(ctx, a.mem.Bytes(), rdma.AccessRemoteRead)
+}
+
+// ready reports whether the arena's registration has succeeded.
+func (a *arena) ready() bool {
+	select {
+	case <-a.reg.Done():
+		_, err := a.reg.Wait(context.Background())
+		return err == nil
+	default:
+		return false
+	}
+}
+
+func (a *arena) info(generation uint64) ArenaInfo {
+	mr, _ := a.reg.Wait(context.Background())
+	return ArenaInfo{ID: a.id, Addr: mr.Addr(), Length: int64(mr.Len()), RKey: mr.RKey(), Generation: generation}
+}
+
+// record returns the bytes of the record at loc, checked to lie inside the
+// arena.
+func (a *arena) record(loc proto.Location) ([]byte, error) {
+	b := a.mem.Bytes()
+	if loc.Offset+uint64(loc.Length) > uint64(len(b)) || loc.Length < proto.RecordHeaderSize {
+		return nil, fmt.Errorf("store: location %+v outside arena %d of %d bytes", loc, a.id, len(b))
+	}
+	return b[loc.Offset : loc.Offset+uint64(loc.Length)], nil
+}
+
+// markDead flips the state word of the record at off, so one-sided readers
+// holding its location see it superseded.
+func (a *arena) markDead(off uint64) {
+	p := (*uint32)(unsafe.Pointer(&a.mem.Bytes()[off+proto.RecordStateOffset]))
+	atomic.StoreUint32(p, proto.RecordDead)
+}
+
+// sync makes every store through the arena's mapping durable: one
+// fdatasync covers all dirty pages of the file, so a batch of commits
+// touching one arena costs one sync, not one per record.
+func (a *arena) sync() error {
+	if err := unix.Fdatasync(int(a.file.Fd())); err != nil {
+		return fmt.Errorf("store: fdatasync of arena %s: %w", a.path, err)
+	}
+	return nil
+}
+
+func (a *arena) close() error {
+	if a.reg != nil {
+		_ = a.reg.Release()
+	}
+	err := a.mem.Close()
+	if cerr := a.file.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}

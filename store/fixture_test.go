@@ -1,0 +1,255 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rkv-io/rkv/proto"
+	"github.com/rkv-io/rkv/rdma"
+	_ "github.com/rkv-io/rkv/rdma/soft"
+)
+
+// server is a store on its own soft device, as a server process has.
+type server struct {
+	t    testing.TB
+	dev  rdma.Device
+	pd   rdma.PD
+	reg  *rdma.Registrar
+	cq   rdma.CQ
+	opts Options
+	s    *Store
+}
+
+func newServer(t testing.TB, opts Options) *server {
+	t.Helper()
+	if opts.Dir == "" {
+		opts.Dir = t.TempDir()
+	}
+	dev, err := rdma.Open("soft", "", rdma.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pd, err := dev.AllocPD()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cq, err := dev.CreateCQ(64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sv := &server{t: t, dev: dev, pd: pd, cq: cq, opts: opts, reg: rdma.NewRegistrar(pd, rdma.RegistrarOptions{})}
+	sv.open()
+	t.Cleanup(sv.shutdown)
+	return sv
+}
+
+func (sv *server) open() {
+	sv.t.Helper()
+	s, err := Open(context.Background(), sv.pd, sv.reg, sv.opts)
+	if err != nil {
+		sv.t.Fatal(err)
+	}
+	sv.s = s
+}
+
+func (sv *server) restart() {
+	sv.t.Helper()
+	if err := sv.s.Close(); err != nil {
+		sv.t.Fatal(err)
+	}
+	sv.open()
+}
+
+func (sv *server) shutdown() {
+	if sv.s != nil {
+		if err := sv.s.Close(); err != nil && !errors.Is(err, ErrClosed) {
+			sv.t.Errorf("closing store: %v", err)
+		}
+	}
+	for _, c := range []func() error{sv.reg.Close, sv.cq.Close, sv.pd.Close, sv.dev.Close} {
+		if err := c(); err != nil && !errors.Is(err, rdma.ErrClosed) {
+			sv.t.Errorf("shutdown: %v", err)
+		}
+	}
+}
+
+// client reaches a server over one connected QP, as rkv's client does:
+// WRITE into leases, READ the index and records.
+type client struct {
+	t   testing.TB
+	sv  *server
+	dev rdma.Device
+	pd  rdma.PD
+	cq  rdma.CQ
+	qp  rdma.QP
+	sqp rdma.QP // the server's end
+	mem *rdma.Memory
+	mr  rdma.MR
+	mu  sync.Mutex // one request at a time
+	wc  []rdma.Completion
+}
+
+const clientBuf = 2 << 20
+
+func newClient(t testing.TB, sv *server) *client {
+	t.Helper()
+	c := &client{t: t, sv: sv, wc: make([]rdma.Completion, 1)}
+	var err error
+	must := func(err error) {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.dev, err = rdma.Open("soft", "", rdma.Options{})
+	must(err)
+	c.pd, err = c.dev.AllocPD()
+	must(err)
+	c.cq, err = c.dev.CreateCQ(64)
+	must(err)
+	c.qp, err = c.pd.CreateQP(rdma.QPConfig{SendCQ: c.cq, RecvCQ: c.cq})
+	must(err)
+	c.sqp, err = sv.pd.CreateQP(rdma.QPConfig{SendCQ: sv.cq, RecvCQ: sv.cq})
+	must(err)
+	c.mem, err = rdma.Alloc(clientBuf)
+	must(err)
+	c.mr, err = c.pd.Register(c.mem.Bytes(), rdma.AccessLocalWrite)
+	must(err)
+	a, b := net.Pipe()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() { _, err := rdma.ConnectQP(ctx, b, c.sqp); errc <- err }()
+	_, err = rdma.ConnectQP(ctx, a, c.qp)
+	must(errors.Join(err, <-errc))
+	a.Close()
+	b.Close()
+	t.Cleanup(func() {
+		for _, f := range []func() error{c.qp.Close, c.sqp.Close, c.mr.Deregister, c.mem.Close, c.cq.Close, c.pd.Close, c.dev.Close} {
+			if err := f(); err != nil {
+				t.Errorf("client cleanup: %v", err)
+			}
+		}
+	})
+	return c
+}
+
+// do posts one signaled request using [off, off+n) of the client buffer
+// and waits for it.
+func (c *client) do(op rdma.Opcode, off, n int, raddr uint64, rkey uint32) rdma.Status {
+	c.t.Helper()
+	wr := []rdma.SendWR{{Op: op, Flags: rdma.Signaled, SGL: []rdma.SGE{{MR: c.mr, Offset: off, Length: n}}, RemoteAddr: raddr, RKey: rkey}}
+	if err := c.qp.PostSend(wr); err != nil {
+		c.t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := c.cq.Wait(ctx, c.wc); err != nil {
+		c.t.Fatal(err)
+	}
+	return c.wc[0].Status
+}
+
+// writer holds a lease and appends records to it.
+type writer struct {
+	c       *client
+	lease   Lease
+	off     int64
+	version uint64
+}
+
+func (c *client) newWriter() *writer {
+	c.t.Helper()
+	l, err := c.sv.s.GrantLease(context.Background())
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return &writer{c: c, lease: l, version: l.VersionBase}
+}
+
+// write puts a record into the lease with RDMA_WRITE and returns its
+// offset and length, without committing it.
+func (w *writer) write(key, value []byte) (off, n int64) {
+	w.c.t.Helper()
+	w.c.mu.Lock()
+	defer w.c.mu.Unlock()
+	size, err := proto.EncodeRecord(w.c.mem.Bytes(), w.version, 0, key, value)
+	if err != nil {
+		w.c.t.Fatal(err)
+	}
+	if w.off+int64(size) > w.lease.Size {
+		w.c.t.Fatalf("lease full")
+	}
+	if st := w.c.do(rdma.OpWrite, 0, size, w.lease.Addr+uint64(w.off), w.lease.RKey); st != rdma.StatusSuccess {
+		w.c.t.Fatalf("RDMA_WRITE into lease %d: %v", w.lease.ID, st)
+	}
+	off, n = w.off, int64(size)
+	w.off += n
+	w.version++
+	return off, n
+}
+
+func (w *writer) put(key, value []byte) (Committed, error) {
+	off, n := w.write(key, value)
+	return w.c.sv.s.Commit(context.Background(), w.lease.ID, off, n)
+}
+
+// get resolves key one-sidedly: READ of its index neighborhood, READ of the
+// record, verification. It returns retry=true for a torn or stale read.
+func (c *client) get(key []byte) (value []byte, found, retry bool) {
+	c.t.Helper()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	idx, err := c.sv.s.IndexRegion(context.Background())
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	arenas := map[uint16]ArenaInfo{}
+	for _, a := range c.sv.s.Arenas() {
+		arenas[a.ID] = a
+	}
+	geo := idx.Geometry
+	h := geo.Hash(key)
+	nb := geo.NeighborhoodBytes()
+	if st := c.do(rdma.OpRead, 0, nb, idx.Addr+uint64(geo.NeighborhoodOffset(geo.Home(h))), idx.RKey); st != rdma.StatusSuccess {
+		c.t.Fatalf("READ of index neighborhood: %v", st)
+	}
+	locs, err := proto.FindInNeighborhood(c.mem.Bytes()[:nb], h, nil)
+	if err != nil {
+		return nil, false, true
+	}
+	for _, loc := range locs {
+		a, ok := arenas[loc.Arena]
+		if !ok {
+			c.t.Fatalf("record in arena %d, which is not registered", loc.Arena)
+		}
+		if st := c.do(rdma.OpRead, nb, int(loc.Length), a.Addr+loc.Offset, a.RKey); st != rdma.StatusSuccess {
+			c.t.Fatalf("READ of record at %+v: %v", loc, st)
+		}
+		r, err := proto.VerifyRecord(c.mem.Bytes()[nb:nb+int(loc.Length)], key, 0)
+		if errors.Is(err, proto.ErrStaleRecord) && len(locs) > 1 {
+			continue // a fingerprint collision with another key
+		}
+		if err != nil {
+			return nil, false, true
+		}
+		return append([]byte(nil), r.Value...), true, false
+	}
+	return nil, false, false
+}
+
+// mustGet retries get until it is not torn.
+func (c *client) mustGet(key []byte) ([]byte, bool) {
+	c.t.Helper()
+	for range 100 {
+		v, ok, retry := c.get(key)
+		if !retry {
+			return v, ok
+		}
+	}
+	c.t.Fatalf("GET %q: 100 torn reads in a row", key)
+	return nil, false
+}

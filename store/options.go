@@ -1,0 +1,139 @@
+// Store options and their defaults.
+
+package store
+
+import (
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/rkv-io/rkv/proto"
+)
+
+// SyncPolicy says when committed bytes reach stable storage.
+type SyncPolicy int
+
+const (
+	// SyncAlways makes the record's bytes and the index entry durable
+	// (msync and fsync) before a commit is acknowledged. Concurrent
+	// commits share one sync (group commit). The default.
+	SyncAlways SyncPolicy = iota
+	// SyncBatch acknowledges at once and syncs every SyncWindow: a crash
+	// may lose the last window of acknowledged writes.
+	SyncBatch
+	// SyncNone never syncs explicitly: the kernel writes back when it
+	// likes. A process crash loses nothing; a machine crash may.
+	SyncNone
+)
+
+func (p SyncPolicy) String() string {
+	switch p {
+	case SyncAlways:
+		return "always"
+	case SyncBatch:
+		return "batch"
+	case SyncNone:
+		return "none"
+	}
+	return fmt.Sprintf("SyncPolicy(%d)", int(p))
+}
+
+// ParseSyncPolicy parses "always", "batch" or "none".
+func ParseSyncPolicy(s string) (SyncPolicy, error) {
+	for _, p := range []SyncPolicy{SyncAlways, SyncBatch, SyncNone} {
+		if strings.EqualFold(s, p.String()) {
+			return p, nil
+		}
+	}
+	return 0, fmt.Errorf("store: unknown sync policy %q (want always, batch or none)", s)
+}
+
+// Options configures a Store. Zero fields take the defaults noted.
+type Options struct {
+	// Dir is the data directory. Required.
+	Dir string
+	// ArenaSize is the size of each arena file in bytes, a multiple of
+	// LeaseSize. Default 64 MiB.
+	ArenaSize int64
+	// ArenaCount is the number of arenas. Default 4.
+	ArenaCount int
+	// IndexSlots is the number of home slots of the hash index, a power
+	// of two; size it for the expected keys at a load of 0.75 or less.
+	// Default 1<<18 (4 MiB of table).
+	IndexSlots uint64
+	// IndexGrace is how long a slot vacated by an index move stays intact
+	// before reuse. Default DefaultIndexGrace.
+	IndexGrace time.Duration
+	// LeaseSize is the size of a write lease's region. Default 1 MiB.
+	LeaseSize int64
+	// LeaseTTL is how long a lease lasts without renewal. Default 30s.
+	LeaseTTL time.Duration
+	// LeasePool is how many lease regions are kept registered ahead of
+	// demand. Default 2.
+	LeasePool int
+	// MaxKeyLen and MaxValueLen bound a record. Defaults 1 KiB and the
+	// lease size minus the record header and key.
+	MaxKeyLen   int
+	MaxValueLen int
+	// Sync is the durability policy. Default SyncAlways.
+	Sync SyncPolicy
+	// SyncWindow is SyncBatch's interval. Default 10ms.
+	SyncWindow time.Duration
+	// Logger receives the store's logs. Default slog.Default().
+	Logger *slog.Logger
+}
+
+func (o Options) withDefaults() (Options, error) {
+	if o.Dir == "" {
+		return o, fmt.Errorf("store: Options.Dir is required")
+	}
+	if o.ArenaSize == 0 {
+		o.ArenaSize = 64 << 20
+	}
+	if o.ArenaCount == 0 {
+		o.ArenaCount = 4
+	}
+	if o.IndexSlots == 0 {
+		o.IndexSlots = 1 << 18
+	}
+	if o.IndexGrace == 0 {
+		o.IndexGrace = DefaultIndexGrace
+	}
+	if o.LeaseSize == 0 {
+		o.LeaseSize = 1 << 20
+	}
+	if o.LeaseTTL == 0 {
+		o.LeaseTTL = 30 * time.Second
+	}
+	if o.LeasePool == 0 {
+		o.LeasePool = 2
+	}
+	if o.MaxKeyLen == 0 {
+		o.MaxKeyLen = 1024
+	}
+	if o.MaxValueLen == 0 {
+		o.MaxValueLen = int(o.LeaseSize) - proto.RecordHeaderSize - o.MaxKeyLen
+	}
+	if o.SyncWindow == 0 {
+		o.SyncWindow = 10 * time.Millisecond
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	switch {
+	case o.ArenaCount < 1 || o.ArenaCount > proto.MaxArenas:
+		return o, fmt.Errorf("store: ArenaCount %d: must be 1 to %d", o.ArenaCount, proto.MaxArenas)
+	case o.LeaseSize < 4096 || o.LeaseSize%4096 != 0:
+		return o, fmt.Errorf("store: LeaseSize %d: must be a positive multiple of 4096", o.LeaseSize)
+	case o.ArenaSize < o.LeaseSize || o.ArenaSize%o.LeaseSize != 0 || o.ArenaSize > proto.MaxArenaOffset:
+		return o, fmt.Errorf("store: ArenaSize %d: must be a multiple of LeaseSize %d, at most 1 TiB", o.ArenaSize, o.LeaseSize)
+	case o.MaxKeyLen < 1 || o.MaxKeyLen > proto.MaxKeyLen:
+		return o, fmt.Errorf("store: MaxKeyLen %d: must be 1 to %d", o.MaxKeyLen, proto.MaxKeyLen)
+	case o.MaxValueLen < 0 || proto.RecordSize(o.MaxKeyLen, o.MaxValueLen) > int(o.LeaseSize):
+		return o, fmt.Errorf("store: MaxValueLen %d with MaxKeyLen %d does not fit a %d-byte lease", o.MaxValueLen, o.MaxKeyLen, o.LeaseSize)
+	case o.Sync < SyncAlways || o.Sync > SyncNone:
+		return o, fmt.Errorf("store: unknown sync policy %d", o.Sync)
+	}
+	return o, nil
+}

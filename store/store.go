@@ -1,0 +1,379 @@
+// Package store holds a server's data: value arenas registered for RDMA,
+// self-verifying records, the hash index clients read one-sidedly, and the
+// Pebble database that makes the index durable.
+//
+// Values reach the store without passing through the server's code: a
+// client takes a write lease (a region of an arena registered REMOTE_WRITE
+// for that lease only), writes records into it with RDMA_WRITE, and commits
+// each with a small message. Commit checks the record, makes it durable,
+// points the index at it and retires the version it replaces. Clients then
+// find it with one READ of the index and one of the record.
+package store
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+
+	"github.com/rkv-io/rkv/proto"
+	"github.com/rkv-io/rkv/rdma"
+)
+
+var (
+	// ErrFull is returned when no arena has room for another lease.
+	ErrFull = errors.New("store: full")
+	// ErrNotFound is returned for a key that has no live record.
+	ErrNotFound = errors.New("store: key not found")
+	// ErrLease is returned for a commit against an unknown, expired or
+	// exhausted lease, or outside its region.
+	ErrLease = errors.New("store: invalid lease")
+	// ErrRecord is returned for a commit whose record fails verification.
+	ErrRecord = errors.New("store: invalid record")
+	// ErrClosed is returned after Close.
+	ErrClosed = errors.New("store: closed")
+)
+
+// Store is one server's data. It is safe for concurrent use.
+type Store struct {
+	opts       Options
+	log        *slog.Logger
+	pd         rdma.PD
+	registrar  *rdma.Registrar
+	db         *pebble.DB
+	generation uint64
+
+	indexMem *rdma.Memory
+	indexReg *rdma.Registration
+	index    *Index
+
+	arenas []*arena
+	ready  chan ArenaInfo // each arena once, as its registration completes
+
+	mu          sync.Mutex
+	closed      bool
+	nextVersion uint64
+	leases      map[uint64]*lease
+	nextLeaseID uint64
+	pool        []*leaseRegion // registered ahead of demand
+
+	commits chan *pendingCommit
+	stop    chan struct{}
+	wg      sync.WaitGroup
+
+	stats statsCounters
+}
+
+// Open opens (or creates) the store in opts.Dir: it opens Pebble, rebuilds
+// the hash index from it, maps the arenas, and starts registering them with
+// registrar (which must register with pd). It returns before the arenas are
+// registered; Ready delivers each as it becomes usable.
+func Open(ctx context.Context, pd rdma.PD, registrar *rdma.Registrar, opts Options) (s *Store, err error) {
+	if opts, err = opts.withDefaults(); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(opts.Dir, 0o700); err != nil {
+		return nil, fmt.Errorf("store: %w", err)
+	}
+	s = &Store{
+		opts: opts, log: opts.Logger, pd: pd, registrar: registrar,
+		leases:  map[uint64]*lease{},
+		ready:   make(chan ArenaInfo, opts.ArenaCount),
+		commits: make(chan *pendingCommit, 1024),
+		stop:    make(chan struct{}),
+	}
+	defer func() {
+		if err != nil {
+			s.closeResources()
+		}
+	}()
+	start := time.Now()
+	if s.db, err = pebble.Open(filepath.Join(opts.Dir, "index"), &pebble.Options{Logger: quietPebble{}}); err != nil {
+		return nil, fmt.Errorf("store: opening the Pebble index: %w", err)
+	}
+	if err := s.loadGeneration(); err != nil {
+		return nil, err
+	}
+	for i := range opts.ArenaCount {
+		a, err := openArena(opts.Dir, i, opts.ArenaSize)
+		if err != nil {
+			return nil, err
+		}
+		s.arenas = append(s.arenas, a)
+	}
+	geo := proto.IndexGeometry{Slots: opts.IndexSlots, Neighborhood: proto.DefaultNeighborhood, Seed: rand.Uint64()}
+	if s.indexMem, err = rdma.Alloc(geo.TableBytes()); err != nil {
+		return nil, fmt.Errorf("store: index table: %w", err)
+	}
+	if s.index, err = NewIndex(s.indexMem.Bytes(), geo, s.keyAt, opts.IndexGrace); err != nil {
+		return nil, err
+	}
+	keys, err := s.rebuild()
+	if err != nil {
+		return nil, err
+	}
+	s.index.Publish()
+	// The index first: nothing is readable without it. Then the arenas,
+	// in order, each announced as its own registration completes.
+	s.indexReg = registrar.Register(ctx, s.indexMem.Bytes(), rdma.AccessRemoteRead)
+	for _, a := range s.arenas {
+		a.register(ctx, registrar)
+		go s.announce(a)
+	}
+	s.log.Info("store opened", "dir", opts.Dir, "keys", keys, "arenas", opts.ArenaCount, "arena_bytes", opts.ArenaSize,
+		"generation", s.generation, "sync", opts.Sync, "took", time.Since(start))
+	s.wg.Add(1)
+	go s.commitLoop()
+	if opts.Sync == SyncBatch {
+		s.wg.Add(1)
+		go s.syncLoop()
+	}
+	return s, nil
+}
+
+func (s *Store) announce(a *arena) {
+	if _, err := a.reg.Wait(context.Background()); err != nil {
+		s.log.Error("arena registration failed", "arena", a.id, "err", err)
+		return
+	}
+	info := a.info(s.generation)
+	s.log.Info("arena ready", "arena", a.id, "addr", fmt.Sprintf("%#x", info.Addr), "rkey", fmt.Sprintf("%#x", info.RKey))
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.closed {
+		s.ready <- info // buffered for every arena: never blocks
+	}
+}
+
+// Ready delivers each arena once, as soon as its registration completes.
+func (s *Store) Ready() <-chan ArenaInfo { return s.ready }
+
+// Arenas returns the arenas registered so far.
+func (s *Store) Arenas() []ArenaInfo {
+	var out []ArenaInfo
+	for _, a := range s.arenas {
+		if a.ready() {
+			out = append(out, a.info(s.generation))
+		}
+	}
+	return out
+}
+
+// IndexInfo is what a reader needs to read the hash index one-sidedly.
+type IndexInfo struct {
+	Geometry   proto.IndexGeometry
+	Addr       uint64
+	RKey       uint32
+	Generation uint64
+}
+
+// IndexRegion waits for the index table's registration and describes it.
+func (s *Store) IndexRegion(ctx context.Context) (IndexInfo, error) {
+	mr, err := s.indexReg.Wait(ctx)
+	if err != nil {
+		return IndexInfo{}, err
+	}
+	return IndexInfo{Geometry: s.index.Geometry(), Addr: mr.Addr(), RKey: mr.RKey(), Generation: s.generation}, nil
+}
+
+// Options returns the options in force, defaults filled in.
+func (s *Store) Options() Options { return s.opts }
+
+func (s *Store) keyAt(loc proto.Location) ([]byte, error) {
+	if int(loc.Arena) >= len(s.arenas) {
+		return nil, fmt.Errorf("store: arena %d does not exist", loc.Arena)
+	}
+	b, err := s.arenas[loc.Arena].record(loc)
+	if err != nil {
+		return nil, err
+	}
+	h, err := proto.DecodeRecordHeader(b)
+	if err != nil || proto.RecordHeaderSize+h.KeyLen > len(b) {
+		return nil, fmt.Errorf("store: record at %+v: %w", loc, errors.Join(err, ErrRecord))
+	}
+	return b[proto.RecordHeaderSize : proto.RecordHeaderSize+h.KeyLen], nil
+}
+
+// Get returns a copy of key's value, read and verified on the server (the
+// control path; clients read one-sidedly).
+func (s *Store) Get(key []byte) ([]byte, error) {
+	loc, ok, err := s.index.Get(key)
+	if err != nil {
+		return nil, err
+	}
+	if !ok {
+		return nil, ErrNotFound
+	}
+	b, err := s.arenas[loc.Arena].record(loc)
+	if err != nil {
+		return nil, err
+	}
+	r, err := proto.VerifyRecord(b, key, 0)
+	if err != nil {
+		return nil, fmt.Errorf("store: record of %q at %+v: %w", key, loc, err)
+	}
+	return append([]byte(nil), r.Value...), nil
+}
+
+// Close stops taking commits, finishes the queued ones, deregisters the
+// arenas and the index, and closes Pebble. The Registrar stays open.
+func (s *Store) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return ErrClosed
+	}
+	s.closed = true
+	leases := s.leases
+	s.leases = nil
+	pool := s.pool
+	s.pool = nil
+	s.mu.Unlock()
+	close(s.stop)
+	s.wg.Wait()
+	for _, l := range leases {
+		l.region.release()
+	}
+	for _, r := range pool {
+		r.release()
+	}
+	return s.closeResources()
+}
+
+func (s *Store) closeResources() error {
+	var errs []error
+	if s.indexReg != nil {
+		if err := s.indexReg.Release(); err != nil && !errors.Is(err, rdma.ErrClosed) {
+			errs = append(errs, err)
+		}
+	}
+	if s.indexMem != nil {
+		errs = append(errs, s.indexMem.Close())
+	}
+	for _, a := range s.arenas {
+		errs = append(errs, a.close())
+	}
+	if s.db != nil {
+		errs = append(errs, s.db.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// Pebble keys: 'k' + user key -> entry; metadata under 'm'.
+var (
+	keyPrefix  = []byte{'k'}
+	metaGenKey = []byte("m/generation")
+)
+
+func dataKey(key []byte) []byte { return append([]byte{'k'}, key...) }
+
+// entry is a key's durable index entry.
+type entry struct {
+	loc     proto.Location
+	version uint64
+}
+
+const entrySize = 1 + 2 + 8 + 4 + 8
+
+func (e entry) encode() []byte {
+	b := make([]byte, 0, entrySize)
+	b = append(b, 1) // format
+	b = binary.LittleEndian.AppendUint16(b, e.loc.Arena)
+	b = binary.LittleEndian.AppendUint64(b, e.loc.Offset)
+	b = binary.LittleEndian.AppendUint32(b, e.loc.Length)
+	return binary.LittleEndian.AppendUint64(b, e.version)
+}
+
+func decodeEntry(b []byte) (entry, error) {
+	if len(b) != entrySize || b[0] != 1 {
+		return entry{}, fmt.Errorf("store: index entry of %d bytes, format %v: corrupt or from a newer version", len(b), b[:min(1, len(b))])
+	}
+	return entry{
+		loc:     proto.Location{Arena: binary.LittleEndian.Uint16(b[1:]), Offset: binary.LittleEndian.Uint64(b[3:]), Length: binary.LittleEndian.Uint32(b[11:])},
+		version: binary.LittleEndian.Uint64(b[15:]),
+	}, nil
+}
+
+// loadGeneration bumps the generation: every start re-registers the
+// arenas, so rkeys change, and readers compare generations to notice.
+// Versions need no such record: the next start resumes above the highest
+// committed one, and versions of records never committed may be reused.
+func (s *Store) loadGeneration() error {
+	v, closer, err := s.db.Get(metaGenKey)
+	switch {
+	case errors.Is(err, pebble.ErrNotFound):
+	case err != nil:
+		return fmt.Errorf("store: reading the generation: %w", err)
+	default:
+		if len(v) != 8 {
+			closer.Close()
+			return fmt.Errorf("store: generation record of %d bytes: corrupt", len(v))
+		}
+		s.generation = binary.LittleEndian.Uint64(v)
+		closer.Close()
+	}
+	s.generation++
+	s.nextVersion = 1
+	if err := s.db.Set(metaGenKey, binary.LittleEndian.AppendUint64(nil, s.generation), pebble.Sync); err != nil {
+		return fmt.Errorf("store: recording the generation: %w", err)
+	}
+	return nil
+}
+
+// rebuild fills the index from Pebble and recomputes every arena's head and
+// live bytes. Records written into a lease but never committed are not in
+// Pebble, so they stay invisible, and their space lies below a head as dead
+// bytes.
+func (s *Store) rebuild() (int, error) {
+	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: keyPrefix, UpperBound: []byte{'k' + 1}})
+	if err != nil {
+		return 0, err
+	}
+	defer it.Close()
+	n := 0
+	for it.First(); it.Valid(); it.Next() {
+		e, err := decodeEntry(it.Value())
+		if err != nil {
+			return n, fmt.Errorf("store: key %q: %w", it.Key()[1:], err)
+		}
+		if int(e.loc.Arena) >= len(s.arenas) || e.loc.Offset+uint64(e.loc.Length) > uint64(s.opts.ArenaSize) {
+			return n, fmt.Errorf("store: key %q points at %+v, outside %d arenas of %d bytes: ArenaCount or ArenaSize shrank?",
+				it.Key()[1:], e.loc, len(s.arenas), s.opts.ArenaSize)
+		}
+		if _, _, err := s.index.Put(append([]byte(nil), it.Key()[1:]...), e.loc); err != nil {
+			return n, err
+		}
+		a := s.arenas[e.loc.Arena]
+		end := int64(e.loc.Offset) + int64(e.loc.Length)
+		a.head = max(a.head, (end+s.opts.LeaseSize-1)/s.opts.LeaseSize*s.opts.LeaseSize)
+		a.live += int64(e.loc.Length)
+		s.nextVersion = max(s.nextVersion, e.version+1)
+		n++
+	}
+	for _, a := range s.arenas {
+		a.dead = a.head - a.live
+	}
+	s.stats.keys.Store(int64(n))
+	return n, it.Error()
+}
+
+// quietPebble routes Pebble's informational logs nowhere and its errors to
+// stderr.
+type quietPebble struct{}
+
+func (quietPebble) Infof(string, ...interface{}) {}
+func (quietPebble) Errorf(format string, args ...interface{}) {
+	fmt.Fprintf(os.Stderr, "pebble: "+format+"\n", args...)
+}
+func (quietPebble) Fatalf(format string, args ...interface{}) {
+	fmt.Fprintf(os.Stderr, "pebble: "+format+"\n", args...)
+	os.Exit(1)
+}
