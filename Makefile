@@ -1,0 +1,54 @@
+# rkv — build, test, lint, benchmark. `make help` lists the targets.
+GO       ?= go
+PKGS     ?= ./...
+BIN      := bin
+TESTTIME ?= 10m
+FUZZTIME ?= 10s
+
+.PHONY: help build test test-short lint fmt bench fuzz demo test-rxe test-vm vm-prepare clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
+
+build: ## build the commands into bin/
+	$(GO) build -o $(BIN)/ ./cmd/... ./examples/...
+
+test: ## the test suite: every package, race detector on (the README's test command)
+	$(GO) test -race -timeout $(TESTTIME) $(PKGS)
+
+test-short: ## quick tests (skips the large-region cases)
+	$(GO) test -short -timeout $(TESTTIME) $(PKGS)
+
+lint: ## gofmt and go vet (with and without the verbs build tag)
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+	$(GO) vet $(PKGS)
+	@if [ -f /usr/include/infiniband/verbs.h ]; then $(GO) vet -tags verbs $(PKGS); else echo "libibverbs-dev not installed: skipping go vet -tags verbs"; fi
+
+fmt: ## format the code
+	gofmt -w $$(git ls-files '*.go')
+
+bench: ## benchmarks of the rdma layer (soft provider vs raw TCP, registrar)
+	$(GO) test -run '^$$' -bench . -benchmem -count 1 ./rdma/...
+
+fuzz: ## run every fuzz target for FUZZTIME each
+	@set -e; for pkg in $$($(GO) list ./...); do \
+	  for f in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz' || true); do \
+	    echo "fuzz $$pkg $$f ($(FUZZTIME))"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg; \
+	  done; \
+	done
+
+demo: build ## the main job: one-sided RDMA reads from a server on the soft provider
+	bash examples/rdmaread/demo.sh
+
+vm-prepare: ## fetch and cache the rxe VM (Debian kernel, qemu, rdma-core)
+	bash deploy/rxevm/prepare.sh
+
+test-rxe: vm-prepare ## the verbs provider and the conformance suite on real Soft-RoCE, in a qemu VM
+	$(GO) test -tags verbs -c -o $(BIN)/verbs.test ./rdma/verbs/
+	bash deploy/rxevm/run.sh --rxe 2 --timeout 1500 -- $(BIN)/verbs.test -test.v -test.timeout 20m
+
+test-vm: vm-prepare ## prove the VM harness itself: rxe devices, perftest, counters
+	bash deploy/rxevm/selftest.sh --quick
+
+clean: ## remove built binaries
+	rm -rf $(BIN)
