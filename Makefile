@@ -46,6 +46,7 @@ vm-prepare: ## fetch and cache the rxe VM (Debian kernel, qemu, rdma-core)
 test-rxe: vm-prepare ## the verbs provider and the conformance suite on real Soft-RoCE, in a qemu VM
 	$(GO) test -tags verbs -c -o $(BIN)/verbs.test ./rdma/verbs/
 	bash deploy/rxevm/run.sh --rxe 2 --timeout 1500 -- $(BIN)/verbs.test -test.v -test.timeout 20m
+	bash deploy/rxevm/latency.sh $(BIN)/verbs.test
 
 test-vm: vm-prepare ## prove the VM harness itself: rxe devices, perftest, counters
 	bash deploy/rxevm/selftest.sh --quick

@@ -144,11 +144,15 @@ var errShortInfo = errors.New("truncated QP info")
 func UnmarshalQPInfo(b []byte) (QPInfo, error) {
 	var info QPInfo
 	str := func() (string, error) {
-		if len(b) < 1 || len(b) < 1+int(b[0]) {
+		if len(b) < 1 {
 			return "", errShortInfo
 		}
-		s := string(b[1 : 1+b[0]])
-		b = b[1+b[0]:]
+		n := 1 + int(b[0]) // in int: 1+b[0] would wrap at 255
+		if len(b) < n {
+			return "", errShortInfo
+		}
+		s := string(b[1:n])
+		b = b[n:]
 		return s, nil
 	}
 	var err error

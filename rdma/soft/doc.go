@@ -79,8 +79,9 @@
 // the request completes with RNR_RETRY_EXC_ERR, as when a real requester
 // exhausts rnr_retry; the responder QP stays usable. A SEND longer than
 // the RECV's buffers completes that RECV with LOC_LEN_ERR and the SEND with
-// REM_INV_REQ_ERR; a RECV whose SGEs fail the local checks completes with
-// LOC_PROT_ERR and the SEND with REM_OP_ERR (both as rxe). Other NAKs
+// REM_INV_REQ_ERR, as InfiniBand specifies (rxe in Linux 6.1 reports
+// LOC_QP_OP_ERR and REM_OP_ERR instead); a RECV whose SGEs fail the local
+// checks completes with LOC_PROT_ERR and the SEND with REM_OP_ERR. Other NAKs
 // (REM_ACCESS_ERR, REM_INV_REQ_ERR, REM_OP_ERR) move the responder's QP to
 // ERR too, as in RC. After any NAK the responder stops reading that
 // connection.
