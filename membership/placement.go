@@ -4,6 +4,8 @@ import (
 	"strings"
 
 	"github.com/cespare/xxhash/v2"
+
+	"github.com/rkv-io/rkv/proto"
 )
 
 // Placement returns the servers that hold key: the replicas highest-scoring
@@ -65,6 +67,30 @@ func (v *View) better(sa uint64, a server, sb uint64, b server) bool {
 		return sa > sb
 	}
 	return strings.Compare(v.members[a.i].Name, v.members[b.i].Name) < 0
+}
+
+// Owner returns the key's primary among every server still in the view,
+// alive, dead or left (until it is reaped), by Placement's score. With
+// R=1 a departed owner's keys are on no other server, so a client reports
+// them unavailable instead of asking a survivor that would answer "not
+// found"; once the owner is reaped, Placement and Owner agree again.
+func Owner(v *View, key []byte) (Member, bool) {
+	kh := xxhash.Sum64(key)
+	best, bestScore := -1, uint64(0)
+	for i := range v.members {
+		m := &v.members[i]
+		if m.MetaErr != nil || m.Meta.Role != proto.RoleServer {
+			continue
+		}
+		s := mix64(xxhash.Sum64String(m.Name) ^ kh)
+		if best < 0 || s > bestScore || s == bestScore && strings.Compare(m.Name, v.members[best].Name) < 0 {
+			best, bestScore = i, s
+		}
+	}
+	if best < 0 {
+		return Member{}, false
+	}
+	return v.members[best], true
 }
 
 // mix64 is splitmix64's finalizer: every input bit changes every output

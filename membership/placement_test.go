@@ -200,3 +200,38 @@ func BenchmarkPlacement(b *testing.B) {
 		}
 	}
 }
+
+// Owner agrees with Placement while every server is alive, and keeps a
+// departed server's keys on it (unavailable) until it is reaped.
+func TestOwnerKeepsKeysOnDepartedServers(t *testing.T) {
+	v := testView(5)
+	for i := range 2000 {
+		m, ok := Owner(v, key(i))
+		if !ok || m.Name != owner(v, key(i)) {
+			t.Fatalf("key %d: Owner %q (ok %v), Placement %q", i, m.Name, ok, owner(v, key(i)))
+		}
+	}
+	ms := v.Members()
+	ms[2].State = StateDead
+	dead := newView(v.Version()+1, ms)
+	moved := 0
+	for i := range 2000 {
+		before := owner(v, key(i))
+		m, _ := Owner(dead, key(i))
+		if m.Name != before {
+			t.Fatalf("key %d moved from %s to %s when %s died", i, before, m.Name, ms[2].Name)
+		}
+		if before == ms[2].Name {
+			if m.State != StateDead {
+				t.Fatalf("key %d: owner %s reported %v", i, m.Name, m.State)
+			}
+			moved++
+		}
+	}
+	if moved == 0 {
+		t.Fatal("no key belonged to the dead server: the test checked nothing")
+	}
+	if _, ok := Owner(newView(1, nil), key(1)); ok {
+		t.Fatal("Owner found a server in an empty view")
+	}
+}

@@ -1,0 +1,392 @@
+// One server's connection: control TCP, a QP, a registered buffer, a lease.
+
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/rkv-io/rkv/membership"
+	"github.com/rkv-io/rkv/proto"
+	"github.com/rkv-io/rkv/rdma"
+)
+
+// serverConn serializes everything on one server behind mu.
+type serverConn struct {
+	c    *Client
+	name string
+
+	mu     chanMutex
+	closed bool
+	// The buffer lives as long as the serverConn: only the connection is
+	// rebuilt.
+	mem *rdma.Memory
+	mr  rdma.MR
+	// The connection, nil while down.
+	nc     net.Conn
+	cq     rdma.CQ
+	qp     rdma.QP
+	gen    uint64 // the server's generation, from its HelloReply
+	nextID uint64
+	rbuf   []byte
+	wc     [1]rdma.Completion
+	lease  *clientLease
+}
+
+// chanMutex is a mutex whose Lock respects a context.
+type chanMutex struct{ ch chan struct{} }
+
+type clientLease struct {
+	proto.LeaseReply
+	expires time.Time // local clock, with a margin
+	off     uint64
+	version uint64
+}
+
+func (sc *serverConn) lock(ctx context.Context) error {
+	select {
+	case sc.mu.ch <- struct{}{}:
+		if sc.closed {
+			<-sc.mu.ch
+			return ErrClosed
+		}
+		return nil
+	case <-ctx.Done():
+		return retry("waiting for the connection to %s: %w", sc.name, ctx.Err())
+	}
+}
+
+func (sc *serverConn) unlock() { <-sc.mu.ch }
+
+func (sc *serverConn) close() error {
+	sc.mu.ch <- struct{}{}
+	defer sc.unlock()
+	sc.closed = true
+	sc.drop()
+	var errs []error
+	if sc.mr != nil {
+		errs = append(errs, sc.mr.Deregister())
+	}
+	if sc.mem != nil {
+		errs = append(errs, sc.mem.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// drop tears the connection down; the next request redials.
+func (sc *serverConn) drop() {
+	if sc.nc != nil {
+		sc.nc.Close() // the server ends our leases
+	}
+	if sc.qp != nil {
+		_ = sc.qp.Close()
+	}
+	if sc.cq != nil {
+		_ = sc.cq.Close()
+	}
+	sc.nc, sc.qp, sc.cq, sc.lease = nil, nil, nil, nil
+}
+
+// ready makes sure a connection to the server of generation m.Meta.Generation
+// is up.
+func (sc *serverConn) ready(ctx context.Context, m membership.Member) error {
+	if m.Meta.Index == nil {
+		return retry("server %s has not advertised its index yet", sc.name)
+	}
+	if sc.nc != nil && sc.gen != m.Meta.Generation {
+		if sc.gen > m.Meta.Generation {
+			// The server restarted and our view has not caught up:
+			// its rkeys are not known yet.
+			return retry("server %s is at generation %d, the view still shows %d", sc.name, sc.gen, m.Meta.Generation)
+		}
+		sc.c.log.Info("server restarted: reconnecting", "server", sc.name, "old_generation", sc.gen, "generation", m.Meta.Generation)
+		sc.drop()
+	}
+	if sc.nc != nil {
+		return nil
+	}
+	c := sc.c
+	var err error
+	if sc.mem == nil {
+		if sc.mem, err = rdma.Alloc(c.cfg.BufferSize); err != nil {
+			return fmt.Errorf("rkv: client buffer: %w", err)
+		}
+		if sc.mr, err = c.pd.Register(sc.mem.Bytes(), rdma.AccessLocalWrite); err != nil {
+			_ = sc.mem.Close()
+			sc.mem = nil
+			return fmt.Errorf("rkv: registering the client buffer: %w", err)
+		}
+	}
+	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	var d net.Dialer
+	nc, err := d.DialContext(dctx, "tcp", m.Meta.ControlAddr)
+	if err != nil {
+		return retry("dialing %s at %s: %w", sc.name, m.Meta.ControlAddr, err)
+	}
+	sc.nc = nc
+	// Hello first: the server creates a QP on its PD only for a client
+	// that has authenticated.
+	sc.gen = 0
+	r, err := sc.rpc(ctx, &proto.Hello{Client: c.ml.Name(), Token: []byte(c.cfg.AuthToken)})
+	if err != nil {
+		sc.drop()
+		return err
+	}
+	sc.gen = r.(*proto.HelloReply).Generation
+	qcfg := c.cfg.QP
+	if sc.cq, err = c.dev.CreateCQ(16); err != nil {
+		sc.drop()
+		return err
+	}
+	qcfg.SendCQ, qcfg.RecvCQ = sc.cq, sc.cq
+	if sc.qp, err = c.pd.CreateQP(qcfg); err != nil {
+		sc.drop()
+		return err
+	}
+	if _, err := rdma.ConnectQP(dctx, nc, sc.qp); err != nil {
+		sc.drop()
+		return retry("connecting a QP to %s: %w", sc.name, err)
+	}
+	c.log.Debug("connected", "server", sc.name, "generation", sc.gen)
+	if sc.gen != m.Meta.Generation {
+		return retry("server %s answered with generation %d, the view shows %d", sc.name, sc.gen, m.Meta.Generation)
+	}
+	return nil
+}
+
+// call runs one control request on the server's connection.
+func (sc *serverConn) call(ctx context.Context, m membership.Member, req proto.Message) (proto.Message, error) {
+	if err := sc.lock(ctx); err != nil {
+		return nil, err
+	}
+	defer sc.unlock()
+	if err := sc.ready(ctx, m); err != nil {
+		return nil, err
+	}
+	return sc.rpc(ctx, req)
+}
+
+// rpc sends req and reads its reply; a server Error becomes a typed error.
+func (sc *serverConn) rpc(ctx context.Context, req proto.Message) (proto.Message, error) {
+	sc.nextID++
+	id := sc.nextID
+	if d, ok := ctx.Deadline(); ok {
+		_ = sc.nc.SetDeadline(d)
+	} else {
+		_ = sc.nc.SetDeadline(time.Now().Add(30 * time.Second))
+	}
+	if err := proto.WriteFrame(sc.nc, id, req); err != nil {
+		sc.drop()
+		return nil, retry("%v to %s: %w", req.Type(), sc.name, err)
+	}
+	rid, reply, b, err := proto.ReadFrame(sc.nc, sc.rbuf)
+	sc.rbuf = b
+	if err != nil {
+		sc.drop()
+		return nil, retry("%v to %s: reading the reply: %w", req.Type(), sc.name, err)
+	}
+	if rid != id {
+		sc.drop()
+		return nil, retry("%v to %s: reply to request %d, want %d", req.Type(), sc.name, rid, id)
+	}
+	if e, ok := reply.(*proto.Error); ok {
+		return nil, serverError(sc.name, req.Type(), e)
+	}
+	if !replyMatches(req.Type(), reply.Type()) {
+		sc.drop()
+		return nil, fmt.Errorf("rkv: %v to %s answered with %v", req.Type(), sc.name, reply.Type())
+	}
+	return reply, nil
+}
+
+func replyMatches(req, reply proto.MsgType) bool {
+	switch req {
+	case proto.MsgHello:
+		return reply == proto.MsgHelloReply
+	case proto.MsgGrantLease:
+		return reply == proto.MsgLeaseReply
+	case proto.MsgCommit:
+		return reply == proto.MsgCommitReply
+	case proto.MsgDelete, proto.MsgEndLease:
+		return reply == proto.MsgAck
+	case proto.MsgScan:
+		return reply == proto.MsgScanReply
+	case proto.MsgStats:
+		return reply == proto.MsgStatsReply
+	}
+	return false
+}
+
+func serverError(node string, req proto.MsgType, e *proto.Error) error {
+	var kind error
+	switch e.Code {
+	case proto.CodeNotFound:
+		kind = ErrNotFound
+	case proto.CodeLeaseInvalid:
+		return retry("%v on %s: %w", req, node, e) // a new lease, from a fresh view
+	case proto.CodeRecordInvalid, proto.CodeBadRequest:
+		kind = ErrInvalid
+	case proto.CodeFull, proto.CodeIndexFull:
+		kind = ErrFull
+	case proto.CodeUnauthenticated:
+		kind = ErrUnauthenticated
+	default:
+		return fmt.Errorf("rkv: %v on %s: %w", req, node, e)
+	}
+	return fmt.Errorf("%w: %v on %s: %w", kind, req, node, e)
+}
+
+// post runs one signaled work request on [off, off+n) of the buffer and
+// waits for it. A failure drops the connection (the QP is in ERR).
+func (sc *serverConn) post(ctx context.Context, op rdma.Opcode, off, n int, raddr uint64, rkey uint32) error {
+	wr := [1]rdma.SendWR{{Op: op, Flags: rdma.Signaled, SGL: []rdma.SGE{{MR: sc.mr, Offset: off, Length: n}}, RemoteAddr: raddr, RKey: rkey}}
+	if err := sc.qp.PostSend(wr[:]); err != nil {
+		sc.drop()
+		return retry("%v to %s: %w", op, sc.name, err)
+	}
+	if _, err := sc.cq.Wait(ctx, sc.wc[:]); err != nil {
+		sc.drop() // the buffer may still be the NIC's: the QP goes
+		return retry("%v to %s: %w", op, sc.name, err)
+	}
+	if err := sc.wc[0].Err(); err != nil {
+		sc.drop()
+		what := "connection lost"
+		if sc.wc[0].Status == rdma.StatusRemAccessErr {
+			what = "rkey refused (server restarted or lease revoked)"
+		}
+		return retry("%v to %s: %s: %w", op, sc.name, what, err)
+	}
+	return nil
+}
+
+// get reads key one-sidedly.
+func (sc *serverConn) get(ctx context.Context, m membership.Member, key []byte) ([]byte, error) {
+	if err := sc.lock(ctx); err != nil {
+		return nil, err
+	}
+	defer sc.unlock()
+	if err := sc.ready(ctx, m); err != nil {
+		return nil, err
+	}
+	meta := &m.Meta
+	arena := func(id uint16) (proto.ArenaRegion, bool) {
+		for _, a := range meta.Arenas {
+			if a.ID == id {
+				return a, true
+			}
+		}
+		return proto.ArenaRegion{}, false
+	}
+	buf := sc.mem.Bytes()
+	geo := meta.Index.Geometry
+	nb := geo.NeighborhoodBytes()
+	readRecord := func(loc proto.Location) ([]byte, error) {
+		a, ok := arena(loc.Arena)
+		if !ok {
+			return nil, retry("arena %d of %s is not in the view yet", loc.Arena, sc.name)
+		}
+		if int(loc.Length) > len(buf)-nb || loc.Offset+uint64(loc.Length) > a.Length {
+			return nil, retry("record at %+v does not fit the buffer or arena", loc)
+		}
+		if err := sc.post(ctx, rdma.OpRead, nb, int(loc.Length), a.Addr+loc.Offset, a.RKey); err != nil {
+			return nil, err
+		}
+		r, err := proto.VerifyRecord(buf[nb:nb+int(loc.Length)], key, 0)
+		if err != nil {
+			return nil, err
+		}
+		return append([]byte(nil), r.Value...), nil
+	}
+	// A cache hit is one READ.
+	if cl, ok := sc.c.cacheGet(key); ok {
+		if cl.node == sc.name && cl.gen == sc.gen {
+			v, err := readRecord(cl.loc)
+			if err == nil {
+				return v, nil
+			}
+			var r *retryable
+			if errors.As(err, &r) && sc.nc == nil {
+				return nil, err // the connection broke
+			}
+		}
+		sc.c.cacheDrop(key)
+	}
+	h := geo.Hash(key)
+	if err := sc.post(ctx, rdma.OpRead, 0, nb, meta.Index.Addr+uint64(geo.NeighborhoodOffset(geo.Home(h))), meta.Index.RKey); err != nil {
+		return nil, err
+	}
+	var locs [4]proto.Location
+	found, err := proto.FindInNeighborhood(buf[:nb], h, locs[:0])
+	if err != nil {
+		return nil, retry("torn index neighborhood: %w", err)
+	}
+	for _, loc := range found {
+		v, err := readRecord(loc)
+		if errors.Is(err, proto.ErrStaleRecord) && len(found) > 1 {
+			continue // a fingerprint collision with another key
+		}
+		if errors.Is(err, proto.ErrBadRecord) || errors.Is(err, proto.ErrStaleRecord) {
+			return nil, retry("record of %q at %+v: %w", key, loc, err)
+		}
+		if err != nil {
+			return nil, err
+		}
+		sc.c.cachePut(key, cachedLoc{node: sc.name, gen: sc.gen, loc: loc})
+		return v, nil
+	}
+	return nil, ErrNotFound
+}
+
+// put writes the record into the lease and commits it.
+func (sc *serverConn) put(ctx context.Context, m membership.Member, key, value []byte) error {
+	if err := sc.lock(ctx); err != nil {
+		return err
+	}
+	defer sc.unlock()
+	if err := sc.ready(ctx, m); err != nil {
+		return err
+	}
+	size := uint64(proto.RecordSize(len(key), len(value)))
+	l := sc.lease
+	if l != nil && (time.Now().After(l.expires) || l.off+size > l.Size || l.version >= l.VersionBase+l.VersionCount) {
+		_, _ = sc.rpc(ctx, &proto.EndLease{ID: l.ID})
+		sc.lease, l = nil, nil
+		if sc.nc == nil {
+			return retry("ending a lease on %s: connection lost", sc.name)
+		}
+	}
+	if l == nil {
+		r, err := sc.rpc(ctx, &proto.GrantLease{})
+		if err != nil {
+			return err
+		}
+		lr := r.(*proto.LeaseReply)
+		l = &clientLease{LeaseReply: *lr, expires: time.Now().Add(lr.TTL * 9 / 10), version: lr.VersionBase}
+		sc.lease = l
+		if size > l.Size {
+			return fmt.Errorf("%w: a record of %d bytes exceeds a %d-byte lease", ErrTooLarge, size, l.Size)
+		}
+	}
+	n, err := proto.EncodeRecord(sc.mem.Bytes(), l.version, 0, key, value)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrTooLarge, err)
+	}
+	if err := sc.post(ctx, rdma.OpWrite, 0, n, l.Addr+l.off, l.RKey); err != nil {
+		return err
+	}
+	off := l.off
+	l.off += uint64(n)
+	l.version++
+	r, err := sc.rpc(ctx, &proto.Commit{LeaseID: l.ID, Offset: off, Length: uint64(n)})
+	if err != nil {
+		sc.lease = nil // whatever happened, start a fresh lease
+		return err
+	}
+	cr := r.(*proto.CommitReply)
+	sc.c.cachePut(key, cachedLoc{node: sc.name, gen: sc.gen, loc: proto.Location{Arena: cr.Arena, Offset: cr.Offset, Length: cr.Length}})
+	return nil
+}

@@ -1,0 +1,217 @@
+package proto
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"io"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+func controlSamples() []Message {
+	return []Message{
+		&Hello{Client: "client-1", Token: []byte("secret")},
+		&Hello{Client: "c"},
+		&HelloReply{Server: "s1", Generation: 7},
+		&GrantLease{},
+		&LeaseReply{ID: 3, Arena: 1, Addr: 0x7f00_1234_5000, Size: 1 << 20, RKey: 0xdeadbeef, TTL: 30 * time.Second, VersionBase: 100, VersionCount: 32768},
+		&Commit{LeaseID: 3, Offset: 4096, Length: 48},
+		&CommitReply{Arena: 1, Offset: 1<<20 + 4096, Length: 48, Version: 101},
+		&Delete{Key: []byte("k")},
+		&Ack{},
+		&Scan{Start: []byte("a"), End: []byte("b"), Limit: 10},
+		&Scan{Start: []byte{}, Limit: 0},
+		&ScanReply{Entries: []ScanEntry{{Key: []byte("a1"), Arena: 0, Offset: 64, Length: 40, Version: 9}, {Key: []byte("a2"), Arena: 4095, Offset: 1 << 39, Length: 1<<32 - 1, Version: 1<<64 - 1}}, More: true},
+		&ScanReply{},
+		&EndLease{ID: 3},
+		&Stats{},
+		&StatsReply{Generation: 2, Keys: 10, Commits: 11, Deletes: 1, LeasesActive: 2, Connections: 1, Handled: 99},
+		&Error{Code: CodeNotFound, Message: "no such key"},
+		&Error{Code: CodeBadRequest},
+	}
+}
+
+func TestControlRoundTrip(t *testing.T) {
+	for i, m := range controlSamples() {
+		b, err := AppendFrame([]byte("prefix"), uint64(i)*1000+1, m)
+		if err != nil {
+			t.Fatalf("%v: %v", m.Type(), err)
+		}
+		if string(b[:6]) != "prefix" {
+			t.Fatalf("prefix lost")
+		}
+		id, got, _, err := ReadFrame(bytes.NewReader(b[6:]), nil)
+		if err != nil {
+			t.Fatalf("%v: %v", m.Type(), err)
+		}
+		if id != uint64(i)*1000+1 || !reflect.DeepEqual(got, m) {
+			t.Errorf("%v: got id %d %#v, want %#v", m.Type(), id, got, m)
+		}
+	}
+}
+
+func TestControlStream(t *testing.T) {
+	var buf bytes.Buffer
+	msgs := controlSamples()
+	for i, m := range msgs {
+		if err := WriteFrame(&buf, uint64(i), m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var scratch []byte
+	for i, want := range msgs {
+		id, m, b, err := ReadFrame(&buf, scratch)
+		scratch = b
+		if err != nil || id != uint64(i) || !reflect.DeepEqual(m, want) {
+			t.Fatalf("frame %d: %d %#v %v", i, id, m, err)
+		}
+	}
+	if _, _, _, err := ReadFrame(&buf, scratch); err != io.EOF {
+		t.Fatalf("after the last frame: %v", err)
+	}
+}
+
+// body builds a frame body by hand, to test what an encoder never writes.
+func body(t testing.TB, fields ...any) []byte {
+	var buf bytes.Buffer
+	e := msgpack.NewEncoder(&buf)
+	if err := e.Encode(fields); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+func TestControlDecodeRejects(t *testing.T) {
+	for name, b := range map[string][]byte{
+		"empty":            {},
+		"not an array":     {0x01},
+		"3 fields":         body(t, ControlVersion, MsgAck, 1),
+		"5 fields":         body(t, ControlVersion, MsgAck, 1, []any{}, 0),
+		"version 2":        body(t, 2, MsgAck, 1, []any{}),
+		"version -1":       body(t, -1, MsgAck, 1, []any{}),
+		"type 0":           body(t, ControlVersion, 0, 1, []any{}),
+		"type 99":          body(t, ControlVersion, 99, 1, []any{}),
+		"float id":         body(t, ControlVersion, MsgAck, 1.5, []any{}),
+		"ack with field":   body(t, ControlVersion, MsgAck, 1, []any{1}),
+		"commit 2 fields":  body(t, ControlVersion, MsgCommit, 1, []any{1, 2}),
+		"negative offset":  body(t, ControlVersion, MsgCommit, 1, []any{1, -2, 3}),
+		"empty key":        body(t, ControlVersion, MsgDelete, 1, []any{[]byte{}}),
+		"nil key":          body(t, ControlVersion, MsgDelete, 1, []any{nil}),
+		"key as int":       body(t, ControlVersion, MsgDelete, 1, []any{5}),
+		"long key":         body(t, ControlVersion, MsgDelete, 1, []any{make([]byte, MaxKeyLen+1)}),
+		"arena 4096":       body(t, ControlVersion, MsgCommitReply, 1, []any{4096, 0, 1, 1}),
+		"rkey 2^32":        body(t, ControlVersion, MsgLeaseReply, 1, []any{1, 0, 0, 0, uint64(1) << 32, 0, 0, 0}),
+		"error code 0":     body(t, ControlVersion, MsgError, 1, []any{0, "x"}),
+		"error code 99":    body(t, ControlVersion, MsgError, 1, []any{99, "x"}),
+		"trailing":         append(body(t, ControlVersion, MsgAck, 1, []any{}), 0),
+		"long token":       body(t, ControlVersion, MsgHello, 1, []any{"c", make([]byte, MaxControlToken+1)}),
+		"entries overflow": {0x94, 0x01, byte(MsgScanReply), 0x01, 0x92, 0xdd, 0x7f, 0xff, 0xff, 0xff},
+		"bytes overflow":   {0x94, 0x01, byte(MsgDelete), 0x01, 0x91, 0xc6, 0x7f, 0xff, 0xff, 0xff},
+	} {
+		if _, m, err := DecodeFrame(b); !errors.Is(err, ErrBadMessage) {
+			t.Errorf("%s: got %#v, %v; want ErrBadMessage", name, m, err)
+		}
+	}
+}
+
+func TestControlFrameLimit(t *testing.T) {
+	var hdr [4]byte
+	binary.BigEndian.PutUint32(hdr[:], MaxFrame+1)
+	// A reader that would hand out 4 GiB: ReadFrame must refuse from the
+	// header alone.
+	r := io.MultiReader(bytes.NewReader(hdr[:]), strings.NewReader("x"))
+	if _, _, b, err := ReadFrame(r, nil); !errors.Is(err, ErrBadMessage) || b != nil {
+		t.Fatalf("oversized frame: %v (buffer %d)", err, len(b))
+	}
+	big := &ScanReply{}
+	for i := 0; i < MaxFrame/8; i++ {
+		big.Entries = append(big.Entries, ScanEntry{Key: []byte("0123456789abcdef"), Offset: 1 << 40, Length: 1 << 20, Version: 1 << 40})
+	}
+	if _, err := AppendFrame(nil, 1, big); !errors.Is(err, ErrBadMessage) {
+		t.Fatalf("encoding a frame over MaxFrame: %v", err)
+	}
+	// Truncated bodies.
+	b, _ := AppendFrame(nil, 1, &Commit{LeaseID: 1, Offset: 2, Length: 3})
+	for n := 4; n < len(b); n++ {
+		if _, _, _, err := ReadFrame(bytes.NewReader(b[:n]), nil); err == nil {
+			t.Fatalf("truncated at %d: decoded", n)
+		}
+		if _, _, err := DecodeFrame(b[4:n]); !errors.Is(err, ErrBadMessage) {
+			t.Fatalf("body truncated at %d: %v", n, err)
+		}
+	}
+}
+
+func TestControlEncodeRejects(t *testing.T) {
+	for _, m := range []Message{
+		&Delete{}, &Hello{Client: strings.Repeat("x", MaxControlName+1)}, &Error{}, &LeaseReply{TTL: -1},
+		&ScanReply{Entries: []ScanEntry{{}}},
+	} {
+		if _, err := AppendFrame(nil, 1, m); !errors.Is(err, ErrBadMessage) {
+			t.Errorf("%#v: %v", m, err)
+		}
+	}
+}
+
+func fuzzSeeds(f *testing.F, prefixed bool) {
+	for i, m := range controlSamples() {
+		b, err := AppendFrame(nil, uint64(i), m)
+		if err != nil {
+			f.Fatal(err)
+		}
+		if !prefixed {
+			b = b[4:]
+		}
+		f.Add(b)
+	}
+	f.Add([]byte{})
+	f.Add([]byte{0x94, 0x01, byte(MsgScanReply), 0x01, 0x92, 0xdd, 0x7f, 0xff, 0xff, 0xff})
+}
+
+// FuzzDecodeFrame: no input panics or allocates past its size; whatever
+// decodes re-encodes and decodes to the same message.
+func FuzzDecodeFrame(f *testing.F) {
+	fuzzSeeds(f, false)
+	f.Fuzz(func(t *testing.T, b []byte) {
+		id, m, err := DecodeFrame(b)
+		if err != nil {
+			if !errors.Is(err, ErrBadMessage) {
+				t.Fatalf("error not wrapping ErrBadMessage: %v", err)
+			}
+			return
+		}
+		enc, err := AppendFrame(nil, id, m)
+		if err != nil {
+			t.Fatalf("decoded %#v does not re-encode: %v", m, err)
+		}
+		id2, m2, err := DecodeFrame(enc[4:])
+		if err != nil || id2 != id || !reflect.DeepEqual(m, m2) {
+			t.Fatalf("re-encoded %#v decodes to %#v, %v", m, m2, err)
+		}
+	})
+}
+
+// FuzzReadFrame: a byte stream of frames never panics and never reads a
+// length it refused.
+func FuzzReadFrame(f *testing.F) {
+	fuzzSeeds(f, true)
+	f.Fuzz(func(t *testing.T, b []byte) {
+		r := bytes.NewReader(b)
+		var buf []byte
+		for {
+			_, _, nb, err := ReadFrame(r, buf)
+			buf = nb
+			if len(buf) > MaxFrame {
+				t.Fatalf("buffer of %d bytes", len(buf))
+			}
+			if err != nil {
+				return
+			}
+		}
+	})
+}
