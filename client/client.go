@@ -25,7 +25,6 @@ import (
 	"sync"
 	"time"
 
-
 	"github.com/rkv-io/rkv/membership"
 	"github.com/rkv-io/rkv/proto"
 	"github.com/rkv-io/rkv/rdma"
