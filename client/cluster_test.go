@@ -141,7 +141,7 @@ func newClient(t *testing.T, c *cluster) *client.Client {
 	return cl
 }
 
-func waitFor(t *testing.T, d time.Duration, cond func() error) {
+func waitFor(t testing.TB, d time.Duration, cond func() error) {
 	t.Helper()
 	deadline := time.Now().Add(d)
 	for {

@@ -49,6 +49,7 @@ func BenchmarkCommit(b *testing.B) {
 				after := sv.s.Stats()
 				if batches := after.Batches - before.Batches; batches > 0 {
 					b.ReportMetric(float64(after.Commits-before.Commits)/float64(batches), "commits/batch")
+					b.ReportMetric((after.SyncTime-before.SyncTime).Seconds()*1e3/float64(batches), "apply-ms/batch")
 				}
 				b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "commits/s")
 			})
