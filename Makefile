@@ -5,7 +5,7 @@ BIN      := bin
 TESTTIME ?= 10m
 FUZZTIME ?= 10s
 
-.PHONY: help build test test-short lint fmt bench fuzz demo test-rxe test-vm vm-prepare clean
+.PHONY: help build test test-short lint fmt bench fuzz demo demo-up demo-down demo-rdma test-rxe test-vm vm-prepare clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -27,8 +27,8 @@ lint: ## gofmt and go vet (with and without the verbs build tag)
 fmt: ## format the code
 	gofmt -w $$(git ls-files '*.go')
 
-bench: ## benchmarks of the rdma layer (soft provider vs raw TCP, registrar)
-	$(GO) test -run '^$$' -bench . -benchmem -count 1 ./rdma/...
+bench: ## benchmarks: soft vs raw TCP, registrar (8 x 1 GiB), index, commit, restart, client GET/PUT vs echo
+	$(GO) test -run '^$$' -bench . -benchmem -count 1 ./rdma/... ./store/... ./client/...
 
 fuzz: ## run every fuzz target for FUZZTIME each
 	@set -e; for pkg in $$($(GO) list ./...); do \
@@ -37,7 +37,16 @@ fuzz: ## run every fuzz target for FUZZTIME each
 	  done; \
 	done
 
-demo: build ## the main job: one-sided RDMA reads from a server on the soft provider
+demo: build ## the main job: 3 rkv-server processes (soft provider), a scripted rkv-client session, a clean stop
+	bash deploy/demo/demo.sh
+
+demo-up: build ## start the 3-server demo cluster and leave it running (state in .demo/)
+	bash deploy/demo/demo.sh up
+
+demo-down: ## stop the cluster demo-up started
+	bash deploy/demo/demo.sh down
+
+demo-rdma: build ## one-sided RDMA reads from a bare server on the soft provider (examples/rdmaread)
 	bash examples/rdmaread/demo.sh
 
 vm-prepare: ## fetch and cache the rxe VM (Debian kernel, qemu, rdma-core)

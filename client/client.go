@@ -483,3 +483,17 @@ func (c *Client) doOn(ctx context.Context, name string, op func(ctx context.Cont
 	}
 	return &ErrUnavailable{Node: name, Reason: fmt.Sprintf("failed after %d attempts", c.cfg.RetryAttempts), Err: last}
 }
+
+// Stats asks the named server for its counters over the control RPC.
+func (c *Client) Stats(ctx context.Context, node string) (proto.StatsReply, error) {
+	var reply proto.StatsReply
+	err := c.doOn(ctx, node, func(ctx context.Context, sc *serverConn, m membership.Member) error {
+		r, err := sc.call(ctx, m, &proto.Stats{})
+		if err != nil {
+			return err
+		}
+		reply = *r.(*proto.StatsReply)
+		return nil
+	})
+	return reply, err
+}

@@ -44,6 +44,7 @@ type Registrar struct {
 	canceled atomic.Uint64
 	bytes    atomic.Uint64
 	latency  [LatencyBuckets]atomic.Uint64
+	latSum   atomic.Int64 // nanoseconds
 }
 
 // NewRegistrar starts a Registrar that registers memory with pd. The
@@ -167,7 +168,9 @@ func (r *Registrar) register(f *Registration) {
 		return
 	}
 	r.bytes.Add(uint64(len(f.buf)))
-	r.latency[latencyBucket(time.Since(f.queued))].Add(1)
+	took := time.Since(f.queued)
+	r.latency[latencyBucket(took)].Add(1)
+	r.latSum.Add(int64(took))
 	f.complete(mr, nil)
 }
 
@@ -227,6 +230,8 @@ type RegistrarStats struct {
 	// Latency counts successful registrations by time from submission to
 	// completion: bucket i holds those at most LatencyBucketBound(i).
 	Latency [LatencyBuckets]uint64
+	// LatencySum is the total of those times.
+	LatencySum time.Duration
 }
 
 // Stats returns the current counters.
@@ -240,6 +245,7 @@ func (r *Registrar) Stats() RegistrarStats {
 	for i := range s.Latency {
 		s.Latency[i] = r.latency[i].Load()
 	}
+	s.LatencySum = time.Duration(r.latSum.Load())
 	return s
 }
 

@@ -64,6 +64,9 @@ type Config struct {
 	LeaveTimeout time.Duration
 	// Logger receives the server's logs. Default slog.Default().
 	Logger *slog.Logger
+	// Registrar configures the registration worker pool (Workers).
+	// Default: rdma.RegistrarOptions' defaults.
+	Registrar rdma.RegistrarOptions
 }
 
 func (c Config) withDefaults() (Config, error) {
@@ -162,7 +165,7 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	if err != nil {
 		return nil, err
 	}
-	s.reg = rdma.NewRegistrar(s.pd, rdma.RegistrarOptions{})
+	s.reg = rdma.NewRegistrar(s.pd, cfg.Registrar)
 	undo = append(undo, s.reg.Close)
 	if s.st, err = store.Open(ctx, s.pd, s.reg, cfg.Store); err != nil {
 		return nil, fmt.Errorf("server: %w", err)
@@ -292,6 +295,14 @@ func (st Stats) Total() uint64 {
 	}
 	return n
 }
+
+// DeviceName is the name of the RDMA device the server opened (its
+// provider is Meta().Provider).
+func (s *Server) DeviceName() string { return s.dev.Name() }
+
+// RegistrarStats returns the counters of the server's memory Registrar
+// (arenas, the index and lease regions all register through it).
+func (s *Server) RegistrarStats() rdma.RegistrarStats { return s.reg.Stats() }
 
 // Stats returns the handler counters.
 func (s *Server) Stats() Stats {

@@ -1,40 +1,175 @@
-// Command rkv-client is rkv's command-line client. Today it has one command,
-// devices, which shows the RDMA providers compiled in and the devices each
-// can open; get/put/del/scan/members arrive with the cluster (issue 5).
+// Command rkv-client is rkv's command-line client: get, put, del, scan,
+// owner, members, status, bench against a cluster, and devices (the RDMA
+// providers and devices this machine has). `rkv-client --help` documents
+// the flags and exit codes.
 package main
 
 import (
+	"errors"
 	"fmt"
+	"io"
 	"os"
+	"strings"
 
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/rkv-io/rkv/client"
 	"github.com/rkv-io/rkv/rdma"
 	_ "github.com/rkv-io/rkv/rdma/soft"
 )
 
-func main() {
-	if len(os.Args) != 2 || os.Args[1] != "devices" {
-		fmt.Fprintln(os.Stderr, "usage: rkv-client devices")
-		os.Exit(2)
+// Exit codes.
+const (
+	exitOK          = 0
+	exitNotFound    = 1
+	exitUsage       = 2
+	exitUnavailable = 3
+	exitOther       = 4
+)
+
+const exitCodesHelp = `Exit codes:
+  0  success
+  1  key not found (get)
+  2  usage: bad command, flag or argument
+  3  unavailable: no server reachable, the key's server is down or
+     unreachable, or the wait of members --expect-servers timed out
+  4  any other error (refused by the server, too large, server full,
+     unauthenticated, ...)`
+
+// exitError carries the exit code of a failed command.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string { return e.err.Error() }
+func (e *exitError) Unwrap() error { return e.err }
+
+// classify maps a client error to its exit code.
+func classify(err error) error {
+	if err == nil {
+		return nil
 	}
-	if err := devices(); err != nil {
-		fmt.Fprintln(os.Stderr, "rkv-client:", err)
-		os.Exit(1)
+	var ee *exitError
+	if errors.As(err, &ee) {
+		return err
+	}
+	var un *client.ErrUnavailable
+	switch {
+	case errors.Is(err, client.ErrNotFound):
+		return &exitError{exitNotFound, err}
+	case errors.As(err, &un), errors.Is(err, errNoCluster):
+		return &exitError{exitUnavailable, err}
+	}
+	return &exitError{exitOther, err}
+}
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Getenv, os.Stdin, os.Stdout, os.Stderr))
+}
+
+func run(args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) int {
+	g := &globals{getenv: getenv, stdin: stdin}
+	root := newRoot(g)
+	root.SetArgs(args)
+	root.SetIn(stdin)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	err := root.Execute()
+	if err == nil {
+		return exitOK
+	}
+	var ee *exitError
+	if errors.As(err, &ee) {
+		fmt.Fprintln(stderr, "rkv-client:", ee.err)
+		return ee.code
+	}
+	// Anything else comes from cobra or the flags: a usage error.
+	fmt.Fprintf(stderr, "rkv-client: %v\nrun 'rkv-client --help' for usage\n", err)
+	return exitUsage
+}
+
+func newRoot(g *globals) *cobra.Command {
+	root := &cobra.Command{
+		Use:   "rkv-client",
+		Short: "rkv's command-line client",
+		Long: `rkv-client talks to an rkv cluster. It joins the cluster's gossip through
+--join (any server's gossip address), learns every server's memory regions,
+reads values one-sidedly with RDMA_READ and writes them with RDMA_WRITE plus a
+commit.
+
+Global flags can also be set in the environment: RKV_JOIN, RKV_GOSSIP_KEY,
+RKV_GOSSIP_KEY_FILE, RKV_AUTH_TOKEN, RKV_OUTPUT, RKV_TIMEOUT, RKV_PROVIDER...
+(RKV_<FLAG> in upper snake case; the flag wins).
+
+` + exitCodesHelp,
+		Example: `  export RKV_JOIN=127.0.0.1:7946
+  rkv-client put greeting hello
+  echo -n world | rkv-client put planet
+  rkv-client get greeting
+  rkv-client scan --prefix gr --values
+  rkv-client members --output json
+  rkv-client bench --ops 2000 --value-size 256`,
+		SilenceErrors: true,
+		SilenceUsage:  true,
+		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
+			return g.finish(cmd)
+		},
+	}
+	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return err })
+	root.SetUsageTemplate(root.UsageTemplate() + "\n" + exitCodesHelp + "\n")
+	g.register(root.PersistentFlags())
+	root.AddCommand(getCmd(g), putCmd(g), delCmd(g), scanCmd(g), ownerCmd(g), membersCmd(g), statusCmd(g),
+		benchCmd(g), devicesCmd())
+	return root
+}
+
+// devicesCmd is the command rkv-client had first: the providers compiled in
+// and the devices each can open.
+func devicesCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "devices",
+		Short: "list the RDMA providers compiled in and their devices",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			out := cmd.OutOrStdout()
+			for _, name := range rdma.Providers() {
+				devs, err := rdma.ProviderDevices(name)
+				if err != nil {
+					fmt.Fprintf(out, "%-6s error: %v\n", name, err)
+					continue
+				}
+				if len(devs) == 0 {
+					fmt.Fprintf(out, "%-6s no devices\n", name)
+				}
+				for _, d := range devs {
+					fmt.Fprintf(out, "%-6s %s\n", name, d)
+				}
+			}
+			return nil
+		},
 	}
 }
 
-func devices() error {
-	for _, name := range rdma.Providers() {
-		devs, err := rdma.ProviderDevices(name)
-		if err != nil {
-			fmt.Printf("%-6s error: %v\n", name, err)
-			continue
+// envName is a flag's environment variable: RKV_AUTH_TOKEN for auth-token.
+func envName(flag string) string {
+	return "RKV_" + strings.ToUpper(strings.ReplaceAll(flag, "-", "_"))
+}
+
+// applyEnv sets every flag of fs not given on the command line from its
+// environment variable, if set.
+func applyEnv(fs *pflag.FlagSet, getenv func(string) string, skip map[string]bool) error {
+	var err error
+	fs.VisitAll(func(f *pflag.Flag) {
+		if err != nil || f.Changed || skip[f.Name] {
+			return
 		}
-		if len(devs) == 0 {
-			fmt.Printf("%-6s no devices\n", name)
+		if v := getenv(envName(f.Name)); v != "" {
+			if e := fs.Set(f.Name, v); e != nil {
+				err = fmt.Errorf("environment %s=%q: %w", envName(f.Name), v, e)
+			}
 		}
-		for _, d := range devs {
-			fmt.Printf("%-6s %s\n", name, d)
-		}
-	}
-	return nil
+	})
+	return err
 }

@@ -729,6 +729,9 @@ func testRegistrarAsync(t *testing.T, cfg Config) {
 	if counted != s.Done {
 		t.Errorf("latency histogram counts %d registrations, want %d", counted, s.Done)
 	}
+	if s.LatencySum <= 0 || s.LatencySum > time.Since(start)*time.Duration(len(futures)) {
+		t.Errorf("latency sum %v for %d registrations done within %v", s.LatencySum, s.Done, time.Since(start))
+	}
 	for _, f := range futures {
 		if err := f.Release(); err != nil {
 			t.Errorf("Release: %v", err)

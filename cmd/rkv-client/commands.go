@@ -1,0 +1,474 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+	"unicode/utf8"
+
+	"github.com/spf13/cobra"
+
+	"github.com/rkv-io/rkv/client"
+	"github.com/rkv-io/rkv/membership"
+	"github.com/rkv-io/rkv/proto"
+	"github.com/rkv-io/rkv/store"
+)
+
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// kvJSON is a key and value in JSON: the value as a string when it is
+// UTF-8, in value_base64 otherwise.
+type kvJSON struct {
+	Key         string `json:"key"`
+	Size        int    `json:"size"`
+	Value       string `json:"value,omitempty"`
+	ValueBase64 []byte `json:"value_base64,omitempty"`
+}
+
+func toKVJSON(k, v []byte, withValue bool) kvJSON {
+	j := kvJSON{Key: string(k), Size: len(v)}
+	if withValue {
+		if utf8.Valid(v) {
+			j.Value = string(v)
+		} else {
+			j.ValueBase64 = v
+		}
+	}
+	return j
+}
+
+func getCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "get KEY",
+		Short: "print KEY's value (raw bytes; exit 1 if absent)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return g.withClient(cmd, func(ctx context.Context, c *client.Client) error {
+				v, err := c.Get(ctx, []byte(args[0]))
+				if err != nil {
+					if errors.Is(err, client.ErrNotFound) {
+						return &exitError{exitNotFound, fmt.Errorf("key not found: %q", args[0])}
+					}
+					return err
+				}
+				if g.output == "json" {
+					return writeJSON(cmd.OutOrStdout(), toKVJSON([]byte(args[0]), v, true))
+				}
+				_, err = cmd.OutOrStdout().Write(v)
+				return err
+			})
+		},
+	}
+}
+
+func putCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "put KEY [VALUE]",
+		Short: "store VALUE (or standard input when omitted) under KEY",
+		Args:  cobra.RangeArgs(1, 2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var value []byte
+			if len(args) == 2 {
+				value = []byte(args[1])
+			} else {
+				b, err := io.ReadAll(g.stdin)
+				if err != nil {
+					return &exitError{exitOther, fmt.Errorf("reading the value from stdin: %w", err)}
+				}
+				value = b
+			}
+			return g.withClient(cmd, func(ctx context.Context, c *client.Client) error {
+				if err := c.Put(ctx, []byte(args[0]), value); err != nil {
+					return err
+				}
+				if g.output == "json" {
+					return writeJSON(cmd.OutOrStdout(), map[string]any{"key": args[0], "size": len(value), "ok": true})
+				}
+				fmt.Fprintln(cmd.OutOrStdout(), "OK")
+				return nil
+			})
+		},
+	}
+}
+
+func delCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:     "del KEY",
+		Aliases: []string{"delete", "rm"},
+		Short:   "delete KEY (deleting an absent key is not an error)",
+		Args:    cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return g.withClient(cmd, func(ctx context.Context, c *client.Client) error {
+				if err := c.Delete(ctx, []byte(args[0])); err != nil {
+					return err
+				}
+				if g.output == "json" {
+					return writeJSON(cmd.OutOrStdout(), map[string]any{"key": args[0], "ok": true})
+				}
+				fmt.Fprintln(cmd.OutOrStdout(), "OK")
+				return nil
+			})
+		},
+	}
+}
+
+func scanCmd(g *globals) *cobra.Command {
+	var prefix, start, end string
+	var limit int
+	var values bool
+	cmd := &cobra.Command{
+		Use:   "scan [--prefix P | --start S --end E] [--limit N] [--values]",
+		Short: "list keys in order, from every server, with their value sizes (or values)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if prefix != "" && (cmd.Flags().Changed("start") || cmd.Flags().Changed("end")) {
+				return errors.New("--prefix excludes --start and --end")
+			}
+			if limit < 0 {
+				return fmt.Errorf("--limit %d: must be 0 (no limit) or more", limit)
+			}
+			var s, e []byte
+			if prefix != "" {
+				s, e = []byte(prefix), store.PrefixEnd([]byte(prefix))
+			} else {
+				s = []byte(start)
+				if end != "" {
+					e = []byte(end)
+				}
+			}
+			return g.withClient(cmd, func(ctx context.Context, c *client.Client) error {
+				kvs, err := c.Scan(ctx, s, e, limit)
+				if err != nil {
+					return err
+				}
+				out := cmd.OutOrStdout()
+				if g.output == "json" {
+					list := make([]kvJSON, 0, len(kvs))
+					for _, kv := range kvs {
+						list = append(list, toKVJSON(kv.Key, kv.Value, values))
+					}
+					return writeJSON(out, list)
+				}
+				tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+				if values {
+					fmt.Fprintln(tw, "KEY\tVALUE")
+				} else {
+					fmt.Fprintln(tw, "KEY\tSIZE")
+				}
+				for _, kv := range kvs {
+					if values {
+						fmt.Fprintf(tw, "%s\t%s\n", kv.Key, printable(kv.Value))
+					} else {
+						fmt.Fprintf(tw, "%s\t%d\n", kv.Key, len(kv.Value))
+					}
+				}
+				if err := tw.Flush(); err != nil {
+					return err
+				}
+				fmt.Fprintf(out, "(%d keys)\n", len(kvs))
+				return nil
+			})
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&prefix, "prefix", "", "keys that start with P")
+	f.StringVar(&start, "start", "", "first key (inclusive)")
+	f.StringVar(&end, "end", "", "end key (exclusive; default: no bound)")
+	f.IntVar(&limit, "limit", 0, "at most N keys (0: no limit)")
+	f.BoolVar(&values, "values", false, "print values instead of their sizes")
+	return cmd
+}
+
+// printable quotes a value that is not plain printable text.
+func printable(v []byte) string {
+	s := string(v)
+	if utf8.ValidString(s) && !strings.ContainsAny(s, "\t\n\r\x00") {
+		return s
+	}
+	return fmt.Sprintf("%q", s)
+}
+
+func ownerCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "owner KEY",
+		Short: "show which server holds KEY (rendezvous placement over the view)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return g.withClient(cmd, func(ctx context.Context, c *client.Client) error {
+				m, ok := membership.Owner(c.Membership().View(), []byte(args[0]))
+				if !ok {
+					return &client.ErrUnavailable{Node: "(none)", Reason: "no server in the cluster view"}
+				}
+				if g.output == "json" {
+					return writeJSON(cmd.OutOrStdout(), map[string]any{"key": args[0], "owner": m.Name, "state": m.State.String(),
+						"control_addr": m.Meta.ControlAddr, "gossip_addr": m.Addr.String()})
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "%s\t%s (control %s, gossip %s)\n", args[0], m.Name, m.Meta.ControlAddr, m.Addr)
+				if m.State != membership.StateAlive {
+					return &client.ErrUnavailable{Node: m.Name, Reason: "the key's server is " + m.State.String()}
+				}
+				return nil
+			})
+		},
+	}
+}
+
+// memberJSON is one member of `members --output json`. Addresses and rkeys
+// are hex strings, as in the table.
+type memberJSON struct {
+	Name          string      `json:"name"`
+	State         string      `json:"state"`
+	Role          string      `json:"role"`
+	GossipAddr    string      `json:"gossip_addr"`
+	ControlAddr   string      `json:"control_addr,omitempty"`
+	Provider      string      `json:"provider,omitempty"`
+	Endpoint      string      `json:"endpoint,omitempty"`
+	Generation    uint64      `json:"generation,omitempty"`
+	Leaving       bool        `json:"leaving,omitempty"`
+	Version       string      `json:"version,omitempty"`
+	Index         *indexJSON  `json:"index,omitempty"`
+	Arenas        []arenaJSON `json:"arenas"`
+	ArenasPending bool        `json:"arenas_pending,omitempty"`
+	Error         string      `json:"error,omitempty"`
+}
+
+type indexJSON struct {
+	Addr         string `json:"addr"`
+	RKey         string `json:"rkey"`
+	Slots        uint64 `json:"slots"`
+	Neighborhood int    `json:"neighborhood"`
+	Bytes        int    `json:"bytes"`
+}
+
+type arenaJSON struct {
+	ID     uint16 `json:"id"`
+	Addr   string `json:"addr"`
+	Length uint64 `json:"length"`
+	RKey   string `json:"rkey"`
+}
+
+func toMemberJSON(m membership.Member) memberJSON {
+	j := memberJSON{Name: m.Name, State: m.State.String(), Role: m.Meta.Role.String(), GossipAddr: m.Addr.String(),
+		ControlAddr: m.Meta.ControlAddr, Provider: m.Meta.Provider, Endpoint: m.Meta.Endpoint.String(),
+		Generation: m.Meta.Generation, Leaving: m.Meta.Leaving, Version: m.Meta.RKVVersion,
+		ArenasPending: m.ArenasPending, Arenas: []arenaJSON{}}
+	if m.MetaErr != nil {
+		j.Error = m.MetaErr.Error()
+	}
+	if x := m.Meta.Index; x != nil {
+		j.Index = &indexJSON{Addr: fmt.Sprintf("%#x", x.Addr), RKey: fmt.Sprintf("%#x", x.RKey), Slots: x.Geometry.Slots,
+			Neighborhood: x.Geometry.Neighborhood, Bytes: x.Geometry.TableBytes()}
+	}
+	for _, a := range m.Meta.Arenas {
+		j.Arenas = append(j.Arenas, arenaJSON{ID: a.ID, Addr: fmt.Sprintf("%#x", a.Addr), Length: a.Length, RKey: fmt.Sprintf("%#x", a.RKey)})
+	}
+	return j
+}
+
+// ready reports whether m is an alive server that advertises its index and
+// at least arenas arenas.
+func ready(m membership.Member, arenas int) bool {
+	return m.IsServer() && m.Meta.Index != nil && !m.ArenasPending && len(m.Meta.Arenas) >= arenas
+}
+
+func membersCmd(g *globals) *cobra.Command {
+	var all bool
+	var expect, expectArenas int
+	cmd := &cobra.Command{
+		Use:   "members",
+		Short: "show the cluster view as gossiped: servers, their index and arenas (addr, rkey)",
+		Long: `members prints this client's view of the cluster, learnt by gossip: each
+server's state, control address, RDMA provider and data endpoint, generation,
+hash index (addr, rkey, geometry) and registered arenas (id, addr, length,
+rkey). Clients are listed with --all.
+
+With --expect-servers N it first waits (up to --timeout) until N servers are
+alive, each advertising its index and at least --expect-arenas arenas, and
+exits 3 if they never are: scripts use it to wait for a cluster to converge.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return g.withClient(cmd, func(ctx context.Context, c *client.Client) error {
+				view := c.Membership().View()
+				if expect > 0 {
+					for {
+						n := 0
+						for _, m := range view.Members() {
+							if ready(m, expectArenas) {
+								n++
+							}
+						}
+						if n >= expect {
+							break
+						}
+						select {
+						case <-ctx.Done():
+							return &exitError{exitUnavailable, fmt.Errorf("%d of %d servers ready (alive, index and %d arenas advertised) after %v", n, expect, expectArenas, g.timeout)}
+						case <-time.After(50 * time.Millisecond):
+						}
+						view = c.Membership().View()
+					}
+				}
+				self := c.Membership().Name()
+				var ms []membership.Member
+				for _, m := range view.Members() {
+					if m.Name == self || (!all && m.Meta.Role != proto.RoleServer && m.MetaErr == nil) {
+						continue
+					}
+					ms = append(ms, m)
+				}
+				sort.Slice(ms, func(i, j int) bool { return ms[i].Name < ms[j].Name })
+				out := cmd.OutOrStdout()
+				if g.output == "json" {
+					list := make([]memberJSON, 0, len(ms))
+					for _, m := range ms {
+						list = append(list, toMemberJSON(m))
+					}
+					return writeJSON(out, list)
+				}
+				tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+				fmt.Fprintln(tw, "NAME\tSTATE\tROLE\tCONTROL\tPROVIDER\tENDPOINT\tGEN\tINDEX ADDR\tINDEX RKEY\tSLOTSxNBHD\tARENAS")
+				var arenas [][]string
+				for _, m := range ms {
+					j := toMemberJSON(m)
+					idx := "-\t-\t-"
+					if j.Index != nil {
+						idx = fmt.Sprintf("%s\t%s\t%dx%d", j.Index.Addr, j.Index.RKey, j.Index.Slots, j.Index.Neighborhood)
+					}
+					narenas := fmt.Sprint(len(j.Arenas))
+					if j.ArenasPending {
+						narenas += " (list pending)"
+					}
+					state := j.State
+					if j.Leaving {
+						state += " (leaving)"
+					}
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", j.Name, state, j.Role, dash(j.ControlAddr), dash(j.Provider),
+						dash(j.Endpoint), j.Generation, idx, narenas)
+					for _, a := range j.Arenas {
+						arenas = append(arenas, []string{j.Name, fmt.Sprint(a.ID), a.Addr, human(a.Length), a.RKey})
+					}
+				}
+				if len(arenas) > 0 {
+					fmt.Fprintln(tw)
+					fmt.Fprintln(tw, "NODE\tARENA\tADDR\tLENGTH\tRKEY")
+					for _, a := range arenas {
+						fmt.Fprintln(tw, strings.Join(a, "\t"))
+					}
+				}
+				return tw.Flush()
+			})
+		},
+	}
+	cmd.Flags().BoolVar(&all, "all", false, "list clients too")
+	cmd.Flags().IntVar(&expect, "expect-servers", 0, "wait until this many servers are ready (see above)")
+	cmd.Flags().IntVar(&expectArenas, "expect-arenas", 1, "with --expect-servers: arenas each server must advertise")
+	return cmd
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func human(n uint64) string {
+	for _, u := range []struct {
+		s string
+		m uint64
+	}{{"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}} {
+		if n >= u.m && n%u.m == 0 {
+			return fmt.Sprintf("%d%s", n/u.m, u.s)
+		}
+	}
+	return fmt.Sprint(n)
+}
+
+type statusJSON struct {
+	Name         string `json:"name"`
+	State        string `json:"state"`
+	ControlAddr  string `json:"control_addr"`
+	Generation   uint64 `json:"generation"`
+	Arenas       int    `json:"arenas_registered"`
+	Keys         uint64 `json:"keys"`
+	Commits      uint64 `json:"commits"`
+	Deletes      uint64 `json:"deletes"`
+	LeasesActive uint64 `json:"leases_active"`
+	Connections  uint64 `json:"connections"`
+	Handled      uint64 `json:"control_requests"`
+	Error        string `json:"error,omitempty"`
+}
+
+func statusCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "status",
+		Short: "per server: keys, commits, deletes, leases, arenas registered (Stats RPC and gossip)",
+		Long: `status asks every server of the view for its counters (the control RPC's
+Stats) and adds what gossip says (state, arenas registered). A server that
+does not answer is listed with its error, and the exit code is then 3.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return g.withClient(cmd, func(ctx context.Context, c *client.Client) error {
+				var rows []statusJSON
+				var failed error
+				for _, m := range c.Membership().View().Members() {
+					if m.Meta.Role != proto.RoleServer {
+						continue
+					}
+					r := statusJSON{Name: m.Name, State: m.State.String(), ControlAddr: m.Meta.ControlAddr,
+						Generation: m.Meta.Generation, Arenas: len(m.Meta.Arenas)}
+					if m.Meta.Detached() {
+						r.Arenas = m.Meta.ArenaSet.Count
+					}
+					st, err := c.Stats(ctx, m.Name)
+					if err != nil {
+						r.Error = err.Error()
+						if failed == nil {
+							failed = err
+						}
+					} else {
+						r.Generation, r.Keys, r.Commits, r.Deletes = st.Generation, st.Keys, st.Commits, st.Deletes
+						r.LeasesActive, r.Connections, r.Handled = st.LeasesActive, st.Connections, st.Handled
+					}
+					rows = append(rows, r)
+				}
+				slices.SortFunc(rows, func(a, b statusJSON) int { return strings.Compare(a.Name, b.Name) })
+				out := cmd.OutOrStdout()
+				if g.output == "json" {
+					if err := writeJSON(out, rows); err != nil {
+						return err
+					}
+				} else {
+					tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+					fmt.Fprintln(tw, "NAME\tSTATE\tCONTROL\tGEN\tARENAS\tKEYS\tCOMMITS\tDELETES\tLEASES\tCONNS\tREQUESTS")
+					for _, r := range rows {
+						if r.Error != "" {
+							fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\terror: %s\n", r.Name, r.State, r.ControlAddr, r.Generation, r.Arenas, r.Error)
+							continue
+						}
+						fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\n", r.Name, r.State, r.ControlAddr, r.Generation, r.Arenas,
+							r.Keys, r.Commits, r.Deletes, r.LeasesActive, r.Connections, r.Handled)
+					}
+					if err := tw.Flush(); err != nil {
+						return err
+					}
+				}
+				if failed != nil {
+					return &exitError{exitUnavailable, fmt.Errorf("not every server answered: %w", failed)}
+				}
+				return nil
+			})
+		},
+	}
+}

@@ -1,0 +1,174 @@
+package main
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/rkv-io/rkv/client"
+	"github.com/rkv-io/rkv/membership"
+)
+
+// errNoCluster wraps failures to join the cluster or to find a server in it.
+var errNoCluster = errors.New("cluster unavailable")
+
+// globals are the flags every command takes.
+type globals struct {
+	getenv func(string) string
+	stdin  io.Reader
+
+	join          []string
+	gossipKey     string
+	gossipKeyFile string
+	authToken     string
+	output        string
+	timeout       time.Duration
+	provider      string
+	device        string
+	dataAddr      string
+	bind          string
+	logLevel      string
+
+	key   []byte
+	level slog.Level
+}
+
+func (g *globals) register(fs *pflag.FlagSet) {
+	fs.StringSliceVar(&g.join, "join", nil, "gossip addresses (host:port) of cluster servers, comma separated (env RKV_JOIN)")
+	fs.StringSliceVar(&g.join, "endpoints", nil, "alias of --join")
+	fs.StringVar(&g.gossipKey, "gossip-key", "", "the cluster's gossip key, base64 or hex (env RKV_GOSSIP_KEY)")
+	fs.StringVar(&g.gossipKeyFile, "gossip-key-file", "", "file holding the gossip key")
+	fs.StringVar(&g.authToken, "auth-token", "", "token the servers require (env RKV_AUTH_TOKEN)")
+	fs.StringVarP(&g.output, "output", "o", "table", "output format: table or json")
+	fs.DurationVar(&g.timeout, "timeout", 10*time.Second, "bound on joining the cluster, and on each operation")
+	fs.StringVar(&g.provider, "provider", "auto", "RDMA provider: auto, soft or verbs")
+	fs.StringVar(&g.device, "device", "", "RDMA device (default: the provider's first)")
+	fs.StringVar(&g.dataAddr, "data-addr", "127.0.0.1:0", "soft provider's local data endpoint")
+	fs.StringVar(&g.bind, "bind", "127.0.0.1:0", "local gossip address; servers must reach it by UDP and TCP")
+	fs.StringVar(&g.logLevel, "log-level", "error", "client library log level: debug, info, warn, error")
+}
+
+// finish applies the environment and checks the global flags.
+func (g *globals) finish(cmd *cobra.Command) error {
+	if err := applyEnv(cmd.Root().PersistentFlags(), g.getenv, map[string]bool{"endpoints": true}); err != nil {
+		return err
+	}
+	switch g.output {
+	case "table", "json":
+	default:
+		return fmt.Errorf("--output %q: want table or json", g.output)
+	}
+	if g.timeout <= 0 {
+		return fmt.Errorf("--timeout %v: must be positive", g.timeout)
+	}
+	if err := g.level.UnmarshalText([]byte(g.logLevel)); err != nil {
+		return fmt.Errorf("--log-level %q: want debug, info, warn or error", g.logLevel)
+	}
+	// The RDMA providers log through slog's default logger.
+	slog.SetDefault(slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: g.level})))
+	if g.gossipKey != "" && g.gossipKeyFile != "" {
+		return errors.New("--gossip-key and --gossip-key-file: give one")
+	}
+	k := g.gossipKey
+	if g.gossipKeyFile != "" {
+		b, err := os.ReadFile(g.gossipKeyFile)
+		if err != nil {
+			return fmt.Errorf("--gossip-key-file: %w", err)
+		}
+		k = strings.TrimSpace(string(b))
+	}
+	if k != "" {
+		var err error
+		if g.key, err = parseKey(k); err != nil {
+			return fmt.Errorf("gossip key: %w", err)
+		}
+	}
+	return nil
+}
+
+// connect joins the cluster.
+func (g *globals) connect(cmd *cobra.Command) (*client.Client, error) {
+	if len(g.join) == 0 {
+		return nil, &exitError{exitUsage, errors.New("no cluster to join: give --join host:port (a server's gossip address) or set RKV_JOIN")}
+	}
+	host, port, err := splitHostPort(g.bind)
+	if err != nil {
+		return nil, &exitError{exitUsage, fmt.Errorf("--bind %q: %w", g.bind, err)}
+	}
+	log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: g.level}))
+	ctx, cancel := context.WithTimeout(cmd.Context(), g.timeout)
+	defer cancel()
+	c, err := client.New(ctx, client.Config{
+		Seeds:        g.join,
+		SecretKey:    g.key,
+		AuthToken:    g.authToken,
+		Provider:     g.provider,
+		Device:       g.device,
+		DataAddr:     g.dataAddr,
+		RetryTimeout: min(g.timeout, 2*time.Second),
+		Membership:   membership.Config{BindAddr: host, BindPort: port},
+		Logger:       log,
+	})
+	if err != nil {
+		return nil, &exitError{exitUnavailable, fmt.Errorf("%w: joining through %s: %w", errNoCluster, strings.Join(g.join, ","), err)}
+	}
+	return c, nil
+}
+
+// withClient runs fn with a connected client and an operation context,
+// then closes the client.
+func (g *globals) withClient(cmd *cobra.Command, fn func(ctx context.Context, c *client.Client) error) error {
+	c, err := g.connect(cmd)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(cmd.Context(), g.timeout)
+	defer cancel()
+	return classify(fn(ctx, c))
+}
+
+func splitHostPort(s string) (string, int, error) {
+	i := strings.LastIndex(s, ":")
+	if i < 0 {
+		return "", 0, errors.New("want host:port")
+	}
+	var port int
+	if _, err := fmt.Sscanf(s[i+1:], "%d", &port); err != nil || port < 0 || port > 65535 {
+		return "", 0, fmt.Errorf("bad port %q", s[i+1:])
+	}
+	return strings.Trim(s[:i], "[]"), port, nil
+}
+
+// parseKey decodes a gossip key in hex or base64: 16, 24 or 32 bytes.
+func parseKey(s string) ([]byte, error) {
+	var key []byte
+	if b, err := hex.DecodeString(s); err == nil && (len(b) == 16 || len(b) == 24 || len(b) == 32) {
+		key = b
+	} else {
+		for _, enc := range []*base64.Encoding{base64.StdEncoding, base64.RawStdEncoding, base64.URLEncoding, base64.RawURLEncoding} {
+			if b, err := enc.DecodeString(s); err == nil {
+				key = b
+				break
+			}
+		}
+	}
+	if key == nil {
+		return nil, errors.New("neither hex nor base64")
+	}
+	switch len(key) {
+	case 16, 24, 32:
+		return key, nil
+	}
+	return nil, fmt.Errorf("%d bytes: want 16, 24 or 32", len(key))
+}

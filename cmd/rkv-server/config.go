@@ -1,0 +1,420 @@
+package main
+
+import (
+	"bufio"
+	"encoding/base64"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+
+	"github.com/spf13/pflag"
+
+	"github.com/rkv-io/rkv/store"
+)
+
+// options is everything rkv-server takes on its command line, in its
+// environment (RKV_<FLAG>) or in its config file.
+type options struct {
+	Config              string
+	Name                string
+	DataDir             string
+	ArenaSize           int64
+	ArenaCount          int
+	IndexSlots          uint64
+	LeaseSize           int64
+	Sync                string
+	RegistrationWorkers int
+	Provider            string
+	Device              string
+	DataAddr            string
+	ControlAddr         string
+	GossipAddr          string
+	Join                []string
+	GossipProfile       string
+	GossipKey           string
+	GossipKeyFile       string
+	AuthToken           string
+	AuthTokenFile       string
+	MetricsAddr         string
+	LogLevel            string
+	LogFormat           string
+
+	// Derived by validate.
+	gossipKey []byte
+	syncMode  store.SyncPolicy
+	level     slog.Level
+	gossipIP  string
+	gossipPrt int
+}
+
+const usageHeader = `rkv-server runs one rkv server: it opens an RDMA device, the store (arenas
+registered for one-sided access, hash index, Pebble), the control RPC
+listener, and joins the cluster's gossip.
+
+Usage:
+  rkv-server --name NAME [flags]
+
+Every flag can also be given as an environment variable RKV_<FLAG> in upper
+snake case (--data-dir: RKV_DATA_DIR), or as a line "flag-name = value" in the
+file named by --config (or RKV_CONFIG): one setting per line, '#' starts a
+comment, values may be quoted, e.g.
+
+  # /etc/rkv/node1.conf
+  name = node1
+  data-dir = /var/lib/rkv/node1
+  gossip-addr = 10.0.0.1:7946
+  join = 10.0.0.2:7946,10.0.0.3:7946
+  arena-size = 1GiB
+
+Precedence: command line, then environment, then config file, then default.
+Sizes take a suffix: KiB MiB GiB TiB (or K M G T, also powers of two).
+The gossip key (16, 24 or 32 bytes, base64 or hex) and the auth token are
+best given by file or environment so they stay out of the process list.
+Without a gossip key, node metadata (rkeys included) travels in clear text.
+
+On SIGTERM or SIGINT the server shuts down gracefully (stops granting leases,
+finishes commits, deregisters memory, leaves the cluster) and exits 0; a
+second signal exits at once with status 1. Exit status 2 means bad flags or
+configuration, 1 a failure to start or to shut down cleanly.
+
+Flags:
+`
+
+// newFlagSet defines the flags on o, with their defaults.
+func newFlagSet(o *options) *pflag.FlagSet {
+	fs := pflag.NewFlagSet("rkv-server", pflag.ContinueOnError)
+	fs.SortFlags = false
+	fs.StringVar(&o.Config, "config", "", "config `file` of \"flag-name = value\" lines (see above)")
+	fs.StringVar(&o.Name, "name", "", "the server's cluster name; required, and must stay the same across restarts (placement hashes it)")
+	fs.StringVar(&o.DataDir, "data-dir", "", "data directory (arenas, Pebble); default ./rkv-data/<name>")
+	fs.Var(newSize(&o.ArenaSize, 64<<20), "arena-size", "size of each arena file, a multiple of --lease-size")
+	fs.IntVar(&o.ArenaCount, "arena-count", 4, "number of arenas")
+	fs.Uint64Var(&o.IndexSlots, "index-slots", 1<<18, "home slots of the one-sided hash index, a power of two (16 bytes each)")
+	fs.Var(newSize(&o.LeaseSize, 1<<20), "lease-size", "size of a write lease's region")
+	fs.StringVar(&o.Sync, "sync", "always", "durability: always (fsync before ack), batch (every 10ms), none")
+	fs.IntVar(&o.RegistrationWorkers, "registration-workers", 0, "memory registrations run at once (0: min(4, GOMAXPROCS))")
+	fs.StringVar(&o.Provider, "provider", "auto", "RDMA provider: auto (verbs if compiled in and a device exists, else soft), soft, verbs")
+	fs.StringVar(&o.Device, "device", "", "RDMA device name (default: the provider's first device)")
+	fs.StringVar(&o.DataAddr, "data-addr", "127.0.0.1:0", "soft provider's data endpoint host:port")
+	fs.StringVar(&o.ControlAddr, "control-addr", "127.0.0.1:0", "control RPC listener host:port (advertised by gossip)")
+	fs.StringVar(&o.GossipAddr, "gossip-addr", "127.0.0.1:7946", "gossip host:port, UDP and TCP; what others pass to --join")
+	fs.StringSliceVar(&o.Join, "join", nil, "gossip addresses of members to join, comma separated (none: start a new cluster)")
+	fs.StringVar(&o.GossipProfile, "gossip-profile", "local", "gossip timing: local (loopback, fast failure detection), lan or wan (memberlist's profiles)")
+	fs.StringVar(&o.GossipKey, "gossip-key", "", "gossip encryption key, base64 or hex, 16/24/32 bytes")
+	fs.StringVar(&o.GossipKeyFile, "gossip-key-file", "", "file holding the gossip key (base64 or hex)")
+	fs.StringVar(&o.AuthToken, "auth-token", "", "token every client must present")
+	fs.StringVar(&o.AuthTokenFile, "auth-token-file", "", "file holding the auth token")
+	fs.StringVar(&o.MetricsAddr, "metrics-addr", "", "serve Prometheus /metrics on host:port (empty: off)")
+	fs.StringVar(&o.LogLevel, "log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&o.LogFormat, "log-format", "text", "text or json")
+	return fs
+}
+
+// envName is a flag's environment variable: RKV_DATA_DIR for data-dir.
+func envName(flag string) string {
+	return "RKV_" + strings.ToUpper(strings.ReplaceAll(flag, "-", "_"))
+}
+
+// errHelp is returned by parseOptions for --help.
+var errHelp = pflag.ErrHelp
+
+// parseOptions reads the command line, then the environment, then the
+// config file, each filling only what the ones before left unset.
+func parseOptions(args []string, getenv func(string) string, usageOut io.Writer) (*options, error) {
+	o := &options{}
+	fs := newFlagSet(o)
+	fs.SetOutput(usageOut)
+	fs.Usage = func() {
+		fmt.Fprint(usageOut, usageHeader)
+		fmt.Fprint(usageOut, fs.FlagUsages())
+		fmt.Fprintln(usageOut, "\nEnvironment: RKV_<FLAG> for every flag above, e.g. RKV_NAME, RKV_JOIN, RKV_GOSSIP_KEY.")
+	}
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected argument %q (every setting is a --flag)", fs.Arg(0))
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *pflag.Flag) { set[f.Name] = true })
+	var err error
+	fs.VisitAll(func(f *pflag.Flag) {
+		if err != nil || set[f.Name] {
+			return
+		}
+		if v, ok := lookupEnv(getenv, envName(f.Name)); ok {
+			if e := fs.Set(f.Name, v); e != nil {
+				err = fmt.Errorf("environment %s=%q: %w", envName(f.Name), v, e)
+			}
+			set[f.Name] = true
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	if o.Config != "" {
+		kv, err := readConfigFile(o.Config)
+		if err != nil {
+			return nil, err
+		}
+		for _, e := range kv {
+			if e.key == "config" {
+				return nil, fmt.Errorf("%s:%d: config files do not nest", o.Config, e.line)
+			}
+			if fs.Lookup(e.key) == nil {
+				return nil, fmt.Errorf("%s:%d: unknown setting %q (settings are the flag names, e.g. data-dir)", o.Config, e.line, e.key)
+			}
+			if set[e.key] {
+				continue
+			}
+			if err := fs.Set(e.key, e.value); err != nil {
+				return nil, fmt.Errorf("%s:%d: %s = %q: %w", o.Config, e.line, e.key, e.value, err)
+			}
+		}
+	}
+	if err := o.validate(); err != nil {
+		return nil, err
+	}
+	return o, nil
+}
+
+func lookupEnv(getenv func(string) string, name string) (string, bool) {
+	v := getenv(name)
+	return v, v != ""
+}
+
+type configEntry struct {
+	key, value string
+	line       int
+}
+
+// readConfigFile parses "key = value" lines; '#' starts a comment, blank
+// lines are skipped, a value may be in double or single quotes.
+func readConfigFile(path string) ([]configEntry, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("config file: %w", err)
+	}
+	defer f.Close()
+	var out []configEntry
+	sc := bufio.NewScanner(f)
+	n := 0
+	seen := map[string]int{}
+	for sc.Scan() {
+		n++
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		k, v, ok := strings.Cut(line, "=")
+		if !ok {
+			return nil, fmt.Errorf("%s:%d: want \"flag-name = value\", got %q", path, n, line)
+		}
+		k = strings.TrimPrefix(strings.TrimSpace(k), "--")
+		v = strings.TrimSpace(v)
+		if len(v) >= 2 && (v[0] == '"' || v[0] == '\'') && v[len(v)-1] == v[0] {
+			if v[0] == '"' {
+				if u, err := strconv.Unquote(v); err == nil {
+					v = u
+				} else {
+					return nil, fmt.Errorf("%s:%d: %w", path, n, err)
+				}
+			} else {
+				v = v[1 : len(v)-1]
+			}
+		} else if i := strings.Index(v, " #"); i >= 0 {
+			v = strings.TrimSpace(v[:i])
+		}
+		if prev, dup := seen[k]; dup {
+			return nil, fmt.Errorf("%s:%d: %s set twice (first on line %d)", path, n, k, prev)
+		}
+		seen[k] = n
+		out = append(out, configEntry{key: k, value: v, line: n})
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("config file %s: %w", path, err)
+	}
+	return out, nil
+}
+
+func (o *options) validate() error {
+	if o.Name == "" {
+		return errors.New("--name is required (or RKV_NAME, or name = ... in --config)")
+	}
+	if o.DataDir == "" {
+		o.DataDir = "rkv-data/" + o.Name
+	}
+	if o.ArenaCount < 1 {
+		return fmt.Errorf("--arena-count %d: must be at least 1", o.ArenaCount)
+	}
+	if o.IndexSlots == 0 || o.IndexSlots&(o.IndexSlots-1) != 0 {
+		return fmt.Errorf("--index-slots %d: must be a power of two", o.IndexSlots)
+	}
+	if o.LeaseSize <= 0 || o.ArenaSize <= 0 || o.ArenaSize%o.LeaseSize != 0 {
+		return fmt.Errorf("--arena-size %d must be a positive multiple of --lease-size %d", o.ArenaSize, o.LeaseSize)
+	}
+	var err error
+	if o.syncMode, err = store.ParseSyncPolicy(o.Sync); err != nil {
+		return fmt.Errorf("--sync %q: want always, batch or none", o.Sync)
+	}
+	if o.RegistrationWorkers < 0 {
+		return fmt.Errorf("--registration-workers %d: must be 0 (default) or more", o.RegistrationWorkers)
+	}
+	switch o.Provider {
+	case "auto", "soft", "verbs":
+	default:
+		return fmt.Errorf("--provider %q: want auto, soft or verbs", o.Provider)
+	}
+	host, port, err := splitHostPort(o.GossipAddr)
+	if err != nil {
+		return fmt.Errorf("--gossip-addr %q: %w", o.GossipAddr, err)
+	}
+	o.gossipIP, o.gossipPrt = host, port
+	for _, a := range []struct{ flag, v string }{{"data-addr", o.DataAddr}, {"control-addr", o.ControlAddr}} {
+		if _, _, err := splitHostPort(a.v); err != nil {
+			return fmt.Errorf("--%s %q: %w", a.flag, a.v, err)
+		}
+	}
+	for _, j := range o.Join {
+		if _, _, err := splitHostPort(j); err != nil {
+			return fmt.Errorf("--join %q: %w", j, err)
+		}
+	}
+	switch o.GossipProfile {
+	case "local", "lan", "wan":
+	default:
+		return fmt.Errorf("--gossip-profile %q: want local, lan or wan", o.GossipProfile)
+	}
+	if o.GossipKey != "" && o.GossipKeyFile != "" {
+		return errors.New("--gossip-key and --gossip-key-file: give one")
+	}
+	if o.GossipKeyFile != "" {
+		b, err := os.ReadFile(o.GossipKeyFile)
+		if err != nil {
+			return fmt.Errorf("--gossip-key-file: %w", err)
+		}
+		o.GossipKey = strings.TrimSpace(string(b))
+		if o.GossipKey == "" {
+			return fmt.Errorf("--gossip-key-file %s is empty", o.GossipKeyFile)
+		}
+	}
+	if o.GossipKey != "" {
+		if o.gossipKey, err = ParseKey(o.GossipKey); err != nil {
+			return fmt.Errorf("gossip key: %w", err)
+		}
+	}
+	if o.AuthToken != "" && o.AuthTokenFile != "" {
+		return errors.New("--auth-token and --auth-token-file: give one")
+	}
+	if o.AuthTokenFile != "" {
+		b, err := os.ReadFile(o.AuthTokenFile)
+		if err != nil {
+			return fmt.Errorf("--auth-token-file: %w", err)
+		}
+		o.AuthToken = strings.TrimSpace(string(b))
+	}
+	if o.MetricsAddr != "" {
+		if _, _, err := splitHostPort(o.MetricsAddr); err != nil {
+			return fmt.Errorf("--metrics-addr %q: %w", o.MetricsAddr, err)
+		}
+	}
+	if err := o.level.UnmarshalText([]byte(o.LogLevel)); err != nil {
+		return fmt.Errorf("--log-level %q: want debug, info, warn or error", o.LogLevel)
+	}
+	switch o.LogFormat {
+	case "text", "json":
+	default:
+		return fmt.Errorf("--log-format %q: want text or json", o.LogFormat)
+	}
+	return nil
+}
+
+func splitHostPort(s string) (string, int, error) {
+	i := strings.LastIndex(s, ":")
+	if i < 0 {
+		return "", 0, errors.New("want host:port")
+	}
+	host := strings.TrimSuffix(strings.TrimPrefix(s[:i], "["), "]")
+	port, err := strconv.Atoi(s[i+1:])
+	if err != nil || port < 0 || port > 65535 {
+		return "", 0, fmt.Errorf("bad port %q", s[i+1:])
+	}
+	return host, port, nil
+}
+
+// ParseKey decodes a gossip key given in hex or base64 (standard or URL,
+// padded or not) and checks its length: 16, 24 or 32 bytes.
+func ParseKey(s string) ([]byte, error) {
+	s = strings.TrimSpace(s)
+	var key []byte
+	if b, err := hex.DecodeString(s); err == nil && (len(b) == 16 || len(b) == 24 || len(b) == 32) {
+		key = b
+	} else {
+		for _, enc := range []*base64.Encoding{base64.StdEncoding, base64.RawStdEncoding, base64.URLEncoding, base64.RawURLEncoding} {
+			if b, err := enc.DecodeString(s); err == nil {
+				key = b
+				break
+			}
+		}
+	}
+	if key == nil {
+		return nil, errors.New("neither hex nor base64")
+	}
+	switch len(key) {
+	case 16, 24, 32:
+		return key, nil
+	}
+	return nil, fmt.Errorf("%d bytes: want 16, 24 or 32 (AES-128/192/256)", len(key))
+}
+
+// size is a pflag.Value of a byte count with an optional binary suffix.
+type size struct{ p *int64 }
+
+func newSize(p *int64, def int64) *size { *p = def; return &size{p} }
+
+func (s *size) String() string { return formatSize(*s.p) }
+func (s *size) Type() string   { return "size" }
+func (s *size) Set(v string) error {
+	n, err := parseSize(v)
+	if err != nil {
+		return err
+	}
+	*s.p = n
+	return nil
+}
+
+func parseSize(v string) (int64, error) {
+	t := strings.TrimSpace(v)
+	mult := int64(1)
+	for _, u := range []struct {
+		suffix string
+		m      int64
+	}{{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}, {"T", 1 << 40}, {"G", 1 << 30}, {"M", 1 << 20}, {"K", 1 << 10}, {"B", 1}} {
+		if strings.HasSuffix(t, u.suffix) {
+			t, mult = strings.TrimSpace(strings.TrimSuffix(t, u.suffix)), u.m
+			break
+		}
+	}
+	n, err := strconv.ParseInt(t, 10, 64)
+	if err != nil || n <= 0 || n > (1<<62)/mult {
+		return 0, fmt.Errorf("bad size %q (e.g. 1048576, 64MiB, 1GiB)", v)
+	}
+	return n * mult, nil
+}
+
+func formatSize(n int64) string {
+	for _, u := range []struct {
+		s string
+		m int64
+	}{{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}} {
+		if n >= u.m && n%u.m == 0 {
+			return strconv.FormatInt(n/u.m, 10) + u.s
+		}
+	}
+	return strconv.FormatInt(n, 10)
+}

@@ -1,0 +1,216 @@
+// Command rkv-server runs one rkv server: an RDMA device (soft or verbs), the
+// store whose arenas and hash index clients read one-sidedly, the control
+// RPC listener, and the cluster's gossip. `rkv-server --help` documents the
+// flags, their environment variables and the config file.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/rkv-io/rkv/membership"
+	"github.com/rkv-io/rkv/rdma"
+	_ "github.com/rkv-io/rkv/rdma/soft"
+	"github.com/rkv-io/rkv/server"
+	"github.com/rkv-io/rkv/store"
+)
+
+// Exit statuses.
+const (
+	exitOK    = 0
+	exitError = 1 // failed to start, or to shut down cleanly; second signal
+	exitUsage = 2 // bad flags or configuration
+)
+
+func main() {
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	os.Exit(run(os.Args[1:], os.Getenv, os.Stderr, sigs))
+}
+
+// run is the whole command; main only supplies the process's arguments,
+// environment, stderr and signals.
+func run(args []string, getenv func(string) string, stderr io.Writer, sigs <-chan os.Signal) int {
+	o, err := parseOptions(args, getenv, stderr)
+	if errors.Is(err, errHelp) {
+		return exitOK
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "rkv-server: %v\nrun 'rkv-server --help' for the flags\n", err)
+		return exitUsage
+	}
+	var h slog.Handler
+	hopts := &slog.HandlerOptions{Level: o.level}
+	if o.LogFormat == "json" {
+		h = slog.NewJSONHandler(stderr, hopts)
+	} else {
+		h = slog.NewTextHandler(stderr, hopts)
+	}
+	log := slog.New(h)
+
+	if err := os.MkdirAll(o.DataDir, 0o750); err != nil {
+		log.Error("creating the data directory", "dir", o.DataDir, "err", err)
+		return exitError
+	}
+	cfg := server.Config{
+		Name:        o.Name,
+		ControlAddr: o.ControlAddr,
+		Provider:    o.Provider,
+		Device:      o.Device,
+		DataAddr:    o.DataAddr,
+		Store: store.Options{
+			Dir:        o.DataDir,
+			ArenaSize:  o.ArenaSize,
+			ArenaCount: o.ArenaCount,
+			IndexSlots: o.IndexSlots,
+			LeaseSize:  o.LeaseSize,
+			Sync:       o.syncMode,
+		},
+		Membership: membership.Config{
+			BindAddr:  o.gossipIP,
+			BindPort:  o.gossipPrt,
+			Seeds:     o.Join,
+			SecretKey: o.gossipKey,
+			Tuning:    membership.Tuning{Profile: membership.Profile(o.GossipProfile)},
+		},
+		AuthToken: o.AuthToken,
+		Logger:    log,
+		Registrar: rdma.RegistrarOptions{Workers: o.RegistrationWorkers},
+	}
+
+	// A signal during the start cancels it.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	started := make(chan struct{})
+	interrupted := make(chan os.Signal, 1)
+	watching := make(chan struct{})
+	go func() {
+		defer close(watching)
+		select {
+		case s := <-sigs:
+			interrupted <- s
+			cancel()
+		case <-started:
+		}
+	}()
+	t0 := time.Now()
+	srv, err := server.New(ctx, cfg)
+	close(started)
+	<-watching
+	if err != nil {
+		select {
+		case s := <-interrupted:
+			log.Info("interrupted while starting", "signal", s.String(), "err", err)
+		default:
+			log.Error("starting the server", "err", err)
+		}
+		return exitError
+	}
+	select {
+	case s := <-interrupted: // the start finished, but a signal came in
+		log.Info("shutting down", "signal", s.String())
+		if err := srv.Close(); err != nil {
+			log.Error("shutdown", "err", err)
+			return exitError
+		}
+		return exitOK
+	default:
+	}
+	meta := srv.Meta()
+	log.Info("rdma device", "provider", meta.Provider, "device", srv.DeviceName(), "requested", o.Provider)
+	if o.AuthToken == "" {
+		log.Info("no --auth-token: any client that reaches the control address may read and write")
+	}
+
+	var metrics *http.Server
+	metricsErr := make(chan error, 1)
+	if o.MetricsAddr != "" {
+		ln, err := net.Listen("tcp", o.MetricsAddr)
+		if err != nil {
+			log.Error("metrics listener", "addr", o.MetricsAddr, "err", err)
+			_ = srv.Close()
+			return exitError
+		}
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(newRegistry(srv), promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(h, slog.LevelError)}))
+		metrics = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		go func() { metricsErr <- metrics.Serve(ln) }()
+		log.Info("metrics", "addr", "http://"+ln.Addr().String()+"/metrics")
+	}
+
+	log.Info("ready", "name", srv.Name(), "control", srv.ControlAddr(), "gossip", srv.GossipAddr(),
+		"data", meta.Endpoint.String(), "provider", meta.Provider, "generation", srv.Generation(),
+		"data_dir", o.DataDir, "took", time.Since(t0).Round(time.Millisecond))
+	arenasDone := make(chan struct{})
+	go logArenas(srv, log, t0, arenasDone)
+
+	var sig os.Signal
+	select {
+	case sig = <-sigs:
+	case err := <-metricsErr:
+		log.Error("metrics server failed", "err", err)
+	}
+	close(arenasDone)
+	log.Info("shutting down: no new leases, finishing commits, deregistering memory, leaving the cluster", "signal", fmt.Sprint(sig))
+	done := make(chan error, 1)
+	go func() {
+		if metrics != nil {
+			sctx, scancel := context.WithTimeout(context.Background(), 2*time.Second)
+			_ = metrics.Shutdown(sctx)
+			scancel()
+		}
+		done <- srv.Close()
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			log.Error("shutdown", "err", err)
+			return exitError
+		}
+		log.Info("stopped")
+		if sig == nil {
+			return exitError
+		}
+		return exitOK
+	case s := <-sigs:
+		log.Warn("second signal: exiting at once", "signal", s.String())
+		return exitError
+	}
+}
+
+// logArenas logs once every arena is registered (and so advertised).
+func logArenas(srv *server.Server, log *slog.Logger, t0 time.Time, stop <-chan struct{}) {
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		st := srv.Store().Stats()
+		n := 0
+		for _, a := range st.Arenas {
+			if a.Registered {
+				n++
+			}
+		}
+		if n == len(st.Arenas) {
+			rs := srv.RegistrarStats()
+			log.Info("arenas registered", "count", n, "registered_bytes", rs.Bytes, "keys", st.Keys,
+				"took", time.Since(t0).Round(time.Millisecond))
+			return
+		}
+		select {
+		case <-stop:
+			return
+		case <-tick.C:
+		}
+	}
+}

@@ -1,0 +1,127 @@
+package main
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/rkv-io/rkv/proto"
+	"github.com/rkv-io/rkv/rdma"
+	"github.com/rkv-io/rkv/server"
+)
+
+// collector reads a server's counters at each scrape: nothing on the
+// server's paths updates a Prometheus metric.
+type collector struct {
+	srv *server.Server
+
+	regDone, regFailed, regCanceled, regBytes, regQueued, regInFlight *prometheus.Desc
+	regLatency                                                        *prometheus.Desc
+	arenas, arenaBytes                                                *prometheus.Desc
+	leasesActive, leasesGranted, leasesExpired                        *prometheus.Desc
+	commits, commitsRejected, deletes, batches, syncSeconds           *prometheus.Desc
+	keys, indexLoad, indexMoves                                       *prometheus.Desc
+	handled, connections, generation                                  *prometheus.Desc
+}
+
+func newCollector(srv *server.Server) *collector {
+	d := func(name, help string, labels ...string) *prometheus.Desc {
+		return prometheus.NewDesc("rkv_"+name, help, labels, nil)
+	}
+	return &collector{
+		srv:             srv,
+		regDone:         d("registrar_registrations_total", "Memory registrations completed successfully."),
+		regFailed:       d("registrar_failures_total", "Memory registrations the provider failed."),
+		regCanceled:     d("registrar_canceled_total", "Memory registrations cancelled by their context or by Close."),
+		regBytes:        d("registrar_registered_bytes_total", "Bytes registered successfully."),
+		regQueued:       d("registrar_queued", "Registrations waiting for a worker."),
+		regInFlight:     d("registrar_in_flight", "Registrations being pinned now."),
+		regLatency:      d("registrar_latency_seconds", "Time from submission to completion of successful registrations."),
+		arenas:          d("arenas_registered", "Arenas registered and advertised."),
+		arenaBytes:      d("arenas_bytes", "Arena bytes by state: size, allocated (to leases), live, dead.", "state"),
+		leasesActive:    d("leases_active", "Write leases active now."),
+		leasesGranted:   d("leases_granted_total", "Write leases granted."),
+		leasesExpired:   d("leases_expired_total", "Write leases that expired unrenewed."),
+		commits:         d("commits_total", "Puts acknowledged."),
+		commitsRejected: d("commits_rejected_total", "Commits refused at validation (bad lease or record)."),
+		deletes:         d("deletes_total", "Deletes acknowledged."),
+		batches:         d("commit_batches_total", "Group commits."),
+		syncSeconds:     d("sync_seconds_total", "Time spent making commits durable (msync, fsync)."),
+		keys:            d("keys", "Keys stored."),
+		indexLoad:       d("index_load_ratio", "Hash index load factor."),
+		indexMoves:      d("index_moves_total", "Hopscotch displacements."),
+		handled:         d("control_requests_total", "Control RPC requests handled, by type.", "type"),
+		connections:     d("control_connections", "Open control connections."),
+		generation:      d("generation", "The store's generation of this start."),
+	}
+}
+
+func (c *collector) Describe(ch chan<- *prometheus.Desc) { prometheus.DescribeByCollect(c, ch) }
+
+func (c *collector) Collect(ch chan<- prometheus.Metric) {
+	counter := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v, labels...)
+	}
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	rs := c.srv.RegistrarStats()
+	counter(c.regDone, float64(rs.Done))
+	counter(c.regFailed, float64(rs.Failed))
+	counter(c.regCanceled, float64(rs.Canceled))
+	counter(c.regBytes, float64(rs.Bytes))
+	gauge(c.regQueued, float64(rs.Queued))
+	gauge(c.regInFlight, float64(rs.InFlight))
+	buckets := map[float64]uint64{}
+	var cum uint64
+	for i := range rdma.LatencyBuckets {
+		cum += rs.Latency[i]
+		buckets[rdma.LatencyBucketBound(i).Seconds()] = cum
+	}
+	ch <- prometheus.MustNewConstHistogram(c.regLatency, cum, rs.LatencySum.Seconds(), buckets)
+
+	st := c.srv.Store().Stats()
+	var registered int
+	var size, alloc, live, dead int64
+	for _, a := range st.Arenas {
+		if a.Registered {
+			registered++
+		}
+		size += a.Size
+		alloc += a.Allocated
+		live += a.Live
+		dead += a.Dead
+	}
+	gauge(c.arenas, float64(registered))
+	gauge(c.arenaBytes, float64(size), "size")
+	gauge(c.arenaBytes, float64(alloc), "allocated")
+	gauge(c.arenaBytes, float64(live), "live")
+	gauge(c.arenaBytes, float64(dead), "dead")
+	gauge(c.leasesActive, float64(st.LeasesActive))
+	counter(c.leasesGranted, float64(st.LeasesGranted))
+	counter(c.leasesExpired, float64(st.LeasesExpired))
+	counter(c.commits, float64(st.Commits))
+	counter(c.commitsRejected, float64(st.CommitsRejected))
+	counter(c.deletes, float64(st.Deletes))
+	counter(c.batches, float64(st.Batches))
+	counter(c.syncSeconds, st.SyncTime.Seconds())
+	gauge(c.keys, float64(st.Keys))
+	gauge(c.indexLoad, st.IndexLoad)
+	counter(c.indexMoves, float64(st.IndexMoves))
+
+	ss := c.srv.Stats()
+	for _, t := range []proto.MsgType{proto.MsgHello, proto.MsgGrantLease, proto.MsgCommit, proto.MsgDelete, proto.MsgScan, proto.MsgEndLease, proto.MsgStats} {
+		counter(c.handled, float64(ss.Handled[t]), t.String())
+	}
+	gauge(c.connections, float64(ss.Connections))
+	gauge(c.generation, float64(c.srv.Generation()))
+}
+
+// newRegistry is the server's own registry: its collector, and the Go
+// runtime's and process's.
+func newRegistry(srv *server.Server) *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(newCollector(srv),
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return reg
+}

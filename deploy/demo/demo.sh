@@ -1,0 +1,220 @@
+#!/usr/bin/env bash
+# The rkv demo: a 3-server cluster on this machine (soft RDMA provider, 127.0.0.1
+# only) and a scripted rkv-client session against it.
+#
+#   deploy/demo/demo.sh        start, run the session and a short bench, stop (make demo)
+#   deploy/demo/demo.sh up     start and leave the cluster running    (make demo-up)
+#   deploy/demo/demo.sh down   stop the cluster left by "up"           (make demo-down)
+#
+# It builds nothing: run "make build" first (the make targets do). State lives
+# in .demo/ at the repository root (gitignored): one data dir and log per node,
+# and the pids. Ports: gossip BASE+1..3, control BASE+11..13, data BASE+21..23,
+# BASE=${RKV_DEMO_BASE_PORT:-7400}.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+root=$PWD
+bin=$root/bin
+state=$root/.demo
+base=${RKV_DEMO_BASE_PORT:-7400}
+nodes=(node1 node2 node3)
+mode=${1:-run}
+
+say() { printf '\n== %s\n' "$*"; }
+
+gossip_port() { echo $((base + $1)); }
+
+# fail NODE-INDEX|"" MESSAGE: report, show the node's log tail, exit 1.
+fail() {
+	local i=$1
+	shift
+	echo "demo FAILED: $*" >&2
+	if [[ -n $i ]]; then
+		local log=$state/${nodes[$i - 1]}.log
+		echo "-- last lines of ${nodes[$i - 1]}'s log ($log):" >&2
+		tail -n 15 "$log" >&2 || true
+	fi
+	exit 1
+}
+
+pid_of() { cat "$state/${nodes[$1 - 1]}.pid" 2>/dev/null || true; }
+
+alive() {
+	local pid
+	pid=$(pid_of "$1")
+	[[ -n $pid ]] && kill -0 "$pid" 2>/dev/null
+}
+
+# stop_all: SIGTERM every node, wait for each (10 s), check its exit status.
+stop_all() {
+	local rc=0
+	for i in 1 2 3; do
+		alive "$i" && kill -TERM "$(pid_of "$i")"
+	done
+	for i in 1 2 3; do
+		local pid name=${nodes[$i - 1]}
+		pid=$(pid_of "$i")
+		[[ -n $pid ]] || continue
+		for _ in $(seq 100); do
+			kill -0 "$pid" 2>/dev/null || break
+			sleep 0.1
+		done
+		if kill -0 "$pid" 2>/dev/null; then
+			echo "$name (pid $pid) still running 10s after SIGTERM: killing it; log: $state/$name.log" >&2
+			kill -KILL "$pid" 2>/dev/null || true
+			rc=1
+		fi
+		# Our own children report their status through wait; nodes started by
+		# an earlier "up" are not our children: their log says how they ended.
+		local status=0
+		if wait "$pid" 2>/dev/null; then status=0; else status=$?; fi
+		if [[ $status -eq 127 ]]; then # not our child
+			grep -q 'msg=stopped' "$state/$name.log" && status=0 || status=1
+		fi
+		if [[ $status -ne 0 ]]; then
+			echo "$name exited with status $status; log: $state/$name.log" >&2
+			rc=1
+		else
+			echo "$name stopped cleanly (exit 0)"
+		fi
+		rm -f "$state/$name.pid"
+	done
+	return $rc
+}
+
+start_all() {
+	for b in rkv-server rkv-client; do
+		[[ -x $bin/$b ]] || fail "" "$bin/$b is missing: run make build (make demo does)"
+	done
+	for i in 1 2 3; do
+		if alive "$i"; then
+			fail "" "a demo cluster is already running (pids in $state): run make demo-down first"
+		fi
+	done
+	rm -rf "$state"
+	mkdir -p "$state"
+	local seed=127.0.0.1:$(gossip_port 1)
+	for i in 1 2 3; do
+		local name=${nodes[$i - 1]} join=()
+		[[ $i -gt 1 ]] && join=(--join "$seed")
+		: >"$state/$name.log"
+		"$bin/rkv-server" --name "$name" --data-dir "$state/$name" --provider soft \
+			--gossip-addr "127.0.0.1:$(gossip_port "$i")" --control-addr "127.0.0.1:$((base + 10 + i))" \
+			--data-addr "127.0.0.1:$((base + 20 + i))" "${join[@]}" \
+			--arena-size 16MiB --arena-count 4 --index-slots 65536 --lease-size 1MiB \
+			>"$state/$name.log" 2>&1 &
+		echo $! >"$state/$name.pid"
+		# The next node joins through node1: wait for node1 to serve first.
+		if [[ $i -eq 1 ]]; then wait_ready 1; fi
+	done
+	for i in 2 3; do wait_ready "$i"; done
+	printf 'waiting for all arenas to register and the view to converge...'
+	for i in 1 2 3; do
+		for _ in $(seq 200); do
+			grep -q 'msg="arenas registered"' "$state/${nodes[$i - 1]}.log" && break
+			alive "$i" || fail "$i" "${nodes[$i - 1]} exited while registering its arenas"
+			sleep 0.05
+		done
+		grep -q 'msg="arenas registered"' "$state/${nodes[$i - 1]}.log" || fail "$i" "${nodes[$i - 1]} did not register its arenas in 10s"
+	done
+	if ! out=$("$bin/rkv-client" --join "$seed" --timeout 20s members --expect-servers 3 --expect-arenas 4 2>&1); then
+		echo
+		echo "$out" >&2
+		fail 1 "the view did not converge to 3 servers with 4 arenas each"
+	fi
+	echo " done"
+	for i in 1 2 3; do
+		echo "  $(grep -o 'msg=ready.*' "$state/${nodes[$i - 1]}.log" | head -1 | sed 's/msg=ready //; s/ provider=.*//')  log: .demo/${nodes[$i - 1]}.log"
+	done
+}
+
+# wait_ready I: wait (10 s) for node I's "ready" log line.
+wait_ready() {
+	local i=$1 name=${nodes[$1 - 1]}
+	printf 'starting %s...' "$name"
+	for _ in $(seq 200); do
+		if grep -q 'msg=ready' "$state/$name.log"; then
+			echo " ready"
+			return
+		fi
+		alive "$i" || { echo; fail "$i" "$name exited during start"; }
+		sleep 0.05
+	done
+	echo
+	fail "$i" "$name not ready after 10s"
+}
+
+# run_cli EXPECTED-STATUS ARGS...: print the command, run it, check its status.
+run_cli() {
+	local want=$1
+	shift
+	echo "\$ rkv-client $*"
+	local rc=0
+	"$bin/rkv-client" "$@" || rc=$?
+	if [[ $rc -ne $want ]]; then
+		fail "" "rkv-client $* exited $rc, want $want (server logs in $state/)"
+	fi
+	if [[ $want -ne 0 ]]; then echo "(exit status $rc)"; fi
+}
+
+case $mode in
+up)
+	say "starting 3 rkv-server processes (soft provider, 127.0.0.1)"
+	start_all
+	cat <<EOF
+
+The cluster is running. Try:
+  export RKV_JOIN=127.0.0.1:$(gossip_port 1)
+  bin/rkv-client put hello world
+  bin/rkv-client get hello
+  bin/rkv-client members
+  bin/rkv-client status
+Logs and data: .demo/   Stop it with: make demo-down
+EOF
+	;;
+down)
+	found=0
+	for i in 1 2 3; do [[ -n $(pid_of "$i") ]] && found=1; done
+	if [[ $found -eq 0 ]]; then
+		echo "no demo cluster running (no pids in $state)"
+		exit 0
+	fi
+	stop_all
+	;;
+run)
+	t0=$(date +%s%N)
+	trap 'for i in 1 2 3; do alive $i && kill -KILL "$(pid_of $i)" 2>/dev/null; done; true' EXIT
+	say "starting 3 rkv-server processes (soft provider, 127.0.0.1)"
+	start_all
+	export RKV_JOIN=127.0.0.1:$(gossip_port 1)
+	say "a session (RKV_JOIN=$RKV_JOIN)"
+	run_cli 0 put user:1 alice
+	run_cli 0 put user:2 bob
+	run_cli 0 put user:3 carol
+	run_cli 0 put city:paris France
+	echo "\$ echo -n 'from stdin' | rkv-client put note"
+	echo -n 'from stdin' | "$bin/rkv-client" put note || fail "" "put from stdin failed"
+	for k in user:1 user:2 user:3 city:paris note; do
+		echo "\$ rkv-client get $k"
+		"$bin/rkv-client" get "$k" || fail "" "get $k failed"
+		echo
+	done
+	run_cli 0 members
+	for k in user:1 user:2 user:3; do run_cli 0 owner "$k"; done
+	run_cli 0 scan --prefix user: --values
+	run_cli 0 scan
+	run_cli 0 del user:2
+	run_cli 1 get user:2
+	run_cli 0 status
+	say "a short burst: 1000 puts then 1000 gets of 128 bytes, 4 goroutines of one client"
+	run_cli 0 bench --ops 1000 --value-size 128 --concurrency 4
+	say "stopping the cluster (SIGTERM: leases end, commits finish, memory is deregistered, nodes leave)"
+	stop_all || fail "" "not every node stopped cleanly"
+	trap - EXIT
+	ms=$((($(date +%s%N) - t0) / 1000000))
+	printf '\ndemo OK in %d.%ds\n' $((ms / 1000)) $((ms % 1000 / 100))
+	;;
+*)
+	echo "usage: $0 [run|up|down]" >&2
+	exit 2
+	;;
+esac

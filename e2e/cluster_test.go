@@ -1,0 +1,348 @@
+// Package e2e runs the rkv-server and rkv-client binaries as separate
+// processes: a three-server cluster on loopback driven through the CLI.
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Exit codes of rkv-client (cmd/rkv-client).
+const (
+	exitNotFound    = 1
+	exitUnavailable = 3
+)
+
+// build compiles the two commands into dir.
+func build(t *testing.T, dir string) (server, cli string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", dir+"/", "github.com/rkv-io/rkv/cmd/rkv-server", "github.com/rkv-io/rkv/cmd/rkv-client")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return filepath.Join(dir, "rkv-server"), filepath.Join(dir, "rkv-client")
+}
+
+// freePort returns a port free for both TCP and UDP on 127.0.0.1 (gossip
+// uses both).
+func freePort(t *testing.T) int {
+	t.Helper()
+	for range 50 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := ln.Addr().(*net.TCPAddr).Port
+		pc, err := net.ListenPacket("udp", fmt.Sprintf("127.0.0.1:%d", port))
+		ln.Close()
+		if err == nil {
+			pc.Close()
+			return port
+		}
+	}
+	t.Fatal("no free port")
+	return 0
+}
+
+type node struct {
+	name, dir, log string
+	port           int
+	starts         int // how many times started: one "ready" log line each
+	cmd            *exec.Cmd
+	done           chan error
+}
+
+type cluster struct {
+	t           *testing.T
+	server, cli string
+	root        string
+	nodes       []*node
+}
+
+func (c *cluster) seeds(except string) string {
+	var s []string
+	for _, n := range c.nodes {
+		if n.name != except {
+			s = append(s, fmt.Sprintf("127.0.0.1:%d", n.port))
+		}
+	}
+	return strings.Join(s, ",")
+}
+
+// start starts n (again), joining through the other nodes when join is set,
+// and waits for its "ready" log line.
+func (c *cluster) start(n *node, join bool) {
+	c.t.Helper()
+	n.starts++
+	args := []string{"--name", n.name, "--data-dir", n.dir, "--provider", "soft",
+		"--gossip-addr", fmt.Sprintf("127.0.0.1:%d", n.port),
+		"--arena-size", "4MiB", "--arena-count", "2", "--index-slots", "4096", "--lease-size", "256KiB"}
+	if join {
+		args = append(args, "--join", c.seeds(n.name))
+	}
+	logf, err := os.OpenFile(n.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	defer logf.Close()
+	n.cmd = exec.Command(c.server, args...)
+	n.cmd.Stdout, n.cmd.Stderr = logf, logf
+	if err := n.cmd.Start(); err != nil {
+		c.t.Fatalf("starting %s: %v", n.name, err)
+	}
+	n.done = make(chan error, 1)
+	go func(cmd *exec.Cmd, done chan error) { done <- cmd.Wait() }(n.cmd, n.done)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		b, _ := os.ReadFile(n.log)
+		// The log is appended across restarts: count ready lines.
+		if strings.Count(string(b), "msg=ready") >= n.starts {
+			return
+		}
+		select {
+		case err := <-n.done:
+			c.t.Fatalf("%s exited during start: %v\n%s", n.name, err, b)
+		case <-time.After(50 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("%s not ready after 20s:\n%s", n.name, b)
+		}
+	}
+}
+
+// run runs rkv-client with the cluster's seeds and returns its stdout,
+// stderr and exit code.
+func (c *cluster) run(stdin string, args ...string) (string, string, int) {
+	c.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, c.cli, append([]string{"--timeout", "5s"}, args...)...)
+	cmd.Env = append(os.Environ(), "RKV_JOIN="+c.seeds(""))
+	cmd.Stdin = strings.NewReader(stdin)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	code := 0
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		code = ee.ExitCode()
+	} else if err != nil {
+		c.t.Fatalf("rkv-client %v: %v", args, err)
+	}
+	return out.String(), errb.String(), code
+}
+
+// must runs rkv-client and fails the test unless it exits 0.
+func (c *cluster) must(args ...string) string {
+	c.t.Helper()
+	out, errs, code := c.run("", args...)
+	if code != 0 {
+		c.t.Fatalf("rkv-client %v: exit %d\nstdout: %s\nstderr: %s", args, code, out, errs)
+	}
+	return out
+}
+
+func (c *cluster) waitConverged() {
+	c.t.Helper()
+	c.must("--timeout", "20s", "members", "--expect-servers", fmt.Sprint(len(c.nodes)), "--expect-arenas", "2")
+}
+
+func (c *cluster) logs() string {
+	var b strings.Builder
+	for _, n := range c.nodes {
+		l, _ := os.ReadFile(n.log)
+		fmt.Fprintf(&b, "--- %s\n%s", n.name, l)
+	}
+	return b.String()
+}
+
+func TestClusterThroughCLI(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds binaries and runs a 3-process cluster")
+	}
+	t0 := time.Now()
+	bin := t.TempDir()
+	server, cli := build(t, bin)
+	t.Logf("built in %v", time.Since(t0).Round(time.Millisecond))
+	c := &cluster{t: t, server: server, cli: cli, root: t.TempDir()}
+	for i := 1; i <= 3; i++ {
+		name := fmt.Sprintf("n%d", i)
+		c.nodes = append(c.nodes, &node{name: name, dir: filepath.Join(c.root, name), log: filepath.Join(c.root, name+".log"), port: freePort(t)})
+	}
+	t.Cleanup(func() {
+		for _, n := range c.nodes {
+			if n.cmd != nil && n.cmd.ProcessState == nil {
+				_ = n.cmd.Process.Kill()
+			}
+		}
+		if t.Failed() {
+			t.Log(c.logs())
+		}
+	})
+	for i, n := range c.nodes {
+		c.start(n, i > 0)
+	}
+	c.waitConverged()
+	t.Logf("cluster up in %v", time.Since(t0).Round(time.Millisecond))
+
+	// put/get/del/scan.
+	const nkeys = 20
+	vals := map[string]string{}
+	for i := range nkeys {
+		k, v := fmt.Sprintf("key-%02d", i), fmt.Sprintf("value %d", i)
+		if i%2 == 0 {
+			if out := c.must("put", k, v); strings.TrimSpace(out) != "OK" {
+				t.Fatalf("put %s: %q", k, out)
+			}
+		} else { // the value from stdin
+			if out, errs, code := c.run(v, "put", k); code != 0 || strings.TrimSpace(out) != "OK" {
+				t.Fatalf("put %s from stdin: exit %d, %q, %s", k, code, out, errs)
+			}
+		}
+		vals[k] = v
+	}
+	for k, v := range vals {
+		if out := c.must("get", k); out != v {
+			t.Fatalf("get %s: %q, want %q", k, out, v)
+		}
+	}
+	if out, errs, code := c.run("", "del", "key-00"); code != 0 {
+		t.Fatalf("del: exit %d %s %s", code, out, errs)
+	}
+	delete(vals, "key-00")
+	if out, errs, code := c.run("", "get", "key-00"); code != exitNotFound || out != "" || !strings.Contains(errs, "key not found") {
+		t.Fatalf("get of a deleted key: exit %d, stdout %q, stderr %q; want exit 1 and \"key not found\"", code, out, errs)
+	}
+	var scanned []struct {
+		Key   string `json:"key"`
+		Size  int    `json:"size"`
+		Value string `json:"value"`
+	}
+	if err := json.Unmarshal([]byte(c.must("scan", "--prefix", "key-", "--values", "-o", "json")), &scanned); err != nil {
+		t.Fatal(err)
+	}
+	if len(scanned) != len(vals) {
+		t.Fatalf("scan: %d keys, want %d", len(scanned), len(vals))
+	}
+	for i, kv := range scanned {
+		if vals[kv.Key] != kv.Value || kv.Size != len(kv.Value) || (i > 0 && scanned[i-1].Key >= kv.Key) {
+			t.Fatalf("scan entry %d: %+v (want value %q, keys in order)", i, kv, vals[kv.Key])
+		}
+	}
+	if out := c.must("scan", "--start", "key-05", "--end", "key-08"); !strings.Contains(out, "key-05") || !strings.Contains(out, "key-07") ||
+		strings.Contains(out, "key-08") || !strings.Contains(out, "(3 keys)") {
+		t.Fatalf("scan --start key-05 --end key-08:\n%s", out)
+	}
+	if _, _, code := c.run("", "get"); code != 2 {
+		t.Fatalf("get without a key: exit %d, want 2 (usage)", code)
+	}
+
+	// Owners: pick a victim that holds keys, among n2 and n3 (n1 is the
+	// cluster's first node, but any would do: every node joins through all).
+	owner := map[string]string{}
+	count := map[string]int{}
+	for k := range vals {
+		var o struct {
+			Owner string `json:"owner"`
+		}
+		if err := json.Unmarshal([]byte(c.must("owner", k, "-o", "json")), &o); err != nil {
+			t.Fatal(err)
+		}
+		owner[k] = o.Owner
+		count[o.Owner]++
+	}
+	victim := c.nodes[1]
+	if count["n3"] > count["n2"] {
+		victim = c.nodes[2]
+	}
+	if count[victim.name] == 0 || count[victim.name] == len(vals) {
+		t.Fatalf("placement of %d keys: %v; want keys on the victim and on others", len(vals), count)
+	}
+	t.Logf("keys per server: %v; killing %s", count, victim.name)
+
+	// SIGKILL the victim: its keys are unavailable (exit 3), others work.
+	if err := victim.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-victim.done
+	checkedDown, checkedUp := 0, 0
+	for k, v := range vals {
+		if owner[k] == victim.name && checkedDown < 2 {
+			if out, errs, code := c.run("", "get", k); code != exitUnavailable || !strings.Contains(errs, victim.name) {
+				t.Fatalf("get %s (on the killed %s): exit %d, stdout %q, stderr %q; want exit 3 naming the server", k, victim.name, code, out, errs)
+			}
+			checkedDown++
+		}
+		if owner[k] != victim.name && checkedUp < 3 {
+			if out := c.must("get", k); out != v {
+				t.Fatalf("get %s with %s down: %q, want %q", k, victim.name, out, v)
+			}
+			checkedUp++
+		}
+	}
+	// A put to a survivor works too.
+	for k := range vals {
+		if owner[k] != victim.name {
+			c.must("put", k, vals[k]+" (updated)")
+			vals[k] += " (updated)"
+			break
+		}
+	}
+
+	// Restart the victim on its data dir: every acknowledged write reads back.
+	c.start(victim, true)
+	c.waitConverged()
+	deadline := time.Now().Add(15 * time.Second)
+	for k, v := range vals {
+		for {
+			out, errs, code := c.run("", "get", k)
+			if code == 0 && out == v {
+				break
+			}
+			if code != exitUnavailable || time.Now().After(deadline) {
+				t.Fatalf("get %s after restarting %s: exit %d, %q (want %q), %s", k, victim.name, code, out, v, errs)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	if out, errs, code := c.run("", "get", "key-00"); code != exitNotFound {
+		t.Fatalf("get of the deleted key after the restart: exit %d %q %s", code, out, errs)
+	}
+	if out := c.must("status"); strings.Count(out, "alive") != 3 {
+		t.Fatalf("status:\n%s", out)
+	}
+
+	// SIGTERM everything: clean exits.
+	for _, n := range c.nodes {
+		if err := n.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, n := range c.nodes {
+		select {
+		case err := <-n.done:
+			if err != nil {
+				t.Fatalf("%s after SIGTERM: %v", n.name, err)
+			}
+		case <-time.After(15 * time.Second):
+			t.Fatalf("%s still running 15s after SIGTERM", n.name)
+		}
+		if l, _ := os.ReadFile(n.log); !strings.Contains(string(l), "msg=stopped") {
+			t.Fatalf("%s's log has no \"stopped\" line", n.name)
+		}
+	}
+	t.Logf("total %v", time.Since(t0).Round(time.Millisecond))
+}
