@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/base64"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -89,7 +87,7 @@ func (g *globals) finish(cmd *cobra.Command) error {
 	}
 	if k != "" {
 		var err error
-		if g.key, err = parseKey(k); err != nil {
+		if g.key, err = membership.ParseKey(k); err != nil {
 			return fmt.Errorf("gossip key: %w", err)
 		}
 	}
@@ -148,27 +146,4 @@ func splitHostPort(s string) (string, int, error) {
 		return "", 0, fmt.Errorf("bad port %q", s[i+1:])
 	}
 	return strings.Trim(s[:i], "[]"), port, nil
-}
-
-// parseKey decodes a gossip key in hex or base64: 16, 24 or 32 bytes.
-func parseKey(s string) ([]byte, error) {
-	var key []byte
-	if b, err := hex.DecodeString(s); err == nil && (len(b) == 16 || len(b) == 24 || len(b) == 32) {
-		key = b
-	} else {
-		for _, enc := range []*base64.Encoding{base64.StdEncoding, base64.RawStdEncoding, base64.URLEncoding, base64.RawURLEncoding} {
-			if b, err := enc.DecodeString(s); err == nil {
-				key = b
-				break
-			}
-		}
-	}
-	if key == nil {
-		return nil, errors.New("neither hex nor base64")
-	}
-	switch len(key) {
-	case 16, 24, 32:
-		return key, nil
-	}
-	return nil, fmt.Errorf("%d bytes: want 16, 24 or 32", len(key))
 }

@@ -45,12 +45,3 @@ func TestDevices(t *testing.T) {
 		t.Fatalf("devices: %d %q", code, out)
 	}
 }
-
-func TestParseKey(t *testing.T) {
-	if k, err := parseKey(strings.Repeat("0f", 24)); err != nil || len(k) != 24 {
-		t.Fatalf("hex: %v %v", k, err)
-	}
-	if _, err := parseKey("AAAA"); err == nil {
-		t.Fatal("3-byte key accepted")
-	}
-}

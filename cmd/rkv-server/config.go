@@ -2,8 +2,6 @@ package main
 
 import (
 	"bufio"
-	"encoding/base64"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -14,6 +12,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/rkv-io/rkv/membership"
 	"github.com/rkv-io/rkv/store"
 )
 
@@ -304,7 +303,7 @@ func (o *options) validate() error {
 		}
 	}
 	if o.GossipKey != "" {
-		if o.gossipKey, err = ParseKey(o.GossipKey); err != nil {
+		if o.gossipKey, err = membership.ParseKey(o.GossipKey); err != nil {
 			return fmt.Errorf("gossip key: %w", err)
 		}
 	}
@@ -345,31 +344,6 @@ func splitHostPort(s string) (string, int, error) {
 		return "", 0, fmt.Errorf("bad port %q", s[i+1:])
 	}
 	return host, port, nil
-}
-
-// ParseKey decodes a gossip key given in hex or base64 (standard or URL,
-// padded or not) and checks its length: 16, 24 or 32 bytes.
-func ParseKey(s string) ([]byte, error) {
-	s = strings.TrimSpace(s)
-	var key []byte
-	if b, err := hex.DecodeString(s); err == nil && (len(b) == 16 || len(b) == 24 || len(b) == 32) {
-		key = b
-	} else {
-		for _, enc := range []*base64.Encoding{base64.StdEncoding, base64.RawStdEncoding, base64.URLEncoding, base64.RawURLEncoding} {
-			if b, err := enc.DecodeString(s); err == nil {
-				key = b
-				break
-			}
-		}
-	}
-	if key == nil {
-		return nil, errors.New("neither hex nor base64")
-	}
-	switch len(key) {
-	case 16, 24, 32:
-		return key, nil
-	}
-	return nil, fmt.Errorf("%d bytes: want 16, 24 or 32 (AES-128/192/256)", len(key))
 }
 
 // size is a pflag.Value of a byte count with an optional binary suffix.

@@ -57,7 +57,7 @@ func TestGossipKey(t *testing.T) {
 	if err != nil || len(o.gossipKey) != 32 {
 		t.Fatalf("key file: %v %v", o, err)
 	}
-	if _, err := ParseKey("c2hvcnQ="); err == nil || !strings.Contains(err.Error(), "5 bytes") {
+	if _, err := parseOptions([]string{"--name", "n", "--gossip-key", "c2hvcnQ="}, env(nil), io.Discard); err == nil || !strings.Contains(err.Error(), "5 bytes") {
 		t.Fatalf("short key: %v", err)
 	}
 }
