@@ -352,3 +352,53 @@ func TestClusterServerFailureAndRestart(t *testing.T) {
 		}
 	}
 }
+
+// MultiGet reads many keys across servers in batches, one-sidedly: values
+// in order, nil for absent keys, an empty value as empty, and no server
+// handler runs.
+func TestClusterMultiGet(t *testing.T) {
+	c := startCluster(t, 3)
+	cl := newClient(t, c)
+	ctx := context.Background()
+	const n = 150
+	for i := range n {
+		if err := cl.Put(ctx, key(i), value(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := cl.Put(ctx, []byte("empty"), nil); err != nil {
+		t.Fatal(err)
+	}
+	var keys [][]byte
+	for i := range n + 50 { // 50 absent keys
+		keys = append(keys, key(i))
+	}
+	keys = append(keys, []byte("empty"))
+	before, reads := c.handled(), cl.Reads()
+	vals, err := cl.MultiGet(ctx, keys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Batched: one index READ per key and one record READ per present key;
+	// a key that fell back to Get alone would add more.
+	if got, want := cl.Reads()-reads, uint64(len(keys)+n+1); got != want {
+		t.Errorf("MultiGet of %d keys (%d present) posted %d READs, want %d", len(keys), n+1, got, want)
+	}
+	if after := c.handled(); fmt.Sprint(after) != fmt.Sprint(before) {
+		t.Fatalf("MultiGet ran server handlers: %v -> %v", before, after)
+	}
+	for i, v := range vals[:n+50] {
+		switch {
+		case i < n && string(v) != string(value(i)):
+			t.Fatalf("key %d: %q, want %q", i, v, value(i))
+		case i >= n && v != nil:
+			t.Fatalf("absent key %d: %q, want nil", i, v)
+		}
+	}
+	if v := vals[n+50]; v == nil || len(v) != 0 {
+		t.Fatalf("empty value read as %#v, want an empty non-nil slice", v)
+	}
+	if _, err := cl.MultiGet(ctx, [][]byte{{}}); !errors.Is(err, client.ErrTooLarge) {
+		t.Fatalf("MultiGet of an empty key: %v", err)
+	}
+}

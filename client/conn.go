@@ -138,7 +138,7 @@ func (sc *serverConn) ready(ctx context.Context, m membership.Member) error {
 	}
 	sc.gen = r.(*proto.HelloReply).Generation
 	qcfg := c.cfg.QP
-	if sc.cq, err = c.dev.CreateCQ(16); err != nil {
+	if sc.cq, err = c.dev.CreateCQ(2 * multiGetBatch); err != nil {
 		sc.drop()
 		return err
 	}
@@ -244,6 +244,9 @@ func serverError(node string, req proto.MsgType, e *proto.Error) error {
 // waits for it. A failure drops the connection (the QP is in ERR).
 func (sc *serverConn) post(ctx context.Context, op rdma.Opcode, off, n int, raddr uint64, rkey uint32) error {
 	wr := [1]rdma.SendWR{{Op: op, Flags: rdma.Signaled, SGL: []rdma.SGE{{MR: sc.mr, Offset: off, Length: n}}, RemoteAddr: raddr, RKey: rkey}}
+	if op == rdma.OpRead {
+		sc.c.reads.Add(1)
+	}
 	if err := sc.qp.PostSend(wr[:]); err != nil {
 		sc.drop()
 		return retry("%v to %s: %w", op, sc.name, err)
@@ -273,19 +276,11 @@ func (sc *serverConn) get(ctx context.Context, m membership.Member, key []byte) 
 		return nil, err
 	}
 	meta := &m.Meta
-	arena := func(id uint16) (proto.ArenaRegion, bool) {
-		for _, a := range meta.Arenas {
-			if a.ID == id {
-				return a, true
-			}
-		}
-		return proto.ArenaRegion{}, false
-	}
 	buf := sc.mem.Bytes()
 	geo := meta.Index.Geometry
 	nb := geo.NeighborhoodBytes()
 	readRecord := func(loc proto.Location) ([]byte, error) {
-		a, ok := arena(loc.Arena)
+		a, ok := arenaOf(meta, loc.Arena)
 		if !ok {
 			return nil, retry("arena %d of %s is not in the view yet", loc.Arena, sc.name)
 		}
@@ -389,4 +384,121 @@ func (sc *serverConn) put(ctx context.Context, m membership.Member, key, value [
 	cr := r.(*proto.CommitReply)
 	sc.c.cachePut(key, cachedLoc{node: sc.name, gen: sc.gen, loc: proto.Location{Arena: cr.Arena, Offset: cr.Offset, Length: cr.Length}})
 	return nil
+}
+
+// postBatch posts wrs (reads into the buffer) with only the last one
+// signaled and waits for it: on an RC QP its completion means every
+// earlier request has completed too. A failure drops the connection.
+func (sc *serverConn) postBatch(ctx context.Context, wrs []rdma.SendWR) error {
+	for i := range wrs {
+		wrs[i].ID, wrs[i].Flags = uint64(i), 0
+	}
+	wrs[len(wrs)-1].Flags = rdma.Signaled
+	sc.c.reads.Add(uint64(len(wrs)))
+	if err := sc.qp.PostSend(wrs); err != nil {
+		sc.drop()
+		return retry("batch of %d READs to %s: %w", len(wrs), sc.name, err)
+	}
+	if _, err := sc.cq.Wait(ctx, sc.wc[:]); err != nil {
+		sc.drop()
+		return retry("batch of %d READs to %s: %w", len(wrs), sc.name, err)
+	}
+	if err := sc.wc[0].Err(); err != nil {
+		sc.drop()
+		return retry("batch of %d READs to %s: %w", len(wrs), sc.name, err)
+	}
+	return nil
+}
+
+// multiGet resolves keys on this server in batches: one post of index
+// neighborhood READs, then one of record READs. It returns the values
+// (nil for absent keys) and the positions of the keys it could not settle
+// in a batch (torn or stale reads, fingerprint collisions, records too
+// large for the buffer), which the caller resolves one by one.
+func (sc *serverConn) multiGet(ctx context.Context, m membership.Member, keys [][]byte) (vals [][]byte, single []int, err error) {
+	if err := sc.lock(ctx); err != nil {
+		return nil, nil, err
+	}
+	defer sc.unlock()
+	if err := sc.ready(ctx, m); err != nil {
+		return nil, nil, err
+	}
+	meta := &m.Meta
+	geo := meta.Index.Geometry
+	nb := geo.NeighborhoodBytes()
+	buf := sc.mem.Bytes()
+	batch := min(multiGetBatch, len(buf)/2/nb)
+	vals = make([][]byte, len(keys))
+	wrs := make([]rdma.SendWR, 0, batch)
+	sges := make([]rdma.SGE, batch)
+	locs := make([]proto.Location, batch)
+	var scratch [4]proto.Location
+	for start := 0; start < len(keys); start += batch {
+		chunk := keys[start:min(start+batch, len(keys))]
+		wrs = wrs[:0]
+		hashes := make([]uint64, len(chunk))
+		for i, k := range chunk {
+			hashes[i] = geo.Hash(k)
+			sges[i] = rdma.SGE{MR: sc.mr, Offset: i * nb, Length: nb}
+			wrs = append(wrs, rdma.SendWR{Op: rdma.OpRead, SGL: sges[i : i+1],
+				RemoteAddr: meta.Index.Addr + uint64(geo.NeighborhoodOffset(geo.Home(hashes[i]))), RKey: meta.Index.RKey})
+		}
+		if err := sc.postBatch(ctx, wrs); err != nil {
+			return nil, nil, err
+		}
+		// Records go after the neighborhoods, as long as they fit.
+		wrs = wrs[:0]
+		var pending []int // chunk positions with a record READ posted
+		off := len(chunk) * nb
+		for i := range chunk {
+			found, err := proto.FindInNeighborhood(buf[i*nb:(i+1)*nb], hashes[i], scratch[:0])
+			switch {
+			case err != nil || len(found) > 1:
+				single = append(single, start+i)
+				continue
+			case len(found) == 0:
+				continue // absent
+			}
+			loc := found[0]
+			a, ok := arenaOf(meta, loc.Arena)
+			if !ok || off+int(loc.Length) > len(buf) || loc.Offset+uint64(loc.Length) > a.Length {
+				single = append(single, start+i)
+				continue
+			}
+			locs[i] = loc
+			sges[i] = rdma.SGE{MR: sc.mr, Offset: off, Length: int(loc.Length)}
+			wrs = append(wrs, rdma.SendWR{Op: rdma.OpRead, SGL: sges[i : i+1], RemoteAddr: a.Addr + loc.Offset, RKey: a.RKey})
+			pending = append(pending, i)
+			off += int(loc.Length)
+		}
+		if len(wrs) == 0 {
+			continue
+		}
+		if err := sc.postBatch(ctx, wrs); err != nil {
+			return nil, nil, err
+		}
+		for _, i := range pending {
+			r, err := proto.VerifyRecord(buf[sges[i].Offset:sges[i].Offset+sges[i].Length], chunk[i], 0)
+			if err != nil {
+				single = append(single, start+i)
+				continue
+			}
+			vals[start+i] = append([]byte{}, r.Value...) // non-nil: present, maybe empty
+			sc.c.cachePut(chunk[i], cachedLoc{node: sc.name, gen: sc.gen, loc: locs[i]})
+		}
+	}
+	return vals, single, nil
+}
+
+// multiGetBatch is how many keys share one post: well within the QP's
+// send queue and the CQ.
+const multiGetBatch = 64
+
+func arenaOf(meta *proto.NodeMeta, id uint16) (proto.ArenaRegion, bool) {
+	for _, a := range meta.Arenas {
+		if a.ID == id {
+			return a, true
+		}
+	}
+	return proto.ArenaRegion{}, false
 }
