@@ -402,3 +402,37 @@ func TestClusterMultiGet(t *testing.T) {
 		t.Fatalf("MultiGet of an empty key: %v", err)
 	}
 }
+
+// A lease revoked under the client (its rkey deregistered) makes the next
+// PUT's RDMA_WRITE fail with REM_ACCESS_ERR; the client reconnects, takes
+// a new lease and succeeds without being recreated.
+func TestClusterPutRecoversFromRevokedLease(t *testing.T) {
+	c := startCluster(t, 1)
+	cl := newClient(t, c)
+	ctx := context.Background()
+	if err := cl.Put(ctx, []byte("a"), []byte("1")); err != nil {
+		t.Fatal(err)
+	}
+	st := c.servers["s1"].Store()
+	granted := st.Stats().LeasesGranted
+	revoked := 0
+	for id := uint64(1); id <= granted+8; id++ { // lease IDs count from 1
+		if st.EndLease(id) == nil {
+			revoked++
+		}
+	}
+	if revoked == 0 {
+		t.Fatal("no active lease to revoke")
+	}
+	if err := cl.Put(ctx, []byte("b"), []byte("2")); err != nil {
+		t.Fatalf("PUT after its lease was revoked: %v", err)
+	}
+	if got := st.Stats().LeasesGranted; got <= granted {
+		t.Fatalf("no new lease was granted (%d before, %d after)", granted, got)
+	}
+	for k, want := range map[string]string{"a": "1", "b": "2"} {
+		if v, err := cl.Get(ctx, []byte(k)); err != nil || string(v) != want {
+			t.Fatalf("GET %s = %q, %v; want %q", k, v, err, want)
+		}
+	}
+}
