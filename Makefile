@@ -5,7 +5,7 @@ BIN      := bin
 TESTTIME ?= 10m
 FUZZTIME ?= 10s
 
-.PHONY: help build test test-short lint fmt bench fuzz demo demo-up demo-down demo-rdma test-rxe test-vm vm-prepare clean
+.PHONY: help build test test-short lint fmt bench fuzz demo demo-rxe demo-up demo-down demo-rdma test-rxe test-vm vm-prepare clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -39,6 +39,9 @@ fuzz: ## run every fuzz target for FUZZTIME each
 
 demo: build ## the main job: 3 rkv-server processes (soft provider), a scripted rkv-client session, a clean stop
 	bash deploy/demo/demo.sh
+
+demo-rxe: ## the demo on real Soft-RoCE: 3 verbs-provider servers + client, 4 rxe devices in one qemu VM, RDMA counters check
+	bash deploy/demo/demo-rxe.sh
 
 demo-up: build ## start the 3-server demo cluster and leave it running (state in .demo/)
 	bash deploy/demo/demo.sh up
