@@ -82,16 +82,8 @@ wait_log() {
 	done
 }
 
-# run_cli EXPECTED-STATUS ARGS...: print the command, run it, check its status.
-run_cli() {
-	local want=$1
-	shift
-	echo "\$ rkv-client $*"
-	local rc=0
-	"${cli[@]}" "$@" || rc=$?
-	[[ $rc -eq $want ]] || fail "" "rkv-client $* exited $rc, want $want"
-	if [[ $want -ne 0 ]]; then echo "(exit status $rc)"; fi
-}
+# shellcheck source=deploy/demo/session.sh
+source "$(dirname "${BASH_SOURCE[0]}")/session.sh"
 
 # counters DEV: "name=value ..." of the device's port-1 hw_counters.
 hw() { cat "/sys/class/infiniband/$1/ports/1/hw_counters/$2" 2>/dev/null || echo 0; }
@@ -160,24 +152,7 @@ for i in 1 2 3; do
 done
 
 say "a session through rkv-client on ${devs[3]} (${addrs[3]})"
-run_cli 0 put user:1 alice
-run_cli 0 put user:2 bob
-run_cli 0 put user:3 carol
-run_cli 0 put city:paris France
-echo "\$ echo -n 'from stdin' | rkv-client put note"
-echo -n 'from stdin' | "${cli[@]}" put note || fail "" "put from stdin failed"
-for k in user:1 user:2 user:3 city:paris note; do
-	echo "\$ rkv-client get $k"
-	"${cli[@]}" get "$k" || fail "" "get $k failed"
-	echo
-done
-run_cli 0 members
-for k in user:1 user:2 user:3; do run_cli 0 owner "$k"; done
-run_cli 0 scan --prefix user: --values
-run_cli 0 scan
-run_cli 0 del user:2
-run_cli 1 get user:2
-run_cli 0 status
+demo_session
 
 say "is the data path one-sided RDMA? $gets GET-only rkv-client processes"
 # Keys to read: written once here (bench: puts then gets, not measured).

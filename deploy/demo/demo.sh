@@ -27,7 +27,7 @@ gossip_port() { echo $((base + $1)); }
 fail() {
 	local i=$1
 	shift
-	echo "demo FAILED: $*" >&2
+	echo "demo FAILED: $* (server logs in $state/)" >&2
 	if [[ -n $i ]]; then
 		local log=$state/${nodes[$i - 1]}.log
 		echo "-- last lines of ${nodes[$i - 1]}'s log ($log):" >&2
@@ -92,7 +92,8 @@ start_all() {
 	done
 	rm -rf "$state"
 	mkdir -p "$state"
-	local seed=127.0.0.1:$(gossip_port 1)
+	local seed
+	seed=127.0.0.1:$(gossip_port 1)
 	for i in 1 2 3; do
 		local name=${nodes[$i - 1]} join=()
 		[[ $i -gt 1 ]] && join=(--join "$seed")
@@ -143,18 +144,9 @@ wait_ready() {
 	fail "$i" "$name not ready after 10s"
 }
 
-# run_cli EXPECTED-STATUS ARGS...: print the command, run it, check its status.
-run_cli() {
-	local want=$1
-	shift
-	echo "\$ rkv-client $*"
-	local rc=0
-	"$bin/rkv-client" "$@" || rc=$?
-	if [[ $rc -ne $want ]]; then
-		fail "" "rkv-client $* exited $rc, want $want (server logs in $state/)"
-	fi
-	if [[ $want -ne 0 ]]; then echo "(exit status $rc)"; fi
-}
+cli=("$bin/rkv-client")
+# shellcheck source=deploy/demo/session.sh
+source "$root/deploy/demo/session.sh"
 
 case $mode in
 up)
@@ -185,26 +177,10 @@ run)
 	trap 'for i in 1 2 3; do alive $i && kill -KILL "$(pid_of $i)" 2>/dev/null; done; true' EXIT
 	say "starting 3 rkv-server processes (soft provider, 127.0.0.1)"
 	start_all
-	export RKV_JOIN=127.0.0.1:$(gossip_port 1)
+	RKV_JOIN=127.0.0.1:$(gossip_port 1)
+	export RKV_JOIN
 	say "a session (RKV_JOIN=$RKV_JOIN)"
-	run_cli 0 put user:1 alice
-	run_cli 0 put user:2 bob
-	run_cli 0 put user:3 carol
-	run_cli 0 put city:paris France
-	echo "\$ echo -n 'from stdin' | rkv-client put note"
-	echo -n 'from stdin' | "$bin/rkv-client" put note || fail "" "put from stdin failed"
-	for k in user:1 user:2 user:3 city:paris note; do
-		echo "\$ rkv-client get $k"
-		"$bin/rkv-client" get "$k" || fail "" "get $k failed"
-		echo
-	done
-	run_cli 0 members
-	for k in user:1 user:2 user:3; do run_cli 0 owner "$k"; done
-	run_cli 0 scan --prefix user: --values
-	run_cli 0 scan
-	run_cli 0 del user:2
-	run_cli 1 get user:2
-	run_cli 0 status
+	demo_session
 	say "a short burst: 1000 puts then 1000 gets of 128 bytes, 4 goroutines of one client"
 	run_cli 0 bench --ops 1000 --value-size 128 --concurrency 4
 	say "stopping the cluster (SIGTERM: leases end, commits finish, memory is deregistered, nodes leave)"
