@@ -377,35 +377,28 @@ func (s *subscriber) send(ev Event) {
 // keyring: from now on it also decrypts with it. See the package
 // documentation for rotating keys across the cluster.
 func (m *Membership) InstallKey(key []byte) error {
-	if m.s.keyring == nil {
-		return ErrNotEncrypted
-	}
-	if err := m.s.keyring.AddKey(slices.Clone(key)); err != nil {
-		return fmt.Errorf("membership: installing a gossip key: %w", err)
-	}
-	return nil
+	return m.keyringOp("installing", func(k *memberlist.Keyring) error { return k.AddKey(slices.Clone(key)) })
 }
 
 // UseKey makes an installed key the primary: this node encrypts with it
 // from now on. Every member must have installed it first.
 func (m *Membership) UseKey(key []byte) error {
-	if m.s.keyring == nil {
-		return ErrNotEncrypted
-	}
-	if err := m.s.keyring.UseKey(key); err != nil {
-		return fmt.Errorf("membership: using a gossip key: %w", err)
-	}
-	return nil
+	return m.keyringOp("using", func(k *memberlist.Keyring) error { return k.UseKey(key) })
 }
 
 // RemoveKey removes a key that is not the primary from this node's
 // keyring. Removing a key that is not installed does nothing.
 func (m *Membership) RemoveKey(key []byte) error {
+	return m.keyringOp("removing", func(k *memberlist.Keyring) error { return k.RemoveKey(key) })
+}
+
+// keyringOp runs op on the keyring of an encrypted cluster.
+func (m *Membership) keyringOp(what string, op func(*memberlist.Keyring) error) error {
 	if m.s.keyring == nil {
 		return ErrNotEncrypted
 	}
-	if err := m.s.keyring.RemoveKey(key); err != nil {
-		return fmt.Errorf("membership: removing a gossip key: %w", err)
+	if err := op(m.s.keyring); err != nil {
+		return fmt.Errorf("membership: %s a gossip key: %w", what, err)
 	}
 	return nil
 }

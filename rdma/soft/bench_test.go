@@ -17,38 +17,18 @@ import (
 var benchSizes = []int{64, 1024, 65536}
 
 // BenchmarkRead measures one READ in flight: post, wait for the completion.
-func BenchmarkRead(b *testing.B) {
-	for _, size := range benchSizes {
-		b.Run(strconv.Itoa(size), func(b *testing.B) {
-			x, y := newPair(b, rdma.QPConfig{})
-			local := register(b, x.pd, size, rw)
-			remote := register(b, y.pd, size, rw)
-			wr := []rdma.SendWR{{Op: rdma.OpRead, Flags: rdma.Signaled, SGL: sgl(local, 0, size), RemoteAddr: remote.Addr(), RKey: remote.RKey()}}
-			wc := make([]rdma.Completion, 1)
-			ctx := context.Background()
-			b.SetBytes(int64(size))
-			b.ReportAllocs()
-			b.ResetTimer()
-			for range b.N {
-				if err := x.qp.PostSend(wr); err != nil {
-					b.Fatal(err)
-				}
-				if _, err := x.cq.Wait(ctx, wc); err != nil || wc[0].Status != rdma.StatusSuccess {
-					b.Fatal(err, wc[0].Status)
-				}
-			}
-		})
-	}
-}
+func BenchmarkRead(b *testing.B) { benchOneInFlight(b, rdma.OpRead) }
 
 // BenchmarkWrite measures one signaled WRITE in flight.
-func BenchmarkWrite(b *testing.B) {
+func BenchmarkWrite(b *testing.B) { benchOneInFlight(b, rdma.OpWrite) }
+
+func benchOneInFlight(b *testing.B, op rdma.Opcode) {
 	for _, size := range benchSizes {
 		b.Run(strconv.Itoa(size), func(b *testing.B) {
 			x, y := newPair(b, rdma.QPConfig{})
 			local := register(b, x.pd, size, rw)
 			remote := register(b, y.pd, size, rw)
-			wr := []rdma.SendWR{{Op: rdma.OpWrite, Flags: rdma.Signaled, SGL: sgl(local, 0, size), RemoteAddr: remote.Addr(), RKey: remote.RKey()}}
+			wr := []rdma.SendWR{{Op: op, Flags: rdma.Signaled, SGL: sgl(local, 0, size), RemoteAddr: remote.Addr(), RKey: remote.RKey()}}
 			wc := make([]rdma.Completion, 1)
 			ctx := context.Background()
 			b.SetBytes(int64(size))
