@@ -10,7 +10,6 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -19,7 +18,7 @@ import (
 	"unsafe"
 
 	"github.com/rkv-io/rkv/rdma"
-	"golang.org/x/sys/unix"
+	"github.com/rkv-io/rkv/rdma/internal/memlimit"
 )
 
 func uintptrOf(b []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(b))) }
@@ -838,46 +837,20 @@ func TestMemlockError(t *testing.T) {
 	}
 	defer m.Close()
 
-	var old unix.Rlimit
-	if err := unix.Getrlimit(unix.RLIMIT_MEMLOCK, &old); err != nil {
-		t.Fatal(err)
-	}
-	errc := make(chan error, 1)
-	go func() {
-		// The thread dies with the goroutine (no UnlockOSThread), and
-		// its lowered capabilities with it.
-		runtime.LockOSThread()
-		hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
-		var data [2]unix.CapUserData
-		if err := unix.Capget(&hdr, &data[0]); err != nil {
-			errc <- err
-			return
-		}
-		data[0].Effective &^= 1 << unix.CAP_IPC_LOCK
-		if err := unix.Capset(&hdr, &data[0]); err != nil {
-			errc <- err
-			return
-		}
-		if err := unix.Setrlimit(unix.RLIMIT_MEMLOCK, &unix.Rlimit{Cur: 64 << 10, Max: old.Max}); err != nil {
-			errc <- err
-			return
-		}
+	err = memlimit.Run(64<<10, func() error {
 		mr, err := pd.Register(m.Bytes(), rdma.AccessRemoteRead)
-		_ = unix.Setrlimit(unix.RLIMIT_MEMLOCK, &old)
 		if err == nil {
 			_ = mr.Deregister()
-			errc <- errors.New("Register of 4 MiB under a 64 KiB RLIMIT_MEMLOCK without CAP_IPC_LOCK succeeded")
-			return
+			return errors.New("Register of 4 MiB under a 64 KiB RLIMIT_MEMLOCK without CAP_IPC_LOCK succeeded")
 		}
 		var me *rdma.MemlockError
 		if !errors.As(err, &me) || !strings.Contains(err.Error(), "RLIMIT_MEMLOCK") {
-			errc <- fmt.Errorf("Register error %q is not a MemlockError naming RLIMIT_MEMLOCK", err)
-			return
+			return fmt.Errorf("Register error %q is not a MemlockError naming RLIMIT_MEMLOCK", err)
 		}
 		t.Logf("Register: %v", err)
-		errc <- nil
-	}()
-	if err := <-errc; err != nil {
+		return nil
+	})
+	if err != nil {
 		t.Fatal(err)
 	}
 }

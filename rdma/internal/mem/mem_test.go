@@ -4,11 +4,10 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 
-	"golang.org/x/sys/unix"
+	"github.com/rkv-io/rkv/rdma/internal/memlimit"
 )
 
 func TestAcquireRejectsHeapMemory(t *testing.T) {
@@ -110,42 +109,14 @@ func TestMapFileSharesStoresWithTheFile(t *testing.T) {
 }
 
 // Pinning beyond RLIMIT_MEMLOCK fails with an error that names the limit
-// and how to raise it. Root has CAP_IPC_LOCK, which ignores the limit, so
-// the test drops it on one locked thread (capabilities are per thread) and
-// lowers the process's limit for the duration.
+// and how to raise it.
 func TestPinFailsWithMemlockAdvice(t *testing.T) {
 	m, err := Alloc(4 << 20)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer m.Close()
-	var old unix.Rlimit
-	if err := unix.Getrlimit(unix.RLIMIT_MEMLOCK, &old); err != nil {
-		t.Fatal(err)
-	}
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread dies with its lowered capabilities
-		hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
-		var data [2]unix.CapUserData
-		if err := unix.Capget(&hdr, &data[0]); err != nil {
-			errc <- err
-			return
-		}
-		data[0].Effective &^= 1 << unix.CAP_IPC_LOCK
-		if err := unix.Capset(&hdr, &data[0]); err != nil {
-			errc <- err
-			return
-		}
-		if err := unix.Setrlimit(unix.RLIMIT_MEMLOCK, &unix.Rlimit{Cur: 64 << 10, Max: old.Max}); err != nil {
-			errc <- err
-			return
-		}
-		_, err := Acquire(m.Bytes(), true)
-		errc <- err
-	}()
-	err = <-errc
-	if rerr := unix.Setrlimit(unix.RLIMIT_MEMLOCK, &old); rerr != nil {
+	if rerr := memlimit.Run(64<<10, func() error { _, err = Acquire(m.Bytes(), true); return nil }); rerr != nil {
 		t.Fatal(rerr)
 	}
 	var me *MemlockError
