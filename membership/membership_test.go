@@ -141,6 +141,27 @@ func sameMeta(got, want proto.NodeMeta) bool {
 	return reflect.DeepEqual(got, want)
 }
 
+// waitSeenAs waits until every observer has seen member name in state at
+// least once. Not necessarily all at the same moment: an observer that
+// learned early may already have reaped the member (DeadRetention) by the
+// time the last one learns.
+func waitSeenAs(t *testing.T, d time.Duration, observers []*Membership, name string, state State) time.Duration {
+	t.Helper()
+	seen := map[string]bool{}
+	return waitFor(t, d, fmt.Sprintf("%s seen %v", name, state), func() error {
+		for _, n := range observers {
+			if mb, ok := n.View().Member(name); ok && mb.State == state {
+				seen[n.Name()] = true
+			}
+			if !seen[n.Name()] {
+				mb, _ := n.View().Member(name)
+				return fmt.Errorf("%s sees %s %v", n.Name(), name, mb.State)
+			}
+		}
+		return nil
+	})
+}
+
 // converged checks that every node sees exactly the members of want,
 // alive, with that metadata, arena lists complete.
 func converged(nodes []*Membership, want map[string]proto.NodeMeta) error {
@@ -304,14 +325,7 @@ func TestShutdownWithoutLeaveIsDead(t *testing.T) {
 	if err := servers[3].Shutdown(); err != nil {
 		t.Fatal(err)
 	}
-	took := waitFor(t, 15*time.Second, "s4 declared dead", func() error {
-		for _, n := range servers[:3] {
-			if mb, ok := n.View().Member("s4"); !ok || mb.State != StateDead {
-				return fmt.Errorf("%s sees s4 %v", n.Name(), mb.State)
-			}
-		}
-		return nil
-	})
+	took := waitSeenAs(t, 15*time.Second, servers[:3], "s4", StateDead)
 	t.Logf("s4 dead everywhere %v after its shutdown", took)
 	for ev := range events {
 		if ev.Member.Name == "s4" {
@@ -348,14 +362,7 @@ func TestLeave(t *testing.T) {
 	if err := servers[2].Shutdown(); err != nil {
 		t.Fatal(err)
 	}
-	took := waitFor(t, 5*time.Second, "s3 left", func() error {
-		for _, n := range servers[:2] {
-			if mb, ok := n.View().Member("s3"); !ok || mb.State != StateLeft {
-				return fmt.Errorf("%s sees s3 %v", n.Name(), mb.State)
-			}
-		}
-		return nil
-	})
+	took := waitSeenAs(t, 5*time.Second, servers[:2], "s3", StateLeft)
 	t.Logf("s3 left everywhere in %v", took)
 	if s := servers[0].View().Servers(); len(s) != 2 {
 		t.Errorf("servers after s3 left: %v", s)
