@@ -27,12 +27,19 @@ import (
 // unknown type, a type's payload with the wrong number of fields, a length
 // over its limit or over the bytes left, or bytes after the end all fail
 // with an error wrapping ErrBadMessage, before anything is allocated for
-// them. A peer that sends a bad frame is disconnected.
+// them. A peer that sends a bad frame is answered by an Error
+// (CodeBadRequest, request id 0, naming the problem) and disconnected.
 const (
 	ControlVersion = 1
 
 	// MaxFrame bounds a frame's body. A scan reply is cut to fit.
 	MaxFrame = 1 << 20
+
+	// MaxHelloFrame bounds the body of the first frame on a connection,
+	// which a server reads before the peer has authenticated: a Hello
+	// with the longest name and token fits. An unauthenticated peer so
+	// cannot make a server allocate MaxFrame per connection.
+	MaxHelloFrame = 2048
 
 	// Limits of the variable-length fields.
 	MaxControlName    = 512  // Hello.Client, HelloReply.Server
@@ -408,13 +415,20 @@ func WriteFrame(w io.Writer, id uint64, m Message) error {
 // time. The decoded message retains nothing of buf. A length over
 // MaxFrame fails before anything is allocated.
 func ReadFrame(r io.Reader, buf []byte) (id uint64, m Message, _ []byte, err error) {
+	return ReadFrameMax(r, buf, MaxFrame)
+}
+
+// ReadFrameMax is ReadFrame with a smaller bound on the body, such as
+// MaxHelloFrame; limits above MaxFrame are taken as MaxFrame.
+func ReadFrameMax(r io.Reader, buf []byte, limit int) (id uint64, m Message, _ []byte, err error) {
+	limit = min(limit, MaxFrame)
 	var hdr [4]byte
 	if _, err := io.ReadFull(r, hdr[:]); err != nil {
 		return 0, nil, buf, err
 	}
 	n := binary.BigEndian.Uint32(hdr[:])
-	if n > MaxFrame {
-		return 0, nil, buf, badMsg("frame of %d bytes, limit %d", n, MaxFrame)
+	if uint64(n) > uint64(limit) {
+		return 0, nil, buf, badMsg("frame of %d bytes, limit %d", n, limit)
 	}
 	if cap(buf) < int(n) {
 		buf = make([]byte, n)

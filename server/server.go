@@ -15,6 +15,7 @@ import (
 	"crypto/subtle"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"sync"
@@ -413,8 +414,9 @@ func (c *conn) serve() {
 		id, m, b, err := proto.ReadFrame(c.nc, buf)
 		buf = b
 		if err != nil {
-			if errors.Is(err, proto.ErrBadMessage) {
+			if badFrame(err) {
 				log.Warn("bad control frame: closing", "err", err)
+				c.refuse(err)
 			}
 			return
 		}
@@ -441,8 +443,11 @@ func (c *conn) handshake() error {
 	}
 	// Hello first: only an authenticated client gets a QP on the PD that
 	// holds the arenas.
-	id, m, _, err := proto.ReadFrame(c.nc, nil)
+	id, m, _, err := proto.ReadFrameMax(c.nc, nil, proto.MaxHelloFrame)
 	if err != nil {
+		if badFrame(err) {
+			c.refuse(err)
+		}
 		return err
 	}
 	s.handled[m.Type()].Add(1)
@@ -471,6 +476,20 @@ func (c *conn) handshake() error {
 	return nil
 }
 
+// badFrame reports whether a ReadFrame error is the peer's fault: a
+// malformed or oversized frame, or one cut off by the peer's close.
+func badFrame(err error) bool {
+	return errors.Is(err, proto.ErrBadMessage) || errors.Is(err, io.ErrUnexpectedEOF)
+}
+
+// refuse tells the peer, before it is disconnected, which of its frames was
+// refused and why: an Error with request id 0, since the frame's own id
+// could not be trusted. A peer that does not read is not waited for long.
+func (c *conn) refuse(err error) {
+	_ = c.nc.SetWriteDeadline(time.Now().Add(time.Second))
+	_ = proto.WriteFrame(c.nc, 0, &proto.Error{Code: proto.CodeBadRequest, Message: "bad frame: " + err.Error()})
+}
+
 func (c *conn) handle(m proto.Message) proto.Message {
 	s := c.s
 	ctx := context.Background()
@@ -490,7 +509,7 @@ func (c *conn) handle(m proto.Message) proto.Message {
 			return &proto.Error{Code: proto.CodeLeaseInvalid, Message: fmt.Sprintf("lease %d was not granted on this connection", m.LeaseID)}
 		}
 		if m.Offset > 1<<62 || m.Length > 1<<62 {
-			return &proto.Error{Code: proto.CodeLeaseInvalid, Message: "offset or length out of range"}
+			return &proto.Error{Code: proto.CodeLeaseInvalid, Message: fmt.Sprintf("commit of %d bytes at offset %d in lease %d: out of range", m.Length, m.Offset, m.LeaseID)}
 		}
 		r, err := s.st.Commit(ctx, m.LeaseID, int64(m.Offset), int64(m.Length))
 		if err != nil {

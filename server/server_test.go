@@ -1,91 +1,21 @@
+// Tests of the server's control path: Hello and its token, leases, commits, the handled counters.
+
 package server
 
 import (
 	"context"
 	"errors"
 	"log/slog"
-	"net"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
 
-	"github.com/rkv-io/rkv/membership"
 	"github.com/rkv-io/rkv/proto"
-	"github.com/rkv-io/rkv/rdma"
 	"github.com/rkv-io/rkv/store"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
-
-func testServer(t *testing.T, token string) *Server {
-	t.Helper()
-	s, err := New(context.Background(), Config{
-		Name:       "s1",
-		Store:      store.Options{Dir: t.TempDir(), ArenaSize: 4 << 20, ArenaCount: 2, IndexSlots: 1 << 12, LeaseSize: 256 << 10},
-		Membership: membership.Config{Tuning: membership.Tuning{ProbeInterval: 100 * time.Millisecond, GossipInterval: 20 * time.Millisecond}},
-		AuthToken:  token,
-		Logger:     slog.New(slog.DiscardHandler),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s
-}
-
-// dial opens a control connection to the server.
-func dial(t *testing.T, s *Server) net.Conn {
-	t.Helper()
-	nc, err := net.Dial("tcp", s.ControlAddr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { nc.Close() })
-	return nc
-}
-
-// connectQP connects a QP to the server over nc after a successful Hello,
-// as a client does.
-func connectQP(t *testing.T, nc net.Conn) {
-	t.Helper()
-	dev, err := rdma.Open("soft", "", rdma.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	pd, _ := dev.AllocPD()
-	cq, _ := dev.CreateCQ(8)
-	qp, err := pd.CreateQP(rdma.QPConfig{SendCQ: cq, RecvCQ: cq})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if _, err := rdma.ConnectQP(ctx, nc, qp); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		nc.Close()
-		qp.Close()
-		cq.Close()
-		pd.Close()
-		dev.Close()
-	})
-}
-
-func call(t *testing.T, nc net.Conn, id uint64, m proto.Message) proto.Message {
-	t.Helper()
-	if err := proto.WriteFrame(nc, id, m); err != nil {
-		t.Fatal(err)
-	}
-	rid, r, _, err := proto.ReadFrame(nc, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if rid != id {
-		t.Fatalf("reply id %d, want %d", rid, id)
-	}
-	return r
-}
 
 func TestServerControlPath(t *testing.T) {
 	s := testServer(t, "sesame")
@@ -156,10 +86,16 @@ func TestServerControlPath(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	// A bad frame closes the connection.
+	// A bad frame is answered with the reason, then the connection closes
+	// (server/hostile_test.go has the other hostile frames).
 	nc = dial(t, s)
 	_, _ = nc.Write([]byte{0, 0, 0, 1, 0xc1})
 	_ = nc.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, r, _, err := proto.ReadFrame(nc, nil); err != nil {
+		t.Fatalf("no answer to a bad frame: %v", err)
+	} else if e, ok := r.(*proto.Error); !ok || e.Code != proto.CodeBadRequest {
+		t.Fatalf("answer to a bad frame: %#v", r)
+	}
 	if _, err := nc.Read(make([]byte, 1)); err == nil {
 		t.Fatal("connection survived a bad frame")
 	}

@@ -1,0 +1,308 @@
+// Test helpers shared by the server's tests: servers, raw control connections, raw RDMA sessions.
+
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/rkv-io/rkv/client"
+	"github.com/rkv-io/rkv/membership"
+	"github.com/rkv-io/rkv/proto"
+	"github.com/rkv-io/rkv/rdma"
+	"github.com/rkv-io/rkv/store"
+)
+
+var fastGossip = membership.Tuning{ProbeInterval: 100 * time.Millisecond, GossipInterval: 20 * time.Millisecond}
+
+func testLogger() *slog.Logger {
+	if os.Getenv("RKV_TEST_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.DiscardHandler)
+}
+
+// newTestServer starts a small server on loopback; mod, if not nil,
+// adjusts its configuration first. The caller closes it.
+func newTestServer(t *testing.T, mod func(*Config)) *Server {
+	t.Helper()
+	cfg := Config{
+		Name:       "s1",
+		Store:      store.Options{Dir: t.TempDir(), ArenaSize: 4 << 20, ArenaCount: 2, IndexSlots: 1 << 12, LeaseSize: 256 << 10},
+		Membership: membership.Config{Tuning: fastGossip},
+		Logger:     testLogger(),
+	}
+	if mod != nil {
+		mod(&cfg)
+	}
+	s, err := New(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func testServer(t *testing.T, token string) *Server {
+	t.Helper()
+	return newTestServer(t, func(c *Config) { c.AuthToken = token })
+}
+
+// startServer is newTestServer closed at the end of the test, after
+// everything registered later (cleanups run last in, first out), with every
+// arena advertised.
+func startServer(t *testing.T, mod func(*Config)) *Server {
+	t.Helper()
+	s := newTestServer(t, mod)
+	t.Cleanup(func() {
+		if err := s.Close(); err != nil {
+			t.Errorf("closing the server: %v", err)
+		}
+	})
+	want := s.Store().Options().ArenaCount
+	waitFor(t, 20*time.Second, "arenas advertised", func() error {
+		if n := len(s.Meta().Arenas); n != want {
+			return fmt.Errorf("%d of %d arenas advertised", n, want)
+		}
+		return nil
+	})
+	return s
+}
+
+// waitFor polls cond until it returns nil, failing the test after d.
+func waitFor(t testing.TB, d time.Duration, what string, cond func() error) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		err := cond()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %v: %v", what, d, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// dial opens a control connection to the server.
+func dial(t *testing.T, s *Server) net.Conn {
+	t.Helper()
+	nc, err := net.Dial("tcp", s.ControlAddr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { nc.Close() })
+	return nc
+}
+
+// connectQP connects a QP to the server over nc after a successful Hello,
+// as a client does.
+func connectQP(t *testing.T, nc net.Conn) {
+	t.Helper()
+	newRDMASession(t, nc)
+}
+
+func call(t *testing.T, nc net.Conn, id uint64, m proto.Message) proto.Message {
+	t.Helper()
+	if err := proto.WriteFrame(nc, id, m); err != nil {
+		t.Fatal(err)
+	}
+	rid, r, _, err := proto.ReadFrame(nc, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rid != id {
+		t.Fatalf("reply id %d, want %d", rid, id)
+	}
+	return r
+}
+
+// session is a hand-driven client: a control connection past its Hello,
+// a QP connected to the server over it, and a registered buffer, so a test
+// can post any RDMA request and send any control frame.
+type session struct {
+	t   *testing.T
+	nc  net.Conn
+	dev rdma.Device
+	pd  rdma.PD
+	cq  rdma.CQ
+	qp  rdma.QP
+	mem *rdma.Memory
+	mr  rdma.MR
+	id  uint64 // the last request id used
+}
+
+// openSession dials s, says Hello with token and connects a QP.
+func openSession(t *testing.T, s *Server, token string) *session {
+	t.Helper()
+	nc := dial(t, s)
+	if r, ok := call(t, nc, 1, &proto.Hello{Client: t.Name(), Token: []byte(token)}).(*proto.HelloReply); !ok {
+		t.Fatalf("hello: %#v", r)
+	}
+	ss := newRDMASession(t, nc)
+	ss.id = 1
+	return ss
+}
+
+// newRDMASession connects a QP over nc, which has passed its Hello.
+func newRDMASession(t *testing.T, nc net.Conn) *session {
+	t.Helper()
+	ss := &session{t: t, nc: nc}
+	var err error
+	if ss.dev, err = rdma.Open("soft", "", rdma.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(ss.close)
+	if ss.pd, err = ss.dev.AllocPD(); err != nil {
+		t.Fatal(err)
+	}
+	if ss.cq, err = ss.dev.CreateCQ(16); err != nil {
+		t.Fatal(err)
+	}
+	if ss.mem, err = rdma.Alloc(1 << 16); err != nil {
+		t.Fatal(err)
+	}
+	if ss.mr, err = ss.pd.Register(ss.mem.Bytes(), rdma.AccessLocalWrite); err != nil {
+		t.Fatal(err)
+	}
+	// Short timeouts: a request the server never answers fails fast.
+	if ss.qp, err = ss.pd.CreateQP(rdma.QPConfig{SendCQ: ss.cq, RecvCQ: ss.cq, AckTimeout: time.Second, RetryCount: 1}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := rdma.ConnectQP(ctx, nc, ss.qp); err != nil {
+		t.Fatal(err)
+	}
+	return ss
+}
+
+// close releases everything; safe on a partly built session.
+func (ss *session) close() {
+	ss.nc.Close()
+	if ss.qp != nil {
+		ss.qp.Close()
+	}
+	if ss.mr != nil {
+		ss.mr.Deregister()
+	}
+	if ss.mem != nil {
+		ss.mem.Close()
+	}
+	if ss.cq != nil {
+		ss.cq.Close()
+	}
+	if ss.pd != nil {
+		ss.pd.Close()
+	}
+	ss.dev.Close()
+}
+
+// call sends one control request and returns its reply.
+func (ss *session) call(m proto.Message) proto.Message {
+	ss.t.Helper()
+	ss.id++
+	return call(ss.t, ss.nc, ss.id, m)
+}
+
+// lease asks for a write lease.
+func (ss *session) lease() *proto.LeaseReply {
+	ss.t.Helper()
+	lr, ok := ss.call(&proto.GrantLease{}).(*proto.LeaseReply)
+	if !ok {
+		ss.t.Fatalf("GrantLease: %#v", lr)
+	}
+	return lr
+}
+
+// post runs one signaled request on [off, off+n) of the buffer against
+// (raddr, rkey) and returns its completion.
+func (ss *session) post(op rdma.Opcode, off, n int, raddr uint64, rkey uint32) rdma.Completion {
+	ss.t.Helper()
+	wr := rdma.SendWR{Op: op, Flags: rdma.Signaled, SGL: []rdma.SGE{{MR: ss.mr, Offset: off, Length: n}}, RemoteAddr: raddr, RKey: rkey}
+	if err := ss.qp.PostSend([]rdma.SendWR{wr}); err != nil {
+		ss.t.Fatalf("posting %v of %d bytes to %#x rkey %#x: %v", op, n, raddr, rkey, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var wc [1]rdma.Completion
+	if _, err := ss.cq.Wait(ctx, wc[:]); err != nil {
+		ss.t.Fatalf("waiting for %v to %#x: %v", op, raddr, err)
+	}
+	return wc[0]
+}
+
+// mustPost is post that fails the test unless the request succeeds.
+func (ss *session) mustPost(op rdma.Opcode, off, n int, raddr uint64, rkey uint32) {
+	ss.t.Helper()
+	if wc := ss.post(op, off, n, raddr, rkey); wc.Status != rdma.StatusSuccess {
+		ss.t.Fatalf("%v of %d bytes at %#x rkey %#x: %v", op, n, raddr, rkey, wc.Status)
+	}
+}
+
+// writeRecord encodes a record into the buffer and RDMA_WRITEs its first
+// n bytes (all of it when n < 0) at offset off of the lease. It returns
+// the record's full size.
+func (ss *session) writeRecord(l *proto.LeaseReply, off uint64, version uint64, key, value []byte, n int) int {
+	ss.t.Helper()
+	size, err := proto.EncodeRecord(ss.mem.Bytes(), version, 0, key, value)
+	if err != nil {
+		ss.t.Fatal(err)
+	}
+	if n < 0 {
+		n = size
+	}
+	ss.mustPost(rdma.OpWrite, 0, n, l.Addr+off, l.RKey)
+	return size
+}
+
+// newClient starts a client library instance against s.
+func newClient(t *testing.T, s *Server, token string, key []byte) *client.Client {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cl, err := client.New(ctx, client.Config{
+		Seeds: []string{s.GossipAddr()}, AuthToken: token, SecretKey: key, Logger: testLogger(),
+		Membership: membership.Config{Tuning: fastGossip},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := cl.Close(); err != nil {
+			t.Errorf("closing the client: %v", err)
+		}
+	})
+	want := s.Store().Options().ArenaCount
+	waitFor(t, 20*time.Second, "the client's view of the arenas", func() error {
+		for _, m := range cl.Membership().View().Servers() {
+			if m.Meta.Index != nil && len(m.Meta.Arenas) == want {
+				return nil
+			}
+		}
+		return errors.New("no server with its index and every arena in the view")
+	})
+	return cl
+}
+
+// healthy checks that the server still serves a well-behaved client: a PUT
+// and a GET of a key named after what just happened.
+func healthy(t *testing.T, cl *client.Client, after string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	key, value := []byte("healthy/"+after), []byte("value after "+after)
+	if err := cl.Put(ctx, key, value); err != nil {
+		t.Fatalf("after %s: a well-behaved PUT failed: %v", after, err)
+	}
+	got, err := cl.Get(ctx, key)
+	if err != nil || string(got) != string(value) {
+		t.Fatalf("after %s: a well-behaved GET returned %q, %v", after, got, err)
+	}
+}
