@@ -128,7 +128,8 @@ type Client struct {
 	cacheMu sync.Mutex
 	cache   map[string]cachedLoc
 
-	reads atomic.Uint64 // RDMA_READs posted
+	reads   atomic.Uint64 // RDMA_READs posted
+	retries retryCounters // retried attempts by operation (Retries)
 }
 
 // Reads is the number of one-sided RDMA_READs the client has posted: GETs
@@ -333,6 +334,7 @@ func (c *Client) do(ctx context.Context, what string, key []byte, op func(ctx co
 			return err
 		}
 		last = err
+		c.retries.add(what)
 		c.log.Debug("retrying", "op", what, "server", m.Name, "attempt", attempt+1, "err", err)
 		if ctx.Err() != nil {
 			return c.giveUp(what, key, node, attempt+1, last, ctx.Err())
