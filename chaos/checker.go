@@ -72,9 +72,16 @@ type Result struct {
 
 // WriteVisualization writes porcupine's interactive HTML view of the
 // history (each key's partial linearizations, the point where it fails)
-// to path.
-func (r *Result) WriteVisualization(path string) error {
-	if err := porcupine.VisualizePath(registerModel, r.info, path); err != nil {
+// to path, with faults shown on a "nemesis" row.
+func (r *Result) WriteVisualization(path string, faults []Fault) error {
+	info := r.info
+	var ann []porcupine.Annotation
+	for _, f := range faults {
+		ann = append(ann, porcupine.Annotation{Tag: "nemesis", Start: int64(f.Start), End: int64(f.End),
+			Description: f.Kind + " " + f.Node, Details: f.String(), BackgroundColor: "#f4c7c3"})
+	}
+	info.AddAnnotations(ann)
+	if err := porcupine.VisualizePath(registerModel, info, path); err != nil {
 		return fmt.Errorf("chaos: writing the linearizability visualization to %s: %w", path, err)
 	}
 	return nil

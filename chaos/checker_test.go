@@ -195,7 +195,7 @@ func TestCheckNamesOnlyTheBadKey(t *testing.T) {
 		t.Fatalf("verdict %s, anomalies %v; want Illegal on key \"bad\" only", r.Linearizability, r.Anomalies)
 	}
 	path := filepath.Join(t.TempDir(), "history.html")
-	if err := r.WriteVisualization(path); err != nil {
+	if err := r.WriteVisualization(path, []Fault{{Kind: "kill", Node: "n1", Start: ms(1), End: ms(4)}}); err != nil {
 		t.Fatal(err)
 	}
 	b, err := os.ReadFile(path)
@@ -204,6 +204,9 @@ func TestCheckNamesOnlyTheBadKey(t *testing.T) {
 	}
 	if !strings.Contains(string(b), `get(bad) -\u003e 0-2`) {
 		t.Fatalf("the visualization (%d bytes) does not describe the stale read", len(b))
+	}
+	if !strings.Contains(string(b), "kill n1") {
+		t.Fatalf("the visualization (%d bytes) does not show the fault", len(b))
 	}
 }
 

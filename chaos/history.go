@@ -139,3 +139,21 @@ func (h *History) Ops() []Op {
 	defer h.mu.Unlock()
 	return append([]Op(nil), h.ops...)
 }
+
+// Fault is one fault a nemesis injected, on the history's clock.
+type Fault struct {
+	Kind   string // "kill", "pause", "partition", "netem"...
+	Node   string
+	Detail string
+	// Start is when the fault began, End when it was healed (the
+	// restarted server ready, the process continued...).
+	Start, End time.Duration
+}
+
+func (f Fault) String() string {
+	s := fmt.Sprintf("%s %s [%v, %v]", f.Kind, f.Node, f.Start.Round(time.Millisecond), f.End.Round(time.Millisecond))
+	if f.Detail != "" {
+		s += " " + f.Detail
+	}
+	return s
+}
