@@ -1,0 +1,185 @@
+// Security tests against a running server: the auth token, the handshake timeout, read-only advertised rkeys, the gossip key.
+
+package server
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rkv-io/rkv/client"
+	"github.com/rkv-io/rkv/membership"
+	"github.com/rkv-io/rkv/proto"
+	"github.com/rkv-io/rkv/rdma"
+)
+
+// wantHungUp checks that the server closed nc within d (what it sent
+// first, such as its half of the QP handshake, is skipped).
+func wantHungUp(t *testing.T, nc net.Conn, what string, d time.Duration) {
+	t.Helper()
+	_ = nc.SetReadDeadline(time.Now().Add(d))
+	n, err := io.Copy(io.Discard, io.LimitReader(nc, 1<<16))
+	var ne net.Error
+	if err == nil && n < 1<<16 {
+		return // EOF
+	}
+	if err == nil || errors.As(err, &ne) && ne.Timeout() {
+		t.Fatalf("%s: the connection is still open after %v (read %d bytes, %v)", what, d, n, err)
+	}
+}
+
+// TestAuthToken: with an AuthToken, a peer that does not present it gets
+// CodeUnauthenticated, is hung up on and never gets a QP or a lease; so
+// does a peer that skips the Hello. A peer that stalls in the handshake is
+// dropped after HandshakeTimeout.
+func TestAuthToken(t *testing.T) {
+	noLeaks(t)
+	const token, timeout = "sesame", 1500 * time.Millisecond
+	s := startServer(t, func(c *Config) { c.AuthToken, c.HandshakeTimeout = token, timeout })
+	cl := newClient(t, s, token, nil)
+	healthy(t, cl, "start")
+	granted := s.Store().Stats().LeasesGranted
+
+	for _, c := range []struct {
+		name  string
+		first proto.Message
+		want  string
+	}{
+		{"a Hello without a token", &proto.Hello{Client: "c"}, "wrong auth token"},
+		{"a Hello with a wrong token", &proto.Hello{Client: "c", Token: []byte("sesamE")}, "wrong auth token"},
+		{"a Hello with a prefix of the token", &proto.Hello{Client: "c", Token: []byte("sesam")}, "wrong auth token"},
+		// The longest Hello fits the pre-auth frame bound (MaxHelloFrame).
+		{"the longest Hello, with a wrong token", &proto.Hello{Client: strings.Repeat("c", proto.MaxControlName),
+			Token: bytes.Repeat([]byte("t"), proto.MaxControlToken)}, "wrong auth token"},
+		{"a GrantLease instead of a Hello", &proto.GrantLease{}, "the first request must be Hello"},
+	} {
+		nc := dial(t, s)
+		e, ok := call(t, nc, 1, c.first).(*proto.Error)
+		if !ok || e.Code != proto.CodeUnauthenticated || !strings.Contains(e.Message, c.want) {
+			t.Fatalf("%s: answered %#v, want an unauthenticated Error saying %q", c.name, e, c.want)
+		}
+		// The lease request that follows gets no answer: the server hung up.
+		_ = proto.WriteFrame(nc, 2, &proto.GrantLease{})
+		_ = nc.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if _, m, _, err := proto.ReadFrame(nc, nil); err == nil {
+			t.Fatalf("%s: a GrantLease after it was answered: %#v", c.name, m)
+		}
+		healthy(t, cl, c.name)
+	}
+	if n := s.Store().Stats().LeasesGranted; n != granted {
+		t.Fatalf("%d leases granted to unauthenticated peers", n-granted)
+	}
+
+	// The client library says what is wrong, for GET and PUT alike.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, tok := range []string{"", "wrong"} {
+		bad := newClient(t, s, tok, nil)
+		if err := bad.Put(ctx, []byte("k"), []byte("v")); !errors.Is(err, client.ErrUnauthenticated) || !strings.Contains(err.Error(), "wrong auth token") {
+			t.Fatalf("PUT with token %q: %v, want ErrUnauthenticated", tok, err)
+		}
+		if _, err := bad.Get(ctx, []byte("healthy/start")); !errors.Is(err, client.ErrUnauthenticated) {
+			t.Fatalf("GET with token %q: %v, want ErrUnauthenticated", tok, err)
+		}
+	}
+
+	// Stalling before the Hello, or between the Hello and the QP
+	// handshake, costs the peer its connection after HandshakeTimeout.
+	silent := dial(t, s)
+	helloOnly := dial(t, s)
+	if _, ok := call(t, helloOnly, 1, &proto.Hello{Client: "c", Token: []byte(token)}).(*proto.HelloReply); !ok {
+		t.Fatal("hello with the token refused")
+	}
+	start := time.Now()
+	wantHungUp(t, silent, "a peer silent before its Hello", 4*timeout)
+	wantHungUp(t, helloOnly, "a peer silent after its Hello", 4*timeout)
+	if took := time.Since(start); took < timeout/2 {
+		t.Fatalf("stalled peers dropped after %v, before the %v handshake timeout", took, timeout)
+	}
+	healthy(t, cl, "stalled handshakes")
+}
+
+// TestAdvertisedRKeysAreReadOnly: what a server gossips (the index and
+// every arena) carries read-only rkeys only, never a lease's write rkey,
+// and each refuses WRITE and atomics.
+func TestAdvertisedRKeysAreReadOnly(t *testing.T) {
+	noLeaks(t)
+	s := startServer(t, nil)
+	cl := newClient(t, s, "", nil)
+	ss := openSession(t, s, "")
+	var writeKeys []uint32
+	for range 3 {
+		writeKeys = append(writeKeys, ss.lease().RKey)
+	}
+	healthy(t, cl, "start") // the client holds a lease too
+
+	servers := cl.Membership().View().Servers()
+	if len(servers) != 1 {
+		t.Fatalf("the client sees %d servers", len(servers))
+	}
+	gossiped, local := servers[0].Meta, s.Meta()
+	if gossiped.Index == nil || *gossiped.Index != *local.Index || !slices.Equal(gossiped.Arenas, local.Arenas) {
+		t.Fatalf("gossiped metadata %+v differs from the server's %+v", gossiped, local)
+	}
+	type region struct {
+		name string
+		addr uint64
+		rkey uint32
+	}
+	regions := []region{{"the index", gossiped.Index.Addr, gossiped.Index.RKey}}
+	for _, a := range gossiped.Arenas {
+		regions = append(regions, region{fmt.Sprintf("arena %d", a.ID), a.Addr, a.RKey})
+	}
+	for _, r := range regions {
+		if slices.Contains(writeKeys, r.rkey) {
+			t.Fatalf("%s is advertised with a lease's write rkey %#x", r.name, r.rkey)
+		}
+		reader := openSession(t, s, "")
+		reader.mustPost(rdma.OpRead, 0, 8, r.addr, r.rkey)
+		before := bytes.Clone(reader.mem.Bytes()[:8])
+		for _, op := range []rdma.Opcode{rdma.OpWrite, rdma.OpCompareSwap, rdma.OpFetchAdd} {
+			ss := openSession(t, s, "")
+			what := fmt.Sprintf("%v on %s with its advertised rkey", op, r.name)
+			wantRemoteAccessError(t, ss, what, ss.post(op, 0, 8, r.addr, r.rkey))
+			check := openSession(t, s, "")
+			check.mustPost(rdma.OpRead, 0, 8, r.addr, r.rkey)
+			if got := check.mem.Bytes()[:8]; !bytes.Equal(got, before) {
+				t.Fatalf("%s: the bytes changed from %x to %x", what, before, got)
+			}
+		}
+	}
+	healthy(t, cl, "writes with read-only rkeys")
+}
+
+// TestGossipKey: the membership package tests that nodes without the
+// cluster's key can neither join nor see members; this checks the same
+// end to end, for a client library against a keyed server.
+func TestGossipKey(t *testing.T) {
+	noLeaks(t)
+	key := bytes.Repeat([]byte{7}, 32)
+	s := startServer(t, func(c *Config) { c.Membership.SecretKey = key })
+	if w := s.Membership().Warning(); w != "" {
+		t.Errorf("a server with a gossip key warns %q", w)
+	}
+	for _, k := range [][]byte{nil, bytes.Repeat([]byte{8}, 32)} {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		cl, err := client.New(ctx, client.Config{Seeds: []string{s.GossipAddr()}, SecretKey: k, Logger: testLogger(),
+			Membership: membership.Config{Tuning: fastGossip}})
+		cancel()
+		if err == nil {
+			_ = cl.Close()
+			t.Fatalf("a client with gossip key %x joined a cluster keyed %x", k, key)
+		}
+		if !strings.Contains(err.Error(), "joining the cluster") {
+			t.Fatalf("a client with gossip key %x: %v, want a join failure", k, err)
+		}
+	}
+	healthy(t, newClient(t, s, "", key), "clients without the gossip key")
+}
