@@ -1,0 +1,276 @@
+// Tests of the targets: each against a real server of its kind.
+
+package target
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/rkv-io/rkv/loadgen"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestEchoRoundTrips(t *testing.T) {
+	s, err := ListenEcho("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	e, err := NewEcho(ctx, EchoOptions{Addr: s.Addr(), ValueSize: 70000, Workers: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	for i := range 3 {
+		w := e.ForWorker(i)
+		// Sizes across the server's read buffer and the client's frame reuse.
+		for _, n := range []int{0, 1, 9, 300 << 10, 17} {
+			v, err := w.Get(ctx, bytes.Repeat([]byte{'k'}, n))
+			if err != nil {
+				t.Fatalf("worker %d: get with a %d-byte key: %v", i, n, err)
+			}
+			if len(v) != 70000 {
+				t.Fatalf("worker %d: get returned %d bytes, want 70000", i, len(v))
+			}
+			if err := w.Put(ctx, []byte("key"), make([]byte, n)); err != nil {
+				t.Fatalf("worker %d: put of %d bytes: %v", i, n, err)
+			}
+		}
+	}
+	if e.ForWorker(0) == e.ForWorker(1) {
+		t.Fatal("workers 0 and 1 share a connection")
+	}
+	// A request the server refuses closes the connection: the next
+	// round trip fails instead of hanging.
+	w := e.ForWorker(2).(*echoWorker)
+	if err := w.roundTrip(ctx, 'X', nil, nil, make([]byte, 1)); err == nil {
+		t.Fatal("a bad op got an answer")
+	}
+}
+
+func TestEchoDeadline(t *testing.T) {
+	s, err := ListenEcho("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	e, err := NewEcho(context.Background(), EchoOptions{Addr: s.Addr(), ValueSize: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	// Announce a payload longer than what follows: the server waits for
+	// bytes that never come, so no reply comes and the deadline ends the
+	// read.
+	w := e.ForWorker(0).(*echoWorker)
+	hdr := []byte{EchoGet, 0, 0, 0, 100, 0, 0, 0, 0}
+	if _, err := w.conn.Write(hdr); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.roundTrip(ctx, EchoGet, nil, nil, make([]byte, 12)); err == nil || !strings.Contains(err.Error(), "timeout") {
+		t.Fatalf("round trip past its deadline: %v, want a timeout", err)
+	}
+}
+
+func TestNewEchoRejectsBadOptions(t *testing.T) {
+	for _, o := range []EchoOptions{{ValueSize: 1}, {Addr: "127.0.0.1:1"}, {Addr: "127.0.0.1:1", ValueSize: echoMaxFrame + 1}} {
+		if _, err := NewEcho(context.Background(), o); err == nil {
+			t.Errorf("NewEcho(%+v) succeeded", o)
+		}
+	}
+}
+
+func needRedis(t *testing.T) {
+	t.Helper()
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		t.Skip("redis-server not installed (apt-get install redis-server)")
+	}
+}
+
+func TestRedis(t *testing.T) {
+	needRedis(t)
+	for _, durable := range []bool{false, true} {
+		t.Run(fmt.Sprintf("durable=%v", durable), func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			r, err := StartRedis(ctx, RedisOptions{Dir: t.TempDir(), Durable: durable})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() {
+				if err := r.Close(); err != nil {
+					t.Error(err)
+				}
+			}()
+			tg, err := r.NewTarget(ctx, 4)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tg.Close()
+			if _, err := tg.Get(ctx, []byte("absent")); !errors.Is(err, loadgen.ErrNotFound) {
+				t.Fatalf("get of an absent key: %v, want loadgen.ErrNotFound", err)
+			}
+			if err := tg.Put(ctx, []byte("k"), []byte("value")); err != nil {
+				t.Fatal(err)
+			}
+			if v, err := tg.Get(ctx, []byte("k")); err != nil || string(v) != "value" {
+				t.Fatalf("get: %q, %v", v, err)
+			}
+			// The persistence is what was asked for.
+			info, err := tg.c.Info(ctx, "persistence").Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := map[bool]string{false: "aof_enabled:0", true: "aof_enabled:1"}[durable]
+			if !strings.Contains(info, want) {
+				t.Fatalf("INFO persistence lacks %q:\n%s", want, info)
+			}
+			fsync, err := tg.c.ConfigGet(ctx, "appendfsync").Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if durable && fsync["appendfsync"] != "always" {
+				t.Fatalf("appendfsync = %q, want always", fsync["appendfsync"])
+			}
+			save, err := tg.c.ConfigGet(ctx, "save").Result()
+			if err != nil || save["save"] != "" {
+				t.Fatalf("save = %q (%v), want none", save["save"], err)
+			}
+		})
+	}
+}
+
+func TestRedisVersion(t *testing.T) {
+	needRedis(t)
+	v, err := RedisVersion("")
+	if err != nil || !strings.Contains(v, "v=") {
+		t.Fatalf("RedisVersion: %q, %v", v, err)
+	}
+	if _, err := RedisVersion("/nonexistent/redis-server"); err == nil {
+		t.Fatal("RedisVersion of a missing binary succeeded")
+	}
+}
+
+func TestRKVCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds rkv-server and runs a 2-process cluster")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	bin, err := BuildRKV(ctx, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := StartCluster(ctx, ClusterOptions{Servers: 2, Server: ServerOptions{
+		Binary: bin, Dir: t.TempDir(), Sync: "none", ArenaSize: 8 << 20, ArenaCount: 2, IndexSlots: 4096, LeaseSize: 1 << 20,
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := c.Close(); err != nil {
+			t.Errorf("stopping the cluster: %v", err)
+		}
+	}()
+	r, err := NewRKV(ctx, RKVOptions{Seeds: c.Seeds(), Clients: 2, Servers: 2, Arenas: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	w0, w1 := r.ForWorker(0), r.ForWorker(1)
+	if _, err := w0.Get(ctx, []byte("absent")); !errors.Is(err, loadgen.ErrNotFound) {
+		t.Fatalf("get of an absent key: %v, want loadgen.ErrNotFound", err)
+	}
+	before := r.Counters()[CounterReads]
+	for i := range 20 {
+		k := []byte(fmt.Sprintf("k%d", i))
+		if err := w0.Put(ctx, k, []byte(fmt.Sprintf("v%d", i))); err != nil {
+			t.Fatal(err)
+		}
+		if v, err := w1.Get(ctx, k); err != nil || string(v) != fmt.Sprintf("v%d", i) {
+			t.Fatalf("get %s through the other client: %q, %v", k, v, err)
+		}
+	}
+	// Every GET is one or two READs, counted across both clients.
+	if d := r.Counters()[CounterReads] - before; d < 20 || d > 40 {
+		t.Fatalf("%d READs for 20 GETs, want 20..40", d)
+	}
+	// The servers' logs carry the times the tool measures from.
+	for _, s := range c.Servers {
+		ready, err := s.WaitReady(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		reg, err := s.WaitRegistered(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st := s.Process().Started; ready.Before(st.Add(-time.Second)) || reg.Before(ready) {
+			t.Fatalf("%s: started %v, ready %v, registered %v: out of order", s.Name, st, ready, reg)
+		}
+	}
+}
+
+func TestLogLine(t *testing.T) {
+	line := `{"time":"2025-01-02T03:04:05.123456789Z","level":"INFO","msg":"arenas registered","count":4}`
+	at, ok := logLine(line, "arenas registered")
+	if !ok || at.Nanosecond() != 123456789 {
+		t.Fatalf("logLine: %v, %v", at, ok)
+	}
+	for _, l := range []string{line[:40], `{"msg":"ready"}`, `msg=arenas registered`} {
+		if _, ok := logLine(l, "arenas registered"); ok {
+			t.Errorf("logLine(%q) matched", l)
+		}
+	}
+}
+
+func TestProcessStop(t *testing.T) {
+	dir := t.TempDir()
+	p, err := StartProcess("sleeper", dir+"/log", "sh", "-c", "echo hello; exec sleep 60")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := p.WaitLog(ctx, "hello", func(l string) bool { return l == "hello" }); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Stop(5 * time.Second); err != nil {
+		t.Fatalf("stopping with SIGTERM: %v", err)
+	}
+	// A process ignoring SIGTERM is killed, and that is an error.
+	p, err = StartProcess("stubborn", dir+"/log2", "sh", "-c", "trap '' TERM; echo up; sleep 60")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.WaitLog(ctx, "up", func(l string) bool { return l == "up" }); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Stop(200 * time.Millisecond); err == nil {
+		t.Fatal("stopping a process that ignores SIGTERM reported success")
+	}
+	// A failing exit is reported, and WaitLog notices the exit.
+	p, err = StartProcess("failing", dir+"/log3", "sh", "-c", "echo bye; exit 3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.WaitLog(ctx, "never", func(string) bool { return false }); err == nil {
+		t.Fatal("WaitLog on an exited process succeeded")
+	}
+	if err := p.Stop(time.Second); err == nil || !strings.Contains(err.Error(), "bye") {
+		t.Fatalf("Stop of a failed process: %v, want its exit status and log", err)
+	}
+}
