@@ -29,6 +29,7 @@ type pendingCommit struct {
 	delete  bool
 	entry   entry
 	arena   *arena // where the record lies; nil for a delete
+	rec     []byte // the verified record, to journal
 	result  error
 	oldLoc  proto.Location
 	removed bool
@@ -66,6 +67,11 @@ func (s *Store) prepareCommit(id uint64, off, length int64) (*pendingCommit, err
 	a := l.region.arena
 	at := l.region.offset + off
 	rec := a.mem.Bytes()[at : at+length]
+	if s.journaled() {
+		// Verify and journal one snapshot: the client can still write to
+		// its lease.
+		rec = append([]byte(nil), rec...)
+	}
 	r, err := proto.VerifyRecord(rec, nil, 0)
 	switch {
 	case err != nil:
@@ -86,6 +92,7 @@ func (s *Store) prepareCommit(id uint64, off, length int64) (*pendingCommit, err
 		key:   append([]byte(nil), r.Key...),
 		entry: entry{loc: proto.Location{Arena: a.id, Offset: uint64(at), Length: uint32(length)}, version: r.Version},
 		arena: a,
+		rec:   rec,
 		done:  make(chan struct{}),
 	}, nil
 }
@@ -169,21 +176,9 @@ func (s *Store) apply(batch []*pendingCommit) {
 				ErrIndexFull, s.index.LoadFactor(), MaxIndexLoad, s.index.Len(), s.opts.IndexSlots)
 		}
 	}
-	if s.opts.Sync == SyncAlways {
-		synced := map[*arena]bool{}
-		for _, c := range batch {
-			if c.result != nil || c.arena == nil || synced[c.arena] {
-				continue
-			}
-			if err := c.arena.sync(); err != nil {
-				fail(err)
-				return
-			}
-			synced[c.arena] = true
-		}
-	}
 	b := s.db.NewBatch()
 	defer b.Close()
+	seq, journaled := s.journalNext.Load(), int64(0)
 	for _, c := range batch {
 		var err error
 		switch {
@@ -193,6 +188,11 @@ func (s *Store) apply(batch []*pendingCommit) {
 			err = b.Delete(dataKey(c.key), nil)
 		default:
 			err = b.Set(dataKey(c.key), c.entry.encode(), nil)
+			if err == nil && s.journaled() {
+				err = b.Set(journalKey(seq), journalEntry(c.entry.loc, c.rec), nil)
+				seq++
+				journaled += int64(len(c.rec))
+			}
 		}
 		if err != nil {
 			fail(err)
@@ -208,6 +208,13 @@ func (s *Store) apply(batch []*pendingCommit) {
 		return
 	}
 	synced := time.Since(start)
+	s.journalNext.Store(seq)
+	if s.journalBytes.Add(journaled) >= s.opts.CheckpointBytes {
+		select {
+		case s.journalFull <- struct{}{}:
+		default:
+		}
+	}
 	for _, c := range batch {
 		if c.result == nil {
 			c.result = s.publish(c)
@@ -261,8 +268,8 @@ func (s *Store) publish(c *pendingCommit) error {
 	return nil
 }
 
-// syncLoop is SyncBatch's background sync: every window, the arenas'
-// dirty pages and Pebble's WAL reach the disk.
+// syncLoop is SyncBatch's background sync: every window, Pebble's WAL,
+// and with it the journaled records, reach the disk.
 func (s *Store) syncLoop() {
 	defer s.wg.Done()
 	t := time.NewTicker(s.opts.SyncWindow)
@@ -270,11 +277,6 @@ func (s *Store) syncLoop() {
 	for {
 		select {
 		case <-t.C:
-			for _, a := range s.arenas {
-				if err := a.sync(); err != nil {
-					s.log.Error("syncing arena", "arena", a.id, "err", err)
-				}
-			}
 			if err := s.db.LogData(nil, pebble.Sync); err != nil {
 				s.log.Error("syncing the Pebble WAL", "err", err)
 			}

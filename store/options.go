@@ -16,8 +16,10 @@ type SyncPolicy int
 
 const (
 	// SyncAlways makes the record's bytes and the index entry durable
-	// (msync and fsync) before a commit is acknowledged. Concurrent
-	// commits share one sync (group commit). The default.
+	// before a commit is acknowledged: both go into one Pebble batch (the
+	// record into a journal the arenas are checkpointed from), and
+	// concurrent commits share its one WAL sync (group commit). The
+	// default.
 	SyncAlways SyncPolicy = iota
 	// SyncBatch acknowledges at once and syncs every SyncWindow: a crash
 	// may lose the last window of acknowledged writes.
@@ -80,6 +82,14 @@ type Options struct {
 	Sync SyncPolicy
 	// SyncWindow is SyncBatch's interval. Default 10ms.
 	SyncWindow time.Duration
+	// CheckpointInterval and CheckpointBytes say how often the journal
+	// of SyncAlways and SyncBatch is written back to the arenas (one
+	// fdatasync each) and trimmed: every interval, or as soon as that
+	// many record bytes were journaled. They bound the journal, and so
+	// Pebble's memtables and the replay at the next start. Defaults 1s and
+	// 16 MiB.
+	CheckpointInterval time.Duration
+	CheckpointBytes    int64
 	// Logger receives the store's logs. Default slog.Default().
 	Logger *slog.Logger
 }
@@ -118,6 +128,12 @@ func (o Options) withDefaults() (Options, error) {
 	if o.SyncWindow == 0 {
 		o.SyncWindow = 10 * time.Millisecond
 	}
+	if o.CheckpointInterval == 0 {
+		o.CheckpointInterval = time.Second
+	}
+	if o.CheckpointBytes == 0 {
+		o.CheckpointBytes = 16 << 20
+	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
@@ -132,6 +148,8 @@ func (o Options) withDefaults() (Options, error) {
 		return o, fmt.Errorf("store: MaxKeyLen %d: must be 1 to %d", o.MaxKeyLen, proto.MaxKeyLen)
 	case o.MaxValueLen < 0 || proto.RecordSize(o.MaxKeyLen, o.MaxValueLen) > int(o.LeaseSize):
 		return o, fmt.Errorf("store: MaxValueLen %d with MaxKeyLen %d does not fit a %d-byte lease", o.MaxValueLen, o.MaxKeyLen, o.LeaseSize)
+	case o.CheckpointInterval < 0 || o.CheckpointBytes < 0:
+		return o, fmt.Errorf("store: CheckpointInterval %v, CheckpointBytes %d: must not be negative", o.CheckpointInterval, o.CheckpointBytes)
 	case o.Sync < SyncAlways || o.Sync > SyncNone:
 		return o, fmt.Errorf("store: unknown sync policy %d", o.Sync)
 	}

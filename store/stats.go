@@ -17,6 +17,7 @@ type statsCounters struct {
 	syncNanos       atomic.Uint64 // summed duration of batches' sync + write
 	leasesGranted   atomic.Uint64
 	leasesExpired   atomic.Uint64
+	checkpoints     atomic.Uint64
 }
 
 func (c *statsCounters) observeBatch(n int, took time.Duration) {
@@ -36,6 +37,7 @@ type Stats struct {
 	LeasesActive    int
 	LeasesGranted   uint64
 	LeasesExpired   uint64
+	Checkpoints     uint64 // journal write-backs to the arenas
 	IndexLoad       float64
 	IndexMoves      uint64
 	Arenas          []ArenaStats
@@ -57,7 +59,8 @@ func (s *Store) Stats() Stats {
 		CommitsRejected: s.stats.commitsRejected.Load(), Batches: s.stats.batches.Load(),
 		SyncTime:      time.Duration(s.stats.syncNanos.Load()),
 		LeasesGranted: s.stats.leasesGranted.Load(), LeasesExpired: s.stats.leasesExpired.Load(),
-		IndexLoad: s.index.LoadFactor(), IndexMoves: s.index.Moves(),
+		Checkpoints: s.stats.checkpoints.Load(),
+		IndexLoad:   s.index.LoadFactor(), IndexMoves: s.index.Moves(),
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()

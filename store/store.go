@@ -20,6 +20,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -66,8 +67,13 @@ type Store struct {
 	pool        []*leaseRegion // registered ahead of demand
 
 	commits chan *pendingCommit
-	stop    chan struct{}
-	wg      sync.WaitGroup
+	// The journal: entries below journalNext are committed; journalBytes
+	// were journaled since the last checkpoint; journalFull asks for one.
+	journalNext  atomic.Uint64
+	journalBytes atomic.Int64
+	journalFull  chan struct{}
+	stop         chan struct{}
+	wg           sync.WaitGroup
 
 	stats statsCounters
 }
@@ -85,10 +91,11 @@ func Open(ctx context.Context, pd rdma.PD, registrar *rdma.Registrar, opts Optio
 	}
 	s = &Store{
 		opts: opts, log: opts.Logger, pd: pd, registrar: registrar,
-		leases:  map[uint64]*lease{},
-		ready:   make(chan ArenaInfo, opts.ArenaCount),
-		commits: make(chan *pendingCommit, 1024),
-		stop:    make(chan struct{}),
+		leases:      map[uint64]*lease{},
+		ready:       make(chan ArenaInfo, opts.ArenaCount),
+		commits:     make(chan *pendingCommit, 1024),
+		journalFull: make(chan struct{}, 1),
+		stop:        make(chan struct{}),
 	}
 	defer func() {
 		if err != nil {
@@ -116,6 +123,10 @@ func Open(ctx context.Context, pd rdma.PD, registrar *rdma.Registrar, opts Optio
 	if s.index, err = NewIndex(s.indexMem.Bytes(), geo, s.keyAt, opts.IndexGrace); err != nil {
 		return nil, err
 	}
+	replayed, err := s.replayJournal()
+	if err != nil {
+		return nil, err
+	}
 	keys, err := s.rebuild()
 	if err != nil {
 		return nil, err
@@ -129,9 +140,13 @@ func Open(ctx context.Context, pd rdma.PD, registrar *rdma.Registrar, opts Optio
 		go s.announce(a)
 	}
 	s.log.Info("store opened", "dir", opts.Dir, "keys", keys, "arenas", opts.ArenaCount, "arena_bytes", opts.ArenaSize,
-		"generation", s.generation, "sync", opts.Sync, "took", time.Since(start))
+		"generation", s.generation, "sync", opts.Sync, "journal_replayed", replayed, "took", time.Since(start))
 	s.wg.Add(1)
 	go s.commitLoop()
+	if s.journaled() {
+		s.wg.Add(1)
+		go s.checkpointLoop()
+	}
 	if opts.Sync == SyncBatch {
 		s.wg.Add(1)
 		go s.syncLoop()
@@ -225,7 +240,11 @@ func (s *Store) Get(key []byte) ([]byte, error) {
 
 // Close stops taking commits, finishes the queued ones, deregisters the
 // arenas and the index, and closes Pebble. The Registrar stays open.
-func (s *Store) Close() error {
+func (s *Store) Close() error { return s.close(true) }
+
+// close is Close; without checkpoint it leaves the journal as a crash
+// would (tests).
+func (s *Store) close(checkpoint bool) error {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -239,13 +258,22 @@ func (s *Store) Close() error {
 	s.mu.Unlock()
 	close(s.stop)
 	s.wg.Wait()
+	var errs []error
+	if checkpoint && s.journaled() {
+		// A clean stop leaves nothing to replay.
+		errs = append(errs, s.checkpoint(s.journalNext.Load(), pebble.Sync))
+	}
+	s.release(leases, pool)
+	return errors.Join(append(errs, s.closeResources())...)
+}
+
+func (s *Store) release(leases map[uint64]*lease, pool []*leaseRegion) {
 	for _, l := range leases {
 		l.region.release()
 	}
 	for _, r := range pool {
 		r.release()
 	}
-	return s.closeResources()
 }
 
 func (s *Store) closeResources() error {
