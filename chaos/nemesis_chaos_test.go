@@ -96,22 +96,22 @@ func (nm *nemesis) inject(ctx context.Context, kind string, n *node, d time.Dura
 		if err = c.kill(n); err != nil {
 			return Fault{}, err
 		}
-		f.Detail = fmt.Sprintf("down %v", d.Round(time.Millisecond))
 		hold(ctx, d)
+		f.Detail = fmt.Sprintf("down %v", (nm.h.Now() - f.Start).Round(time.Millisecond))
 		err = c.restart(n)
 	case faultPause:
 		if err = c.pause(n); err != nil {
 			return Fault{}, err
 		}
-		f.Detail = fmt.Sprintf("stopped %v", d.Round(time.Millisecond))
 		hold(ctx, d)
+		f.Detail = fmt.Sprintf("stopped %v", (nm.h.Now() - f.Start).Round(time.Millisecond))
 		err = c.resume(n)
 	case faultPartition:
 		if err = c.net.isolate(n.idx); err != nil {
 			return Fault{}, fmt.Errorf("isolating %s: %w", n.name, err)
 		}
-		f.Detail = fmt.Sprintf("isolated %v", d.Round(time.Millisecond))
 		hold(ctx, d)
+		f.Detail = fmt.Sprintf("isolated %v", (nm.h.Now() - f.Start).Round(time.Millisecond))
 		err = c.net.heal(n.idx)
 	case faultNetem:
 		delay := between(nm.rng, 5*time.Millisecond, 100*time.Millisecond)
@@ -119,8 +119,8 @@ func (nm *nemesis) inject(ctx context.Context, kind string, n *node, d time.Dura
 		if err = c.net.slow(n.idx, delay, delay/2, loss); err != nil {
 			return Fault{}, fmt.Errorf("slowing %s: %w", n.name, err)
 		}
-		f.Detail = fmt.Sprintf("delay %v±%v loss %.0f%% for %v", delay, delay/2, loss, d.Round(time.Millisecond))
 		hold(ctx, d)
+		f.Detail = fmt.Sprintf("delay %v±%v loss %.0f%% for %v", delay, delay/2, loss, (nm.h.Now() - f.Start).Round(time.Millisecond))
 		err = c.net.unslow(n.idx)
 	default:
 		return Fault{}, fmt.Errorf("unknown fault kind %q", kind)

@@ -30,6 +30,8 @@ type network interface {
 	// sends or receives; unslow undoes it.
 	slow(i int, delay, jitter time.Duration, lossPercent float64) error
 	unslow(i int) error
+	// faultKinds is the network faults it can inject.
+	faultKinds() []string
 	// close removes what the network created.
 	close() error
 }
@@ -48,6 +50,7 @@ func (loopback) isolate(int) error                                     { return 
 func (loopback) heal(int) error                                        { return nil }
 func (loopback) unslow(int) error                                      { return nil }
 func (loopback) close() error                                          { return nil }
+func (loopback) faultKinds() []string                                  { return nil }
 func (loopback) slow(int, time.Duration, time.Duration, float64) error { return errNoNetFaults }
 func (loopback) command(_ int, path string, args ...string) *exec.Cmd {
 	return exec.Command(path, args...)
