@@ -31,7 +31,8 @@ var ErrNotFound = errors.New("loadgen: key not found")
 // "wrong-value".
 var ErrWrongValue = errors.New("loadgen: wrong value")
 
-// Target is the store under test. Its methods are called concurrently
+// Target is the store under test. Run wraps the errors its methods
+// return with the operation and key ("get bench/12: ..."). Its methods are called concurrently
 // from Options.Concurrency goroutines; each call may block until ctx
 // ends. The key and value slices belong to the caller and are not
 // modified; a Target must not retain them after returning (loadgen
@@ -190,6 +191,9 @@ type Result struct {
 	// over successful operations only.
 	Latency map[string]Latency `json:"latency"`
 	CDF     map[string][]Point `json:"cdf"`
+	// Failed counts failed operations by operation kind ("get", "put",
+	// "multiget"): with Latency[kind].Count, every operation of the kind.
+	Failed map[string]int64 `json:"failed"`
 	// Errors counts failed operations by kind of error (Options.Classify):
 	// "timeout", "notfound", "wrong-value", "other", or the Target's own.
 	Errors map[string]int64 `json:"errors"`

@@ -314,8 +314,11 @@ func TestErrorsClassifiedByKind(t *testing.T) {
 	if !strings.Contains(r.ErrorSamples[ErrKindOther], "boom") {
 		t.Fatalf("sample %q", r.ErrorSamples[ErrKindOther])
 	}
-	if r.Latency[KindGet].Count != 0 {
-		t.Fatalf("failed operations in the latency histogram: %+v", r.Latency[KindGet])
+	if r.Latency[KindGet].Count != 0 || r.Failed[KindGet] != 3000 {
+		t.Fatalf("failed operations in the latency histogram: %+v, failed %v", r.Latency[KindGet], r.Failed)
+	}
+	if !strings.HasPrefix(r.ErrorSamples[ErrKindNotFound], "get bench/") {
+		t.Fatalf("the error does not name the key: %q", r.ErrorSamples[ErrKindNotFound])
 	}
 
 	// A custom classifier, and a run with some successes is no error.

@@ -132,6 +132,7 @@ type worker struct {
 	hist      [numOps]*hdrhistogram.Histogram
 	errKinds  map[string]int64
 	errSample map[string]string
+	failedOps [numOps]int64
 
 	_ [64]byte // keep the next worker's counters off this cache line
 }
@@ -214,14 +215,17 @@ func (w *worker) op(ctx context.Context) (int, time.Duration, error) {
 		start = time.Now()
 		var v []byte
 		if v, err = w.t.Get(ctx, w.key); err == nil && w.o.Verify {
-			if err = checkValue(v, k, w.o.ValueSize); err != nil {
-				err = fmt.Errorf("get %s: %w", w.key, err)
-			}
+			err = checkValue(v, k, w.o.ValueSize)
+		}
+		if err != nil {
+			err = fmt.Errorf("get %s: %w", w.key, err)
 		}
 	case opPut:
 		w.prepPut(w.keys.next(w.rng))
 		start = time.Now()
-		err = w.t.Put(ctx, w.key, w.val)
+		if err = w.t.Put(ctx, w.key, w.val); err != nil {
+			err = fmt.Errorf("put %s: %w", w.key, err)
+		}
 	case opMultiGet:
 		for j := range w.batch {
 			w.batchIx[j] = w.keys.next(w.rng)
@@ -231,6 +235,8 @@ func (w *worker) op(ctx context.Context) (int, time.Duration, error) {
 		var vs [][]byte
 		if vs, err = w.mg.MultiGet(ctx, w.batch); err == nil {
 			err = w.checkBatch(vs)
+		} else {
+			err = fmt.Errorf("multiget of %d keys from %s: %w", len(w.batch), w.batch[0], err)
 		}
 	}
 	w.last = time.Now()
@@ -256,11 +262,12 @@ func (w *worker) checkBatch(vs [][]byte) error {
 	return nil
 }
 
-func (w *worker) failed(err error) {
+func (w *worker) failed(kind int, err error) {
 	w.errs.Add(1)
 	if !w.measure {
 		return
 	}
+	w.failedOps[kind]++
 	k := w.o.Classify(err)
 	if w.errKinds[k] == 0 {
 		w.errSample[k] = err.Error()
@@ -427,7 +434,7 @@ func Run(ctx context.Context, t Target, o Options) (Result, error) {
 		}
 		w.done.Add(1)
 		if err != nil {
-			w.failed(err)
+			w.failed(kind, err)
 		} else if w.measure {
 			w.hist[kind].RecordValue(min(int64(lat), histMax))
 		}
@@ -481,7 +488,7 @@ func result(o *Options, ws []*worker, start time.Time, el time.Duration) Result 
 	r := Result{
 		Workload: o.Workload.Name, Options: *o, Start: start, Seconds: el.Seconds(),
 		Latency: map[string]Latency{}, CDF: map[string][]Point{},
-		Errors: map[string]int64{}, ErrorSamples: map[string]string{}, Extra: map[string]float64{},
+		Failed: map[string]int64{}, Errors: map[string]int64{}, ErrorSamples: map[string]string{}, Extra: map[string]float64{},
 	}
 	all := newHist()
 	for k := range numOps {
@@ -506,6 +513,11 @@ func result(o *Options, ws []*worker, start time.Time, el time.Duration) Result 
 	r.CDF[KindAll] = cdf(all)
 	for _, w := range ws {
 		r.Ops += w.done.Load()
+		for k, n := range w.failedOps {
+			if n > 0 {
+				r.Failed[opKinds[k]] += n
+			}
+		}
 		for k, n := range w.errKinds {
 			if r.Errors[k] == 0 {
 				r.ErrorSamples[k] = w.errSample[k]

@@ -1,137 +1,447 @@
+// The bench command: a YCSB-style workload against the cluster, driven and measured by loadgen.
 package main
 
 import (
-	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"io"
+	"os"
+	"os/signal"
 	"slices"
-	"sync"
+	"strings"
+	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
+
+	"github.com/rkv-io/rkv/client"
+	"github.com/rkv-io/rkv/loadgen"
 )
 
-type benchResult struct {
-	Op      string  `json:"op"`
-	Ops     int     `json:"ops"`
-	Seconds float64 `json:"seconds"`
-	OpsPerS float64 `json:"ops_per_second"`
-	P50     string  `json:"p50"`
-	P99     string  `json:"p99"`
-	Max     string  `json:"max"`
+// benchFlags are the bench command's flags.
+type benchFlags struct {
+	workload     string
+	keys         int
+	valueSize    int
+	prefix       string
+	distribution string
+	theta        float64
+	batch        int
+	concurrency  int
+	duration     time.Duration
+	ops          int
+	warmup       time.Duration
+	load, noLoad bool
+	verify       bool
+	seed         int64
+	clients      int
+	quiet        bool
+}
+
+// options checks the flags and turns them into loadgen options.
+func (f *benchFlags) options(timeout time.Duration) (loadgen.Options, error) {
+	w, ok := loadgen.Workloads[f.workload]
+	if !ok {
+		return loadgen.Options{}, fmt.Errorf("--workload %q: want a, b, c, put or multiget", f.workload)
+	}
+	switch {
+	case f.keys < 1:
+		return loadgen.Options{}, fmt.Errorf("--keys %d: must be at least 1", f.keys)
+	case f.valueSize < 1:
+		return loadgen.Options{}, fmt.Errorf("--value-size %d: must be at least 1", f.valueSize)
+	case f.prefix == "":
+		return loadgen.Options{}, errors.New("--prefix: must not be empty")
+	case f.distribution != loadgen.Uniform && f.distribution != loadgen.Zipfian:
+		return loadgen.Options{}, fmt.Errorf("--distribution %q: want uniform or zipfian", f.distribution)
+	case !(f.theta > 0 && f.theta < 1):
+		return loadgen.Options{}, fmt.Errorf("--theta %v: must be in (0, 1)", f.theta)
+	case f.batch < 1:
+		return loadgen.Options{}, fmt.Errorf("--batch %d: must be at least 1", f.batch)
+	case f.concurrency < 1:
+		return loadgen.Options{}, fmt.Errorf("--concurrency %d: must be at least 1", f.concurrency)
+	case f.clients < 1 || f.clients > f.concurrency:
+		return loadgen.Options{}, fmt.Errorf("--clients %d: must be between 1 and --concurrency (%d)", f.clients, f.concurrency)
+	case f.ops < 0:
+		return loadgen.Options{}, fmt.Errorf("--ops %d: must not be negative", f.ops)
+	case f.ops == 0 && f.duration <= 0:
+		return loadgen.Options{}, fmt.Errorf("--duration %v: must be positive (or give --ops)", f.duration)
+	case f.warmup < 0:
+		return loadgen.Options{}, fmt.Errorf("--warmup %v: must not be negative", f.warmup)
+	}
+	o := loadgen.Options{
+		Workload: w, Keys: f.keys, KeyPrefix: f.prefix, ValueSize: f.valueSize,
+		Distribution: f.distribution, Theta: f.theta, BatchSize: f.batch, Concurrency: f.concurrency,
+		Duration: f.duration, Ops: f.ops, Warmup: f.warmup, Timeout: timeout, Verify: f.verify, Seed: f.seed,
+		Classify: benchClassify,
+	}
+	if o.Ops > 0 {
+		o.Duration = 0 // not used: keep it out of the report
+	}
+	return o, nil
 }
 
 func benchCmd(g *globals) *cobra.Command {
-	var ops, valueSize, conc int
-	var prefix string
+	f := &benchFlags{}
 	cmd := &cobra.Command{
-		Use:   "bench [--ops N] [--value-size S] [--concurrency C]",
-		Short: "a small put-then-get load: ops/s and p50/p99 latency per operation",
-		Long: `bench puts N keys (PREFIX0 .. PREFIX<N-1>) of S bytes each, then gets them
-all back one-sidedly and checks every value, from C goroutines of one client.
-Each operation is bounded by --timeout. The keys are left in place.`,
+		Use:   "bench [--workload a|b|c|put|multiget] [--keys N] [--value-size S] [--duration D | --ops N] ...",
+		Short: "a YCSB-style workload: throughput, latency percentiles and errors per operation",
+		Long: `bench loads keys PREFIX0 .. PREFIX<keys-1> (unless --no-load), then drives a
+workload from --concurrency goroutines, each with one request in flight,
+spread over --clients clients, for --duration or --ops operations (after an
+unmeasured --warmup). Workloads (YCSB's core mixes):
+  a         50% get, 50% put
+  b         95% get, 5% put
+  c         100% get (the default)
+  put       100% put
+  multiget  100% MultiGet of --batch keys
+Keys are drawn uniformly or from a zipfian law (--theta; the hot keys are
+scattered over the key space). Values encode their key and a version:
+--verify checks every value read, and then any wrong or missing value fails
+the command (exit 4) after the report. Other errors are counted by kind
+(timeout, notfound, unavailable, ...) and the run goes on; a run where every
+operation failed exits 3 if they were all "unavailable", else 4.
+Each operation is bounded by --timeout. The keys are left in place.
+
+The report gives, per operation kind, the throughput and p50/p90/p99/p99.9/
+max latency; the errors by kind; the client's RDMA READs per key read (GETs
+and MultiGet keys) and its retries by operation. --output json prints the
+whole result, with a latency CDF per kind (durations in nanoseconds).`,
+		Example: `  rkv-client bench                                    # workload c, 10s, 1000 keys of 128 bytes
+  rkv-client bench --workload a --distribution uniform --duration 30s --concurrency 32 --clients 4
+  rkv-client bench --workload c --verify --keys 1000 --ops 1000    # put every key, get them back, check
+  rkv-client bench --workload multiget --batch 32 --no-load --output json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if ops < 1 || valueSize < 0 || conc < 1 {
-				return fmt.Errorf("--ops, --concurrency must be at least 1 and --value-size at least 0")
-			}
-			c, err := g.connect(cmd)
+			o, err := f.options(g.timeout)
 			if err != nil {
-				return err
+				return &exitError{exitUsage, err}
 			}
-			defer c.Close()
-			key := func(i int) []byte { return fmt.Appendf(nil, "%s%d", prefix, i) }
-			value := func(i int) []byte {
-				v := bytes.Repeat([]byte{byte('a' + i%26)}, valueSize)
-				if valueSize >= 8 {
-					copy(v, fmt.Appendf(nil, "%08d", i%100000000))
+			if f.noLoad {
+				if cmd.Flags().Changed("load") && f.load {
+					return &exitError{exitUsage, errors.New("--load and --no-load: give one")}
 				}
-				return v
+				f.load = false
 			}
-			var results []benchResult
-			for _, op := range []string{"put", "get"} {
-				r, err := runBench(cmd.Context(), op, ops, conc, g.timeout, func(ctx context.Context, i int) error {
-					if op == "put" {
-						return c.Put(ctx, key(i), value(i))
-					}
-					v, err := c.Get(ctx, key(i))
-					if err != nil {
-						return err
-					}
-					if !bytes.Equal(v, value(i)) {
-						return fmt.Errorf("get %s: wrong value (%d bytes, want %d)", key(i), len(v), valueSize)
-					}
-					return nil
-				})
-				if err != nil {
-					return classify(fmt.Errorf("bench %s: %w", op, err))
-				}
-				results = append(results, r)
-			}
-			out := cmd.OutOrStdout()
-			if g.output == "json" {
-				return writeJSON(out, results)
-			}
-			for _, r := range results {
-				fmt.Fprintf(out, "%-3s %6d ops of %d bytes in %.2fs: %8.0f ops/s  p50 %-10s p99 %-10s max %s\n",
-					r.Op, r.Ops, valueSize, r.Seconds, r.OpsPerS, r.P50, r.P99, r.Max)
-			}
-			return nil
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt)
+			defer stop()
+			return runBench(ctx, cmd, g, f, o)
 		},
 	}
-	f := cmd.Flags()
-	f.IntVar(&ops, "ops", 1000, "operations of each kind")
-	f.IntVar(&valueSize, "value-size", 100, "value size in bytes")
-	f.IntVar(&conc, "concurrency", 1, "goroutines issuing operations")
-	f.StringVar(&prefix, "prefix", "bench/", "key prefix")
+	fl := cmd.Flags()
+	fl.StringVar(&f.workload, "workload", "c", "operation mix: a (50% get, 50% put), b (95/5), c (all gets), put, multiget")
+	fl.IntVar(&f.keys, "keys", 1000, "key space: PREFIX0 .. PREFIX<keys-1>")
+	fl.IntVar(&f.valueSize, "value-size", 128, "value size in bytes (--verify checks versions from 24 bytes)")
+	fl.StringVar(&f.prefix, "prefix", "bench/", "key prefix")
+	fl.StringVar(&f.distribution, "distribution", "zipfian", "key choice: uniform or zipfian")
+	fl.Float64Var(&f.theta, "theta", 0.99, "zipfian skew, in (0, 1)")
+	fl.IntVar(&f.batch, "batch", 16, "keys per MultiGet")
+	fl.IntVar(&f.concurrency, "concurrency", 16, "goroutines, each with one request in flight")
+	fl.DurationVar(&f.duration, "duration", 10*time.Second, "length of the measured phase")
+	fl.IntVar(&f.ops, "ops", 0, "operations in the measured phase (instead of --duration)")
+	fl.DurationVar(&f.warmup, "warmup", 0, "unmeasured phase before the measured one")
+	fl.BoolVar(&f.load, "load", true, "put every key before the run")
+	fl.BoolVar(&f.noLoad, "no-load", false, "skip the load: the keys are already there (or a put workload)")
+	fl.BoolVar(&f.verify, "verify", false, "check every value read; a wrong or missing value fails the command")
+	fl.Int64Var(&f.seed, "seed", 0, "random seed (0: a new one, shown in the report)")
+	fl.IntVar(&f.clients, "clients", 1, "separate clients the goroutines are spread over")
+	fl.BoolVarP(&f.quiet, "quiet", "q", false, "no progress on stderr")
 	return cmd
 }
 
-func runBench(ctx context.Context, op string, n, conc int, timeout time.Duration, do func(context.Context, int) error) (benchResult, error) {
-	lat := make([]time.Duration, n)
-	var (
-		mu    sync.Mutex
-		first error
-		wg    sync.WaitGroup
-	)
-	next := make(chan int)
-	start := time.Now()
-	for range conc {
-		wg.Go(func() {
-			for i := range next {
-				octx, cancel := context.WithTimeout(ctx, timeout)
-				t := time.Now()
-				err := do(octx, i)
-				lat[i] = time.Since(t)
-				cancel()
-				if err != nil {
-					mu.Lock()
-					if first == nil {
-						first = err
-					}
-					mu.Unlock()
-				}
-			}
-		})
-	}
-	for i := range n {
-		mu.Lock()
-		failed := first != nil
-		mu.Unlock()
-		if failed {
-			break
+// runBench connects the clients, loads, runs and reports.
+func runBench(ctx context.Context, cmd *cobra.Command, g *globals, f *benchFlags, o loadgen.Options) error {
+	t := &rkvTarget{}
+	defer t.close()
+	for range f.clients {
+		c, err := g.connect(cmd)
+		if err != nil {
+			return err
 		}
-		next <- i
+		t.clients = append(t.clients, c)
 	}
-	close(next)
-	wg.Wait()
-	if first != nil {
-		return benchResult{}, first
+	var prog *progress
+	if !f.quiet {
+		prog = newProgress(cmd.ErrOrStderr())
+		o.Progress = prog.show
 	}
-	el := time.Since(start)
-	slices.Sort(lat)
-	q := func(p float64) string {
-		return lat[min(len(lat)-1, int(float64(len(lat))*p))].Round(time.Microsecond).String()
+	var loadSecs float64
+	if f.load {
+		start := time.Now()
+		if err := loadgen.Load(ctx, t, o); err != nil {
+			return classify(fmt.Errorf("bench: loading %d keys: %w", o.Keys, err))
+		}
+		loadSecs = time.Since(start).Seconds()
 	}
-	return benchResult{Op: op, Ops: n, Seconds: el.Seconds(), OpsPerS: float64(n) / el.Seconds(), P50: q(0.50), P99: q(0.99), Max: lat[len(lat)-1].Round(time.Microsecond).String()}, nil
+	res, runErr := loadgen.Run(ctx, t, o)
+	if runErr != nil && res.Ops == 0 {
+		return classify(fmt.Errorf("bench: %w", runErr))
+	}
+	if f.load {
+		res.Extra["load_seconds"] = loadSecs
+		res.Extra["load_keys_per_s"] = float64(o.Keys) / loadSecs
+	}
+	gets := res.Latency[loadgen.KindGet].Count + res.Failed[loadgen.KindGet]
+	multigets := res.Latency[loadgen.KindMultiGet].Count + res.Failed[loadgen.KindMultiGet]
+	keysRead := float64(gets + multigets*int64(o.BatchSize))
+	if keysRead > 0 {
+		res.Extra["rdma_reads_per_get"] = res.Extra["rdma_reads"] / keysRead
+	}
+	out := cmd.OutOrStdout()
+	if g.output == "json" {
+		if err := writeJSON(out, res); err != nil {
+			return err
+		}
+	} else if err := writeBenchTable(out, f, &res); err != nil {
+		return err
+	}
+	switch {
+	case errors.Is(runErr, context.Canceled):
+		return &exitError{exitOther, errors.New("bench: interrupted (the report covers the operations done)")}
+	case runErr != nil: // every operation failed
+		code := exitOther
+		if len(res.Errors) == 1 && res.Errors[errKindUnavailable] > 0 {
+			code = exitUnavailable
+		}
+		return &exitError{code, fmt.Errorf("bench: %w", runErr)}
+	case f.verify && res.Errors[loadgen.ErrKindWrongValue]+res.Errors[loadgen.ErrKindNotFound] > 0:
+		return &exitError{exitOther, fmt.Errorf("bench: --verify: %d wrong and %d missing values read",
+			res.Errors[loadgen.ErrKindWrongValue], res.Errors[loadgen.ErrKindNotFound])}
+	}
+	return nil
+}
+
+// Error kinds bench adds to loadgen's.
+const (
+	errKindUnavailable = "unavailable"
+	errKindFull        = "full"
+	errKindTooLarge    = "too-large"
+	errKindRefused     = "refused" // invalid request or unauthenticated
+)
+
+// benchClassify names a failed operation's kind of error: loadgen's
+// kinds (timeout, notfound, wrong-value) first, then the client's.
+func benchClassify(err error) string {
+	if k := loadgen.DefaultClassify(err); k != loadgen.ErrKindOther {
+		return k
+	}
+	var un *client.ErrUnavailable
+	switch {
+	case errors.As(err, &un), errors.Is(err, client.ErrClosed):
+		return errKindUnavailable
+	case errors.Is(err, client.ErrFull):
+		return errKindFull
+	case errors.Is(err, client.ErrTooLarge):
+		return errKindTooLarge
+	case errors.Is(err, client.ErrInvalid), errors.Is(err, client.ErrUnauthenticated):
+		return errKindRefused
+	}
+	return loadgen.ErrKindOther
+}
+
+// rkvTarget is loadgen's Target over one or more clients: worker i uses
+// clients[i % len(clients)]. Its counters sum over the clients.
+type rkvTarget struct {
+	clients []*client.Client
+}
+
+func (t *rkvTarget) ForWorker(i int) loadgen.Target { return clientTarget{t.clients[i%len(t.clients)]} }
+
+func (t *rkvTarget) Get(ctx context.Context, key []byte) ([]byte, error) {
+	return clientTarget{t.clients[0]}.Get(ctx, key)
+}
+
+func (t *rkvTarget) Put(ctx context.Context, key, value []byte) error {
+	return t.clients[0].Put(ctx, key, value)
+}
+
+// Counters are "rdma_reads" (Client.Reads) and "retries_GET",
+// "retries_PUT"... (Client.Retries), summed over the clients.
+func (t *rkvTarget) Counters() map[string]uint64 {
+	m := map[string]uint64{}
+	for _, c := range t.clients {
+		m["rdma_reads"] += c.Reads()
+		for op, n := range c.Retries() {
+			m["retries_"+op] += n
+		}
+	}
+	return m
+}
+
+func (t *rkvTarget) close() {
+	for _, c := range t.clients {
+		_ = c.Close()
+	}
+}
+
+// clientTarget is one client as a loadgen Target and MultiGetter.
+type clientTarget struct{ c *client.Client }
+
+func (ct clientTarget) Get(ctx context.Context, key []byte) ([]byte, error) {
+	v, err := ct.c.Get(ctx, key)
+	if errors.Is(err, client.ErrNotFound) {
+		return nil, loadgen.ErrNotFound
+	}
+	return v, err
+}
+
+func (ct clientTarget) Put(ctx context.Context, key, value []byte) error {
+	return ct.c.Put(ctx, key, value)
+}
+
+func (ct clientTarget) MultiGet(ctx context.Context, keys [][]byte) ([][]byte, error) {
+	return ct.c.MultiGet(ctx, keys)
+}
+
+// writeBenchTable prints the report: what ran, a line per op kind,
+// errors, READs per key and retries.
+func writeBenchTable(out io.Writer, f *benchFlags, r *loadgen.Result) error {
+	o := &r.Options
+	dist := o.Distribution
+	if dist == loadgen.Zipfian {
+		dist = fmt.Sprintf("zipfian θ=%g", o.Theta)
+	}
+	what := fmt.Sprintf("%.2fs", r.Seconds)
+	if o.Ops > 0 {
+		what = fmt.Sprintf("%d ops in %.2fs", o.Ops, r.Seconds)
+	}
+	mix := fmt.Sprintf("get %g%% put %g%%", 100*o.Workload.Read, 100*o.Workload.Update)
+	if o.Workload.MultiGet > 0 {
+		mix = fmt.Sprintf("multiget of %d keys", o.BatchSize)
+	}
+	fmt.Fprintf(out, "workload %s (%s), %s over %d keys of %d bytes, %d goroutines on %d client(s), %s (seed %d)\n",
+		o.Workload.Name, mix, dist, o.Keys, o.ValueSize, o.Concurrency, f.clients, what, o.Seed)
+	if s, ok := r.Extra["load_seconds"]; ok {
+		fmt.Fprintf(out, "loaded %d keys in %.2fs (%.0f puts/s)\n", o.Keys, s, r.Extra["load_keys_per_s"])
+	}
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "OP\tOPS\tOPS/S\tP50\tP90\tP99\tP99.9\tMAX\t")
+	for _, k := range []string{loadgen.KindGet, loadgen.KindPut, loadgen.KindMultiGet, loadgen.KindAll} {
+		l, ok := r.Latency[k]
+		if !ok || (k == loadgen.KindAll && len(r.Latency) <= 2) { // "all" repeats a lone kind
+			continue
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%.0f\t%s\t%s\t%s\t%s\t%s\t\n", k, l.Count, float64(l.Count)/r.Seconds,
+			fmtLatency(l.P50), fmtLatency(l.P90), fmtLatency(l.P99), fmtLatency(l.P999), fmtLatency(l.Max))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "errors: %s\n", fmtCounts(r.Errors))
+	if rpg, ok := r.Extra["rdma_reads_per_get"]; ok {
+		fmt.Fprintf(out, "RDMA READs per key read: %.2f (%.0f READs; MultiGet keys count as reads)\n", rpg, r.Extra["rdma_reads"])
+	}
+	retries := map[string]int64{}
+	for k, v := range r.Extra {
+		if op, ok := strings.CutPrefix(k, "retries_"); ok && v > 0 {
+			retries[op] = int64(v)
+		}
+	}
+	fmt.Fprintf(out, "retries: %s\n", fmtCounts(retries))
+	for _, k := range sortedKeys(r.ErrorSamples) {
+		fmt.Fprintf(out, "  first %s error: %s\n", k, r.ErrorSamples[k])
+	}
+	return nil
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	ks := make([]string, 0, len(m))
+	for k := range m {
+		ks = append(ks, k)
+	}
+	slices.Sort(ks)
+	return ks
+}
+
+// fmtCounts is "a 3, b 1", or "none".
+func fmtCounts(m map[string]int64) string {
+	var parts []string
+	for _, k := range sortedKeys(m) {
+		if m[k] > 0 {
+			parts = append(parts, fmt.Sprintf("%s %d", k, m[k]))
+		}
+	}
+	if len(parts) == 0 {
+		return "none"
+	}
+	return strings.Join(parts, ", ")
+}
+
+// fmtLatency prints d with 3 or 4 significant digits in a fitting unit.
+func fmtLatency(d time.Duration) string {
+	switch {
+	case d < time.Microsecond:
+		return fmt.Sprintf("%dns", d)
+	case d < time.Millisecond:
+		return fmt.Sprintf("%.1fµs", float64(d)/1e3)
+	case d < time.Second:
+		return fmt.Sprintf("%.2fms", float64(d)/1e6)
+	}
+	return fmt.Sprintf("%.2fs", d.Seconds())
+}
+
+// progress shows loadgen's snapshots on w: rewritten in place (\r) when
+// w is a terminal, else a line every 2s and at each phase's end.
+type progress struct {
+	w        io.Writer
+	terminal bool
+	last     time.Time
+}
+
+func newProgress(w io.Writer) *progress {
+	p := &progress{w: w}
+	if f, ok := w.(*os.File); ok {
+		if st, err := f.Stat(); err == nil && st.Mode()&os.ModeCharDevice != 0 {
+			p.terminal = true
+		}
+	}
+	return p
+}
+
+// show is the Options.Progress callback (loadgen calls it from one
+// goroutine at a time).
+func (p *progress) show(s loadgen.Snapshot) {
+	if !p.terminal && !s.Final && time.Since(p.last) < 2*time.Second {
+		return
+	}
+	p.last = time.Now()
+	line := progressLine(s)
+	switch {
+	case p.terminal && s.Final:
+		fmt.Fprintf(p.w, "\r%s\x1b[K\n", line)
+	case p.terminal:
+		fmt.Fprintf(p.w, "\r%s\x1b[K", line)
+	default:
+		fmt.Fprintln(p.w, line)
+	}
+}
+
+// progressLine renders a snapshot: a bar with keys done/total, rate and
+// ETA for the load; elapsed/planned time (or ops), ops, rate and errors
+// for the run and warm-up.
+func progressLine(s loadgen.Snapshot) string {
+	rate := s.OpsPerS
+	if s.Phase == "load" {
+		frac := float64(s.Done) / float64(max(s.Total, 1))
+		const width = 30
+		n := int(frac * width)
+		eta := "-"
+		if rate > 0 && s.Done < s.Total {
+			eta = (time.Duration(float64(s.Total-s.Done) / rate * float64(time.Second))).Round(time.Second).String()
+		}
+		if s.Final {
+			eta = "done"
+		}
+		return fmt.Sprintf("load   [%s%s] %d/%d keys %3.0f%%  %.0f keys/s  ETA %s",
+			strings.Repeat("#", n), strings.Repeat(".", width-n), s.Done, s.Total, 100*frac, rate, eta)
+	}
+	done := fmt.Sprintf("%d ops", s.Done)
+	el := fmt.Sprintf("%5.1fs", s.Elapsed.Seconds())
+	switch {
+	case s.Total > 0:
+		done = fmt.Sprintf("%d/%d ops", s.Done, s.Total)
+	case s.Planned > 0:
+		el += "/" + s.Planned.String()
+	}
+	return fmt.Sprintf("%-6s %s  %s  %.0f ops/s  %d errors", s.Phase, el, done, rate, s.Errors)
 }

@@ -1,0 +1,147 @@
+// Tests of rkv-client bench: flag checks without a cluster, and runs against an in-process server.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rkv-io/rkv/client"
+	"github.com/rkv-io/rkv/loadgen"
+	"github.com/rkv-io/rkv/membership"
+	"github.com/rkv-io/rkv/server"
+	"github.com/rkv-io/rkv/store"
+)
+
+func TestBenchFlagErrorsAreUsage(t *testing.T) {
+	for _, args := range [][]string{
+		{"--workload", "z"}, {"--keys", "0"}, {"--distribution", "pareto"}, {"--theta", "1"},
+		{"--concurrency", "0"}, {"--clients", "5", "--concurrency", "4"}, {"--ops", "-1"},
+		{"--duration", "0"}, {"--batch", "0"}, {"--load", "--no-load"}, {"--value-size", "0"},
+	} {
+		// No --join: a usage error even so, from the flag check, before connecting.
+		args = append([]string{"--join", "127.0.0.1:1", "bench"}, args...)
+		_, errs, code := runCLI(nil, args...)
+		if code != exitUsage || !strings.Contains(errs, "--") {
+			t.Errorf("%v: exit %d, stderr %q; want %d naming the flag", args, code, errs, exitUsage)
+		}
+	}
+}
+
+func TestBenchClassify(t *testing.T) {
+	for err, want := range map[error]string{
+		fmt.Errorf("get k: %w", context.DeadlineExceeded):                        loadgen.ErrKindTimeout,
+		fmt.Errorf("get k: %w", loadgen.ErrNotFound):                             loadgen.ErrKindNotFound,
+		fmt.Errorf("get k: %w", &client.ErrUnavailable{Node: "n1", Reason: "x"}): errKindUnavailable,
+		fmt.Errorf("put k: %w", client.ErrFull):                                  errKindFull,
+		fmt.Errorf("put k: %w", client.ErrUnauthenticated):                       errKindRefused,
+		errors.New("?"): loadgen.ErrKindOther,
+	} {
+		if got := benchClassify(err); got != want {
+			t.Errorf("benchClassify(%v) = %q, want %q", err, got, want)
+		}
+	}
+}
+
+func TestProgressLines(t *testing.T) {
+	l := progressLine(loadgen.Snapshot{Phase: "load", Done: 250, Total: 1000, OpsPerS: 50})
+	if !strings.Contains(l, "250/1000 keys") || !strings.Contains(l, " 25%") || !strings.Contains(l, "ETA 15s") ||
+		!strings.Contains(l, "[#######.") {
+		t.Errorf("load line %q", l)
+	}
+	l = progressLine(loadgen.Snapshot{Phase: "run", Elapsed: 2 * time.Second, Planned: 10 * time.Second, Done: 500, OpsPerS: 250, Errors: 3})
+	if !strings.Contains(l, "2.0s/10s") || !strings.Contains(l, "500 ops") || !strings.Contains(l, "250 ops/s") || !strings.Contains(l, "3 errors") {
+		t.Errorf("run line %q", l)
+	}
+	var b strings.Builder
+	p := newProgress(&b) // not a terminal: a line at most every 2s, and the final one
+	p.show(loadgen.Snapshot{Phase: "run", Done: 1})
+	p.show(loadgen.Snapshot{Phase: "run", Done: 2})
+	p.show(loadgen.Snapshot{Phase: "run", Done: 3, Final: true})
+	if lines := strings.Split(strings.TrimSpace(b.String()), "\n"); len(lines) != 2 || strings.Contains(b.String(), "\r") {
+		t.Errorf("progress on a non-terminal: %q", b.String())
+	}
+}
+
+// startServer runs one rkv server in-process and returns its gossip
+// address once its index and arenas are advertised.
+func startServer(t *testing.T) string {
+	t.Helper()
+	root := t.TempDir()
+	s, err := server.New(context.Background(), server.Config{
+		Name: "s1",
+		Store: store.Options{
+			Dir: filepath.Join(root, "s1"), ArenaSize: 4 << 20, ArenaCount: 2, IndexSlots: 1 << 12, LeaseSize: 256 << 10,
+		},
+		Membership: membership.Config{BindAddr: "127.0.0.1"},
+		Logger:     slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		if m := s.Meta(); m.Index != nil && len(m.Arenas) == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("server not ready: %+v", s.Meta())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return s.GossipAddr()
+}
+
+func TestBenchAgainstAServer(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a server")
+	}
+	join := startServer(t)
+	env := map[string]string{"RKV_JOIN": join}
+
+	// The old bench: put every key, get them back and check them.
+	out, errs, code := runCLI(env, "bench", "--workload", "c", "--verify", "--keys", "200", "--ops", "1000",
+		"--value-size", "64", "--concurrency", "4", "--clients", "2")
+	if code != 0 {
+		t.Fatalf("bench: exit %d\n%s\n%s", code, out, errs)
+	}
+	for _, want := range []string{"workload c", "loaded 200 keys", "get  1000", "errors: none", "RDMA READs per key read:", "retries:"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("report lacks %q:\n%s", want, out)
+		}
+	}
+	if !strings.Contains(errs, "load   [####") || !strings.Contains(errs, "run ") {
+		t.Errorf("progress on stderr: %q", errs)
+	}
+
+	// JSON: the whole Result, with counters from the clients.
+	out, errs, code = runCLI(env, "--output", "json", "bench", "--workload", "multiget", "--batch", "4", "--no-load",
+		"--keys", "200", "--ops", "100", "--verify", "--quiet", "--value-size", "64")
+	if code != 0 || errs != "" {
+		t.Fatalf("bench json: exit %d\n%s\n%s", code, out, errs)
+	}
+	var r loadgen.Result
+	if err := json.Unmarshal([]byte(out), &r); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if r.Ops != 100 || r.Latency[loadgen.KindMultiGet].Count != 100 || len(r.CDF[loadgen.KindMultiGet]) == 0 {
+		t.Fatalf("result %+v", r)
+	}
+	// A batch of 4 keys of one server: at least one READ per key.
+	if rpg := r.Extra["rdma_reads_per_get"]; rpg < 1 || rpg > 3 {
+		t.Fatalf("rdma_reads_per_get %v (extra %v)", rpg, r.Extra)
+	}
+
+	// --verify over keys never loaded: the report, then exit 4.
+	out, _, code = runCLI(env, "bench", "--no-load", "--verify", "--prefix", "absent/", "--keys", "50", "--ops", "200",
+		"--quiet", "--concurrency", "2")
+	if code != exitOther || !strings.Contains(out, "notfound 200") {
+		t.Fatalf("verify of absent keys: exit %d\n%s", code, out)
+	}
+}
