@@ -156,8 +156,9 @@ demo_session
 
 say "is the data path one-sided RDMA? $gets GET-only rkv-client processes"
 # Keys to read: written once here (bench: puts then gets, not measured).
-echo "\$ rkv-client bench --ops $gets --value-size 256 --prefix rdma/   (writes the keys; not measured)"
-"${cli[@]}" bench --ops "$gets" --value-size 256 --prefix rdma/ | sed 's/^/  /' || fail "" "bench failed"
+echo "\$ rkv-client bench --keys $gets --ops $gets --distribution uniform --verify --value-size 256 --prefix rdma/ --quiet"
+"${cli[@]}" bench --keys "$gets" --ops "$gets" --distribution uniform --verify --value-size 256 --prefix rdma/ --quiet |
+	sed 's/^/  /' || fail "" "bench failed"
 cnames=(sent_pkts rcvd_pkts rdma_sends rdma_recvs)
 declare -A before after reads
 for d in "${devs[@]:0:4}"; do

@@ -181,8 +181,8 @@ run)
 	export RKV_JOIN
 	say "a session (RKV_JOIN=$RKV_JOIN)"
 	demo_session
-	say "a short burst: 1000 puts then 1000 gets of 128 bytes, 4 goroutines of one client"
-	run_cli 0 bench --ops 1000 --value-size 128 --concurrency 4
+	say "a short bench: load 1000 keys of 128 bytes, then 5000 zipfian gets, every value checked, 4 goroutines"
+	run_cli 0 bench --workload c --keys 1000 --ops 5000 --value-size 128 --concurrency 4 --verify
 	say "stopping the cluster (SIGTERM: leases end, commits finish, memory is deregistered, nodes leave)"
 	stop_all || fail "" "not every node stopped cleanly"
 	trap - EXIT
