@@ -61,6 +61,11 @@ type Config struct {
 	// BufferSize is each connection's registered buffer: it bounds the
 	// largest record. Default 2 MiB.
 	BufferSize int
+	// ConnsPerServer bounds the connections (each with its own QP,
+	// buffer and lease) to each server, dialed as concurrent requests
+	// need them: it is the client's requests in flight per server. Each
+	// pins BufferSize bytes (RLIMIT_MEMLOCK). Default 4.
+	ConnsPerServer int
 	// QP sets the QPs' AckTimeout and RetryCount: how fast a dead server
 	// is noticed on the data path. Defaults 250ms and 1.
 	QP rdma.QPConfig
@@ -123,7 +128,7 @@ type Client struct {
 
 	mu      sync.Mutex
 	closed  bool
-	servers map[string]*serverConn
+	servers map[string]*serverPool
 
 	cacheMu sync.Mutex
 	cache   map[string]cachedLoc
@@ -172,6 +177,9 @@ func New(ctx context.Context, cfg Config) (_ *Client, err error) {
 	if cfg.BufferSize <= 0 {
 		cfg.BufferSize = 2 << 20
 	}
+	if cfg.ConnsPerServer <= 0 {
+		cfg.ConnsPerServer = 4
+	}
 	if cfg.QP.AckTimeout == 0 {
 		cfg.QP.AckTimeout = 250 * time.Millisecond
 	}
@@ -181,7 +189,7 @@ func New(ctx context.Context, cfg Config) (_ *Client, err error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	c := &Client{cfg: cfg, log: cfg.Logger, servers: map[string]*serverConn{}, cache: map[string]cachedLoc{}}
+	c := &Client{cfg: cfg, log: cfg.Logger, servers: map[string]*serverPool{}, cache: map[string]cachedLoc{}}
 	if c.dev, err = rdma.Open(cfg.Provider, cfg.Device, rdma.Options{ListenAddr: cfg.DataAddr}); err != nil {
 		return nil, fmt.Errorf("rkv: opening RDMA device: %w", err)
 	}
@@ -228,8 +236,8 @@ func (c *Client) Close() error {
 	c.servers = nil
 	c.mu.Unlock()
 	var errs []error
-	for _, sc := range servers {
-		errs = append(errs, sc.close())
+	for _, p := range servers {
+		errs = append(errs, p.close())
 	}
 	if err := c.ml.Leave(time.Second); err != nil && !errors.Is(err, membership.ErrClosed) {
 		c.log.Debug("leaving the cluster", "err", err)
@@ -258,20 +266,6 @@ func (c *Client) owner(key []byte) (membership.Member, error) {
 		return best, &ErrUnavailable{Node: best.Name, Reason: fmt.Sprintf("the key's server is %s (since %v)", best.State, best.Since.Format(time.RFC3339Nano))}
 	}
 	return best, nil
-}
-
-func (c *Client) conn(name string) (*serverConn, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed {
-		return nil, ErrClosed
-	}
-	sc, ok := c.servers[name]
-	if !ok {
-		sc = &serverConn{c: c, name: name, mu: chanMutex{ch: make(chan struct{}, 1)}}
-		c.servers[name] = sc
-	}
-	return sc, nil
 }
 
 func (c *Client) cacheGet(key []byte) (cachedLoc, bool) {
@@ -324,11 +318,7 @@ func (c *Client) do(ctx context.Context, what string, key []byte, op func(ctx co
 			return err
 		}
 		node = m.Name
-		sc, err := c.conn(m.Name)
-		if err != nil {
-			return err
-		}
-		err = op(ctx, sc, m)
+		err = c.withConn(ctx, m.Name, func(sc *serverConn) error { return op(ctx, sc, m) })
 		var r *retryable
 		if err == nil || !errors.As(err, &r) {
 			return err
@@ -392,15 +382,19 @@ func (c *Client) MultiGet(ctx context.Context, keys [][]byte) ([][]byte, error) 
 	vals := make([][]byte, len(keys))
 	var single []int
 	for name, idx := range byServer {
-		sc, err := c.conn(name)
-		if err != nil {
-			return nil, err
-		}
 		sub := make([][]byte, len(idx))
 		for j, i := range idx {
 			sub[j] = keys[i]
 		}
-		got, alone, err := sc.multiGet(ctx, members[name], sub)
+		var got [][]byte
+		var alone []int
+		err := c.withConn(ctx, name, func(sc *serverConn) (err error) {
+			got, alone, err = sc.multiGet(ctx, members[name], sub)
+			return err
+		})
+		if errors.Is(err, ErrClosed) {
+			return nil, err
+		}
 		if err != nil {
 			single = append(single, idx...) // the connection failed: Get retries each
 			continue
@@ -536,11 +530,7 @@ func (c *Client) doOn(ctx context.Context, name string, op func(ctx context.Cont
 		if !ok || m.State != membership.StateAlive {
 			return &ErrUnavailable{Node: name, Reason: "not alive in the cluster view"}
 		}
-		sc, err := c.conn(name)
-		if err != nil {
-			return err
-		}
-		err = op(ctx, sc, m)
+		err := c.withConn(ctx, name, func(sc *serverConn) error { return op(ctx, sc, m) })
 		var r *retryable
 		if err == nil || !errors.As(err, &r) {
 			return err

@@ -14,7 +14,8 @@ import (
 	"github.com/rkv-io/rkv/rdma"
 )
 
-// serverConn serializes everything on one server behind mu.
+// serverConn is one connection to a server. Its pool hands it to one
+// request at a time; mu still serializes that request with close.
 type serverConn struct {
 	c    *Client
 	name string
