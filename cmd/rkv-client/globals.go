@@ -36,6 +36,7 @@ type globals struct {
 	dataAddr      string
 	bind          string
 	logLevel      string
+	conns         int
 
 	key   []byte
 	level slog.Level
@@ -53,6 +54,7 @@ func (g *globals) register(fs *pflag.FlagSet) {
 	fs.StringVar(&g.device, "device", "", "RDMA device (default: the provider's first)")
 	fs.StringVar(&g.dataAddr, "data-addr", "127.0.0.1:0", "soft provider's local data endpoint")
 	fs.StringVar(&g.bind, "bind", "127.0.0.1:0", "local gossip address; servers must reach it by UDP and TCP")
+	fs.IntVar(&g.conns, "conns", 0, "connections to each server: the requests in flight per server (default 4; bench: its concurrency)")
 	fs.StringVar(&g.logLevel, "log-level", "error", "client library log level: debug, info, warn, error")
 }
 
@@ -68,6 +70,9 @@ func (g *globals) finish(cmd *cobra.Command) error {
 	}
 	if g.timeout <= 0 {
 		return fmt.Errorf("--timeout %v: must be positive", g.timeout)
+	}
+	if g.conns < 0 {
+		return fmt.Errorf("--conns %d: must not be negative", g.conns)
 	}
 	if err := g.level.UnmarshalText([]byte(g.logLevel)); err != nil {
 		return fmt.Errorf("--log-level %q: want debug, info, warn or error", g.logLevel)
@@ -107,15 +112,16 @@ func (g *globals) connect(cmd *cobra.Command) (*client.Client, error) {
 	ctx, cancel := context.WithTimeout(cmd.Context(), g.timeout)
 	defer cancel()
 	c, err := client.New(ctx, client.Config{
-		Seeds:        g.join,
-		SecretKey:    g.key,
-		AuthToken:    g.authToken,
-		Provider:     g.provider,
-		Device:       g.device,
-		DataAddr:     g.dataAddr,
-		RetryTimeout: min(g.timeout, 2*time.Second),
-		Membership:   membership.Config{BindAddr: host, BindPort: port},
-		Logger:       log,
+		Seeds:          g.join,
+		SecretKey:      g.key,
+		AuthToken:      g.authToken,
+		Provider:       g.provider,
+		Device:         g.device,
+		DataAddr:       g.dataAddr,
+		RetryTimeout:   min(g.timeout, 2*time.Second),
+		ConnsPerServer: g.conns,
+		Membership:     membership.Config{BindAddr: host, BindPort: port},
+		Logger:         log,
 	})
 	if err != nil {
 		return nil, &exitError{exitUnavailable, fmt.Errorf("%w: joining through %s: %w", errNoCluster, strings.Join(g.join, ","), err)}
