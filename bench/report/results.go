@@ -1,0 +1,262 @@
+// Package report holds the comparison's raw results (JSON), summarizes
+// repeated runs into medians and spreads, and renders them: PNG plots
+// with gonum/plot and docs/BENCHMARKS.md from a template.
+package report
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"slices"
+	"time"
+
+	"github.com/rkv-io/rkv/loadgen"
+)
+
+// Systems and operations as they appear in Point.
+const (
+	SystemRKV   = "rkv"
+	SystemRedis = "redis"
+	SystemEcho  = "echo"
+
+	OpGet = loadgen.KindGet
+	OpPut = loadgen.KindPut
+)
+
+// Point is one measured configuration: a system, an operation, a value
+// size and a concurrency (loadgen workers, each with one request in
+// flight), at a durability.
+type Point struct {
+	System      string `json:"system"`
+	Op          string `json:"op"`
+	ValueSize   int    `json:"value_size"`
+	Concurrency int    `json:"concurrency"`
+	// Durable is rkv's sync=always and Redis's appendfsync always;
+	// otherwise rkv runs sync=none and Redis appendonly no. The echo is
+	// never durable.
+	Durable bool `json:"durable"`
+}
+
+func (p Point) String() string {
+	d := ""
+	if p.Durable {
+		d = " durable"
+	}
+	return fmt.Sprintf("%s %s %dB c=%d%s", p.System, p.Op, p.ValueSize, p.Concurrency, d)
+}
+
+// Measurement is one run of one Point.
+type Measurement struct {
+	Point
+	// Run is the repetition, from 1.
+	Run    int            `json:"run"`
+	Result loadgen.Result `json:"result"`
+}
+
+// Registration is one measured start of an rkv-server whose data
+// directory already holds a key, all times from the process's start.
+type Registration struct {
+	Run        int   `json:"run"`
+	Arenas     int   `json:"arenas"`
+	ArenaBytes int64 `json:"arena_bytes"`
+	// Ready is when the server logged "ready" (store open, listening,
+	// in the cluster).
+	Ready time.Duration `json:"ready_ns"`
+	// FirstGet is when a client's GET of the key first succeeded.
+	FirstGet time.Duration `json:"first_get_ns"`
+	// Registered is when the server logged that every arena was
+	// registered: a server that served only once all its memory was
+	// registered (the synchronous baseline) could serve no earlier.
+	Registered time.Duration `json:"registered_ns"`
+}
+
+// Env describes the machine and software of a session.
+type Env struct {
+	Date              time.Time `json:"date"`
+	CPU               string    `json:"cpu"`
+	NProc             int       `json:"nproc"`
+	MemTotalBytes     uint64    `json:"mem_total_bytes"`
+	MemAvailableBytes uint64    `json:"mem_available_bytes"` // at the start of the session
+	Kernel            string    `json:"kernel"`
+	GoVersion         string    `json:"go_version"`
+	Redis             string    `json:"redis"`
+	Commit            string    `json:"commit"` // the rkv commit measured, "+dirty" if modified
+}
+
+// Config is what a session ran.
+type Config struct {
+	Quick        bool          `json:"quick"`
+	Runs         int           `json:"runs"`
+	Duration     time.Duration `json:"duration_ns"` // measured phase per point
+	Warmup       time.Duration `json:"warmup_ns"`   // unmeasured phase before it
+	Keys         int           `json:"keys"`        // key space (fewer for large values: see KeysFor)
+	Distribution string        `json:"distribution"`
+	RKVServers   int           `json:"rkv_servers"`
+	// BaseSize and BaseConcurrency are the comparisons' value size and
+	// concurrency against Redis.
+	BaseSize        int   `json:"base_size"`
+	BaseConcurrency int   `json:"base_concurrency"`
+	EchoSizes       []int `json:"echo_sizes"`    // comparison 1, at concurrency 1
+	Concurrencies   []int `json:"concurrencies"` // comparison 4, GET
+	Sizes           []int `json:"sizes"`         // comparison 4, rkv GET at concurrency 1
+	Arenas          []int `json:"arenas"`        // comparison 3
+	ArenaBytes      int64 `json:"arena_bytes"`   // comparison 3
+}
+
+// Results is everything a session measured; it is what the JSON file
+// holds, and what the report and plots are rendered from.
+type Results struct {
+	Env           Env            `json:"env"`
+	Config        Config         `json:"config"`
+	Measurements  []Measurement  `json:"measurements"`
+	Registrations []Registration `json:"registrations"`
+	// Notes are things the session had to change or noticed (memory
+	// too short for the largest arena count, errors), printed in the
+	// report.
+	Notes []string `json:"notes,omitempty"`
+}
+
+// Load reads results written by Save.
+func Load(path string) (*Results, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("reading results: %w", err)
+	}
+	var r Results
+	if err := json.Unmarshal(b, &r); err != nil {
+		return nil, fmt.Errorf("decoding results %s: %w", path, err)
+	}
+	return &r, nil
+}
+
+// Save writes r as indented JSON.
+func (r *Results) Save(path string) error {
+	b, err := json.MarshalIndent(r, "", " ")
+	if err != nil {
+		return fmt.Errorf("encoding results: %w", err)
+	}
+	if err := os.WriteFile(path, append(b, '\n'), 0o644); err != nil {
+		return fmt.Errorf("writing results: %w", err)
+	}
+	return nil
+}
+
+// Runs returns p's measurements, by run.
+func (r *Results) Runs(p Point) []Measurement {
+	var ms []Measurement
+	for _, m := range r.Measurements {
+		if m.Point == p {
+			ms = append(ms, m)
+		}
+	}
+	slices.SortFunc(ms, func(a, b Measurement) int { return a.Run - b.Run })
+	return ms
+}
+
+// Stat is a median and spread over runs.
+type Stat struct {
+	Median, Min, Max float64
+	N                int
+}
+
+// Summarize returns the median, minimum and maximum of xs (N 0 when
+// xs is empty).
+func Summarize(xs []float64) Stat {
+	if len(xs) == 0 {
+		return Stat{}
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	med := s[len(s)/2]
+	if len(s)%2 == 0 {
+		med = (s[len(s)/2-1] + s[len(s)/2]) / 2
+	}
+	return Stat{Median: med, Min: s[0], Max: s[len(s)-1], N: len(s)}
+}
+
+// Metric extracts one number from a measurement.
+type Metric func(Measurement) float64
+
+// Metrics.
+var (
+	Throughput Metric = func(m Measurement) float64 { return m.Result.OpsPerS }
+	P50        Metric = func(m Measurement) float64 { return seconds(m.Result.Latency[m.Op].P50) }
+	P99        Metric = func(m Measurement) float64 { return seconds(m.Result.Latency[m.Op].P99) }
+	// ReadsPerGet is the RDMA READs an rkv GET posted, on average.
+	ReadsPerGet Metric = func(m Measurement) float64 {
+		n := m.Result.Latency[m.Op].Count
+		if n == 0 {
+			return 0
+		}
+		return m.Result.Extra["rdma_reads"] / float64(n)
+	}
+)
+
+func seconds(d time.Duration) float64 { return d.Seconds() }
+
+// Stat summarizes metric over p's runs.
+func (r *Results) Stat(p Point, metric Metric) Stat {
+	var xs []float64
+	for _, m := range r.Runs(p) {
+		xs = append(xs, metric(m))
+	}
+	return Summarize(xs)
+}
+
+// Ratio summarizes metric(a)/metric(b) over the runs that measured both,
+// each ratio taken within one run.
+func (r *Results) Ratio(a, b Point, metric Metric) Stat {
+	bs := map[int]Measurement{}
+	for _, m := range r.Runs(b) {
+		bs[m.Run] = m
+	}
+	var xs []float64
+	for _, m := range r.Runs(a) {
+		if mb, ok := bs[m.Run]; ok && metric(mb) != 0 {
+			xs = append(xs, metric(m)/metric(mb))
+		}
+	}
+	return Summarize(xs)
+}
+
+// Errors sums p's failed operations over its runs, by kind.
+func (r *Results) Errors(p Point) map[string]int64 {
+	errs := map[string]int64{}
+	for _, m := range r.Runs(p) {
+		for k, n := range m.Result.Errors {
+			errs[k] += n
+		}
+	}
+	return errs
+}
+
+// MedianRun returns p's run whose metric is the median (the lower
+// middle one for an even count), for plots that show one run.
+func (r *Results) MedianRun(p Point, metric Metric) (Measurement, bool) {
+	ms := r.Runs(p)
+	if len(ms) == 0 {
+		return Measurement{}, false
+	}
+	slices.SortStableFunc(ms, func(a, b Measurement) int {
+		x, y := metric(a), metric(b)
+		switch {
+		case x < y:
+			return -1
+		case x > y:
+			return 1
+		}
+		return 0
+	})
+	return ms[(len(ms)-1)/2], true
+}
+
+// RegistrationStat summarizes f over the registrations of n arenas.
+func (r *Results) RegistrationStat(n int, f func(Registration) float64) Stat {
+	var xs []float64
+	for _, g := range r.Registrations {
+		if g.Arenas == n {
+			xs = append(xs, f(g))
+		}
+	}
+	return Summarize(xs)
+}
