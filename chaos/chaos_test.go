@@ -31,11 +31,14 @@ type runConfig struct {
 	keys         int           // CHAOS_KEYS, default 12
 	net          string        // CHAOS_NET: auto (netns when possible), loopback, netns
 	checkTimeout time.Duration // CHAOS_CHECK_TIMEOUT, default 60s
+	maxFault     time.Duration // CHAOS_MAX_FAULT: the longest fault, default 5s
+	retention    time.Duration // CHAOS_DEAD_RETENTION: the clients' Tuning.DeadRetention, default 1h
 	out          string        // CHAOS_OUT: where failure artifacts go, default a new temporary directory
 }
 
 func loadConfig(t *testing.T) runConfig {
-	cfg := runConfig{duration: 60 * time.Second, seed: uint64(time.Now().UnixNano()), clients: 5, keys: 12, net: "auto", checkTimeout: 60 * time.Second}
+	cfg := runConfig{duration: 60 * time.Second, seed: uint64(time.Now().UnixNano()), clients: 5, keys: 12, net: "auto",
+		checkTimeout: 60 * time.Second, maxFault: 5 * time.Second, retention: time.Hour}
 	dur := func(env string, dst *time.Duration) {
 		if v := os.Getenv(env); v != "" {
 			d, err := time.ParseDuration(v)
@@ -61,6 +64,8 @@ func loadConfig(t *testing.T) runConfig {
 	}
 	dur("CHAOS_DURATION", &cfg.duration)
 	dur("CHAOS_CHECK_TIMEOUT", &cfg.checkTimeout)
+	dur("CHAOS_MAX_FAULT", &cfg.maxFault)
+	dur("CHAOS_DEAD_RETENTION", &cfg.retention)
 	num("CHAOS_CLIENTS", &cfg.clients)
 	num("CHAOS_KEYS", &cfg.keys)
 	if v := os.Getenv("CHAOS_SEED"); v != "" {
@@ -104,13 +109,15 @@ func quietLogger() *slog.Logger {
 	return slog.New(slog.DiscardHandler)
 }
 
-func newClient(ctx context.Context, c *cluster, name string) (*client.Client, error) {
+func newClient(ctx context.Context, c *cluster, name string, retention time.Duration) (*client.Client, error) {
 	ip := c.net.clientIP()
+	tuning := clientTuning
+	tuning.DeadRetention = retention
 	return client.New(ctx, client.Config{
 		Seeds:      c.seeds(),
 		Name:       name,
 		DataAddr:   ip + ":0",
-		Membership: membership.Config{BindAddr: ip, Tuning: clientTuning},
+		Membership: membership.Config{BindAddr: ip, Tuning: tuning},
 		Logger:     quietLogger(),
 	})
 }
@@ -161,7 +168,7 @@ func worker(ctx context.Context, id int, cl *client.Client, keys []string, rng *
 		if kind == Get && op.Found {
 			op.Value = string(v)
 		}
-		if err != nil {
+		if op.Outcome != OK {
 			op.Err = err.Error()
 		}
 		h.Add(op)
@@ -228,7 +235,8 @@ func TestChaos(t *testing.T) {
 		slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})))
 		t.Cleanup(func() { slog.SetDefault(prev) })
 	}
-	t.Logf("chaos: seed %d (CHAOS_SEED=%d reproduces the schedule), duration %v, %d clients, %d keys", cfg.seed, cfg.seed, cfg.duration, cfg.clients, cfg.keys)
+	t.Logf("chaos: seed %d (CHAOS_SEED=%d reproduces the schedule), duration %v, %d clients, %d keys, faults up to %v, clients' dead retention %v",
+		cfg.seed, cfg.seed, cfg.duration, cfg.clients, cfg.keys, cfg.maxFault, cfg.retention)
 
 	nw, netNote := chooseNetwork(t, cfg)
 	t.Cleanup(func() {
@@ -256,7 +264,7 @@ func TestChaos(t *testing.T) {
 		}
 	}()
 	for i := range cfg.clients {
-		cl, err := newClient(ctx0, c, fmt.Sprintf("chaos-client-%d", i))
+		cl, err := newClient(ctx0, c, fmt.Sprintf("chaos-client-%d", i), cfg.retention)
 		if err != nil {
 			t.Fatalf("client %d: %v", i, err)
 		}
@@ -272,7 +280,7 @@ func TestChaos(t *testing.T) {
 
 	h := NewHistory()
 	nm := &nemesis{c: c, h: h, rng: rand.New(rand.NewPCG(cfg.seed, 1)), logf: t.Logf,
-		cfg: nemesisConfig{kinds: kinds, minFault: 500 * time.Millisecond, maxFault: 5 * time.Second, minGap: time.Second, maxGap: 3 * time.Second}}
+		cfg: nemesisConfig{kinds: kinds, minFault: min(500*time.Millisecond, cfg.maxFault), maxFault: cfg.maxFault, minGap: time.Second, maxGap: 3 * time.Second}}
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.duration)
 	defer cancel()
 	var wg sync.WaitGroup
@@ -297,7 +305,7 @@ func TestChaos(t *testing.T) {
 	}
 	rctx, rcancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer rcancel()
-	fin, err := newClient(rctx, c, "chaos-final")
+	fin, err := newClient(rctx, c, "chaos-final", cfg.retention)
 	if err != nil {
 		t.Fatalf("final client: %v\n%s", err, c.logTail(30))
 	}
