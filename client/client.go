@@ -17,6 +17,7 @@ package client
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -45,6 +46,10 @@ type Config struct {
 	// AuthToken is presented in every Hello (servers with an AuthToken
 	// require it).
 	AuthToken string
+	// TLS, when set, secures the control connections to servers started
+	// with server.Config.TLS: RootCAs verify the servers, Certificates is
+	// the client's own for mTLS. Default: plaintext TCP.
+	TLS *tls.Config
 	// Provider and Device select the RDMA device. Defaults "soft" and "".
 	Provider, Device string
 	// DataAddr is the soft provider's data endpoint. Default

@@ -123,8 +123,7 @@ func (sc *serverConn) ready(ctx context.Context, m membership.Member) error {
 	}
 	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	var d net.Dialer
-	nc, err := d.DialContext(dctx, "tcp", m.Meta.ControlAddr)
+	nc, err := c.dialControl(dctx, m.Meta.ControlAddr)
 	if err != nil {
 		return retry("dialing %s at %s: %w", sc.name, m.Meta.ControlAddr, err)
 	}
@@ -189,6 +188,10 @@ func (sc *serverConn) rpc(ctx context.Context, req proto.Message) (proto.Message
 	if err != nil {
 		sc.drop()
 		return nil, retry("%v to %s: reading the reply: %w", req.Type(), sc.name, err)
+	}
+	if e, ok := reply.(*proto.Error); ok && rid == 0 {
+		sc.drop() // the server refused the connection, saying why
+		return nil, serverError(sc.name, req.Type(), e)
 	}
 	if rid != id {
 		sc.drop()

@@ -265,12 +265,17 @@ func (ss *session) writeRecord(l *proto.LeaseReply, off uint64, version uint64, 
 // newClient starts a client library instance against s.
 func newClient(t *testing.T, s *Server, token string, key []byte) *client.Client {
 	t.Helper()
+	return newClientWith(t, s, client.Config{AuthToken: token, SecretKey: key})
+}
+
+// newClientWith is newClient with more of the configuration: its seeds,
+// logger and gossip tuning are set here.
+func newClientWith(t *testing.T, s *Server, cfg client.Config) *client.Client {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	cl, err := client.New(ctx, client.Config{
-		Seeds: []string{s.GossipAddr()}, AuthToken: token, SecretKey: key, Logger: testLogger(),
-		Membership: membership.Config{Tuning: fastGossip},
-	})
+	cfg.Seeds, cfg.Logger, cfg.Membership = []string{s.GossipAddr()}, testLogger(), membership.Config{Tuning: fastGossip}
+	cl, err := client.New(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

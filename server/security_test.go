@@ -1,13 +1,20 @@
-// Security tests against a running server: the auth token, the handshake timeout, read-only advertised rkeys, the gossip key.
+// Security tests against a running server: the auth token, the handshake timeout, read-only advertised rkeys, the gossip key, TLS.
 
 package server
 
 import (
 	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"errors"
 	"fmt"
 	"io"
+	"math/big"
 	"net"
 	"slices"
 	"strings"
@@ -18,6 +25,7 @@ import (
 	"github.com/rkv-io/rkv/membership"
 	"github.com/rkv-io/rkv/proto"
 	"github.com/rkv-io/rkv/rdma"
+	"github.com/rkv-io/rkv/store"
 )
 
 // wantHungUp checks that the server closed nc within d (what it sent
@@ -182,4 +190,113 @@ func TestGossipKey(t *testing.T) {
 		}
 	}
 	healthy(t, newClient(t, s, "", key), "clients without the gossip key")
+}
+
+// testPKI is a CA and the certificates it issued, generated for one test.
+type testPKI struct {
+	pool           *x509.CertPool
+	server, client tls.Certificate
+}
+
+func newTestPKI(t *testing.T) testPKI {
+	t.Helper()
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	caTmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "rkv test CA"},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
+	}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, err := x509.ParseCertificate(caDER)
+	if err != nil {
+		t.Fatal(err)
+	}
+	issue := func(serial int64, name string, usage x509.ExtKeyUsage) tls.Certificate {
+		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tmpl := &x509.Certificate{
+			SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: name},
+			NotBefore: now.Add(-time.Hour), NotAfter: now.Add(time.Hour),
+			KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{usage},
+			IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
+		}
+		der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(ca)
+	return testPKI{pool: pool, server: issue(2, "s1", x509.ExtKeyUsageServerAuth), client: issue(3, "client", x509.ExtKeyUsageClientAuth)}
+}
+
+// TestControlTLS: a server with TLS and required client certificates
+// serves a client that has both; a plaintext peer, a client without a
+// certificate and a client that does not trust the server's CA are
+// refused before any Hello is answered.
+func TestControlTLS(t *testing.T) {
+	noLeaks(t)
+	pki := newTestPKI(t)
+	if _, err := New(context.Background(), Config{Name: "x", Store: store.Options{Dir: t.TempDir()}, TLS: &tls.Config{}}); err == nil ||
+		!strings.Contains(err.Error(), "no certificate") {
+		t.Fatalf("a TLS config without a certificate: %v", err)
+	}
+	s := startServer(t, func(c *Config) {
+		c.AuthToken = "sesame"
+		c.TLS = &tls.Config{Certificates: []tls.Certificate{pki.server}, ClientCAs: pki.pool,
+			ClientAuth: tls.RequireAndVerifyClientCert, MinVersion: tls.VersionTLS13}
+	})
+	good := &tls.Config{RootCAs: pki.pool, Certificates: []tls.Certificate{pki.client}, MinVersion: tls.VersionTLS13}
+	cl := newClientWith(t, s, client.Config{AuthToken: "sesame", TLS: good})
+	healthy(t, cl, "start")
+	granted := s.Store().Stats().LeasesGranted
+
+	// A plaintext Hello is not answered.
+	nc := dial(t, s)
+	if err := proto.WriteFrame(nc, 1, &proto.Hello{Client: "c", Token: []byte("sesame")}); err != nil {
+		t.Fatal(err)
+	}
+	_ = nc.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, m, _, err := proto.ReadFrame(nc, nil); err != nil {
+		t.Fatalf("a plaintext Hello to a TLS server: no answer: %v", err)
+	} else if e, ok := m.(*proto.Error); !ok || e.Code != proto.CodeUnauthenticated || !strings.Contains(e.Message, "TLS only") {
+		t.Fatalf("a plaintext Hello to a TLS server: answered %#v", m)
+	}
+	wantHungUp(t, nc, "a plaintext Hello to a TLS server", 10*time.Second)
+
+	noCert := good.Clone()
+	noCert.Certificates = nil
+	untrusting := good.Clone()
+	untrusting.RootCAs = x509.NewCertPool()
+	for _, c := range []struct {
+		name string
+		tls  *tls.Config
+		want string
+	}{
+		{"a plaintext client", nil, "this control port speaks TLS only"},
+		{"a client without a certificate", noCert, "certificate required"},
+		{"a client that does not trust the server's CA", untrusting, "certificate signed by unknown authority"},
+	} {
+		bad := newClientWith(t, s, client.Config{AuthToken: "sesame", TLS: c.tls, RetryAttempts: 2})
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		err := bad.Put(ctx, []byte("k"), []byte("v"))
+		cancel()
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Fatalf("%s: PUT returned %v, want an error saying %q", c.name, err, c.want)
+		}
+		healthy(t, cl, c.name)
+	}
+	if n := s.Store().Stats().LeasesGranted; n != granted {
+		t.Fatalf("%d leases granted to refused clients", n-granted)
+	}
 }

@@ -14,6 +14,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -58,6 +59,12 @@ type Config struct {
 	// AuthToken, when set, must be presented by every client in its Hello
 	// (compared in constant time). Default: none.
 	AuthToken string
+	// TLS, when set, makes the control listener speak TLS only, with its
+	// Certificates; set ClientCAs and ClientAuth to
+	// tls.RequireAndVerifyClientCert to require client certificates
+	// (mTLS). The QP handshake runs inside the tunnel; the RDMA data path
+	// is not encrypted. Default: plaintext TCP.
+	TLS *tls.Config
 	// HandshakeTimeout bounds a new connection's QP handshake and Hello.
 	// Default 10s.
 	HandshakeTimeout time.Duration
@@ -77,6 +84,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.Store.Dir == "" {
 		return c, errors.New("server: Config.Store.Dir is required")
+	}
+	if c.TLS != nil && len(c.TLS.Certificates) == 0 && c.TLS.GetCertificate == nil && c.TLS.GetConfigForClient == nil {
+		return c, errors.New("server: Config.TLS has no certificate")
 	}
 	if c.ControlAddr == "" {
 		c.ControlAddr = "127.0.0.1:0"
@@ -180,6 +190,9 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	s.gen = idx.Generation
 	if s.ln, err = net.Listen("tcp", cfg.ControlAddr); err != nil {
 		return nil, fmt.Errorf("server: control listener: %w", err)
+	}
+	if cfg.TLS != nil {
+		s.ln = tls.NewListener(s.ln, cfg.TLS.Clone())
 	}
 	undo = append(undo, s.ln.Close)
 	s.meta = proto.NodeMeta{
@@ -446,8 +459,14 @@ func (c *conn) handshake() error {
 	// holds the arenas.
 	id, m, _, err := proto.ReadFrameMax(c.nc, nil, proto.MaxHelloFrame)
 	if err != nil {
-		if badFrame(err) {
+		var plain tls.RecordHeaderError
+		switch {
+		case badFrame(err):
 			c.refuse(err)
+		case errors.As(err, &plain) && plain.Conn != nil:
+			// A plaintext peer: tell it in plaintext.
+			_ = plain.Conn.SetWriteDeadline(time.Now().Add(time.Second))
+			_ = proto.WriteFrame(plain.Conn, 0, &proto.Error{Code: proto.CodeUnauthenticated, Message: "this control port speaks TLS only"})
 		}
 		return err
 	}
