@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -253,32 +252,33 @@ func (c *Cluster) Close() error {
 type RKVOptions struct {
 	// Seeds are gossip addresses of the cluster. Required.
 	Seeds []string
-	// Clients is the number of client.Clients, one per loadgen worker:
-	// a Client serializes requests to one server on its one connection,
-	// so each worker gets its own, as a Redis worker gets a connection of
-	// its own. Default 1.
-	Clients int
-	// Servers and Arenas: New waits until every client's view has
+	// Conns is the client's connections per server
+	// (client.Config.ConnsPerServer): its requests in flight per server.
+	// Set it to the loadgen concurrency, as a Redis client's pool has a
+	// connection per worker. Default 1.
+	Conns int
+	// Servers and Arenas: NewRKV waits until the client's view has
 	// Servers servers advertising Arenas arenas each. Defaults 1 and 1.
 	Servers, Arenas int
-	// Logger receives the clients' logs. Default: warnings and errors
+	// Logger receives the client's logs. Default: warnings and errors
 	// to stderr.
 	Logger *slog.Logger
 }
 
-// RKV is a loadgen target on rkv's client library: worker i uses client
-// i (WorkerTargets), and Counters reports the RDMA READs posted.
+// RKV is a loadgen target on one rkv client (client.Client, safe for
+// concurrent use); Counters reports the RDMA READs it posted and the
+// attempts it retried.
 type RKV struct {
-	clients []*client.Client
+	c *client.Client
 }
 
-// NewRKV creates the clients and waits for their views (bounded by ctx).
-func NewRKV(ctx context.Context, opts RKVOptions) (_ *RKV, err error) {
+// NewRKV creates the client and waits for its view (bounded by ctx).
+func NewRKV(ctx context.Context, opts RKVOptions) (*RKV, error) {
 	if len(opts.Seeds) == 0 {
 		return nil, errors.New("rkv target: no seeds")
 	}
-	if opts.Clients <= 0 {
-		opts.Clients = 1
+	if opts.Conns <= 0 {
+		opts.Conns = 1
 	}
 	if opts.Servers <= 0 {
 		opts.Servers = 1
@@ -289,26 +289,19 @@ func NewRKV(ctx context.Context, opts RKVOptions) (_ *RKV, err error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	}
-	r := &RKV{}
-	defer func() {
-		if err != nil {
-			_ = r.Close()
-		}
-	}()
-	for i := range opts.Clients {
-		c, err := client.New(ctx, client.Config{Seeds: opts.Seeds, Logger: opts.Logger})
-		if err != nil {
-			return nil, fmt.Errorf("rkv target: client %d of %d joining %v: %w", i+1, opts.Clients, opts.Seeds, err)
-		}
-		r.clients = append(r.clients, c)
+	c, err := client.New(ctx, client.Config{Seeds: opts.Seeds, ConnsPerServer: opts.Conns, Logger: opts.Logger})
+	if err != nil {
+		return nil, fmt.Errorf("rkv target: joining %v: %w", opts.Seeds, err)
 	}
-	for _, c := range r.clients {
-		if err := WaitView(ctx, c, opts.Servers, opts.Arenas); err != nil {
-			return nil, err
-		}
+	if err := WaitView(ctx, c, opts.Servers, opts.Arenas); err != nil {
+		c.Close()
+		return nil, err
 	}
-	return r, nil
+	return &RKV{c: c}, nil
 }
+
+// Client is the target's client.
+func (r *RKV) Client() *client.Client { return r.c }
 
 // WaitView waits until c sees at least servers servers, each
 // advertising at least arenas arenas.
@@ -331,53 +324,31 @@ func WaitView(ctx context.Context, c *client.Client, servers, arenas int) error 
 	}
 }
 
-// ForWorker returns a target on client i (loadgen.WorkerTargets).
-func (r *RKV) ForWorker(i int) loadgen.Target { return rkvWorker{r.clients[i%len(r.clients)]} }
-
-// Get reads key with the first client.
+// Get reads key; an absent key is loadgen.ErrNotFound.
 func (r *RKV) Get(ctx context.Context, key []byte) ([]byte, error) {
-	return rkvWorker{r.clients[0]}.Get(ctx, key)
-}
-
-// Put writes key with the first client.
-func (r *RKV) Put(ctx context.Context, key, value []byte) error {
-	return rkvWorker{r.clients[0]}.Put(ctx, key, value)
-}
-
-// CounterReads is the Counters name of the RDMA READs posted.
-const CounterReads = "rdma_reads"
-
-// Counters reports the RDMA READs the clients have posted
-// (loadgen.Counters).
-func (r *RKV) Counters() map[string]uint64 {
-	var n uint64
-	for _, c := range r.clients {
-		n += c.Reads()
-	}
-	return map[string]uint64{CounterReads: n}
-}
-
-// Close closes every client.
-func (r *RKV) Close() error {
-	var errs []error
-	for _, c := range r.clients {
-		errs = append(errs, c.Close())
-	}
-	return errors.Join(errs...)
-}
-
-type rkvWorker struct{ c *client.Client }
-
-func (w rkvWorker) Get(ctx context.Context, key []byte) ([]byte, error) {
-	v, err := w.c.Get(ctx, key)
+	v, err := r.c.Get(ctx, key)
 	if errors.Is(err, client.ErrNotFound) {
 		return nil, loadgen.ErrNotFound
 	}
 	return v, err
 }
 
-func (w rkvWorker) Put(ctx context.Context, key, value []byte) error { return w.c.Put(ctx, key, value) }
+// Put writes key.
+func (r *RKV) Put(ctx context.Context, key, value []byte) error { return r.c.Put(ctx, key, value) }
 
-// discardLogger drops every record (for probing clients whose failures
-// are expected).
-var discardLogger = slog.New(slog.NewTextHandler(io.Discard, nil))
+// CounterReads is the Counters name of the RDMA READs posted.
+const CounterReads = "rdma_reads"
+
+// Counters reports the RDMA READs the client has posted (CounterReads)
+// and the attempts it retried ("retries_get", "retries_put", ...)
+// (loadgen.Counters).
+func (r *RKV) Counters() map[string]uint64 {
+	m := map[string]uint64{CounterReads: r.c.Reads()}
+	for op, n := range r.c.Retries() {
+		m["retries_"+strings.ToLower(op)] = n
+	}
+	return m
+}
+
+// Close closes the client.
+func (r *RKV) Close() error { return r.c.Close() }

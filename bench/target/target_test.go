@@ -185,28 +185,30 @@ func TestRKVCluster(t *testing.T) {
 			t.Errorf("stopping the cluster: %v", err)
 		}
 	}()
-	r, err := NewRKV(ctx, RKVOptions{Seeds: c.Seeds(), Clients: 2, Servers: 2, Arenas: 2})
+	r, err := NewRKV(ctx, RKVOptions{Seeds: c.Seeds(), Conns: 2, Servers: 2, Arenas: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer r.Close()
-	w0, w1 := r.ForWorker(0), r.ForWorker(1)
-	if _, err := w0.Get(ctx, []byte("absent")); !errors.Is(err, loadgen.ErrNotFound) {
+	if _, err := r.Get(ctx, []byte("absent")); !errors.Is(err, loadgen.ErrNotFound) {
 		t.Fatalf("get of an absent key: %v, want loadgen.ErrNotFound", err)
 	}
 	before := r.Counters()[CounterReads]
 	for i := range 20 {
 		k := []byte(fmt.Sprintf("k%d", i))
-		if err := w0.Put(ctx, k, []byte(fmt.Sprintf("v%d", i))); err != nil {
+		if err := r.Put(ctx, k, []byte(fmt.Sprintf("v%d", i))); err != nil {
 			t.Fatal(err)
 		}
-		if v, err := w1.Get(ctx, k); err != nil || string(v) != fmt.Sprintf("v%d", i) {
-			t.Fatalf("get %s through the other client: %q, %v", k, v, err)
+		if v, err := r.Get(ctx, k); err != nil || string(v) != fmt.Sprintf("v%d", i) {
+			t.Fatalf("get %s: %q, %v", k, v, err)
 		}
 	}
-	// Every GET is one or two READs, counted across both clients.
+	// Every GET is one or two READs.
 	if d := r.Counters()[CounterReads] - before; d < 20 || d > 40 {
 		t.Fatalf("%d READs for 20 GETs, want 20..40", d)
+	}
+	if _, ok := r.Counters()["retries_get"]; !ok {
+		t.Fatalf("no retries_get counter in %v", r.Counters())
 	}
 	// The servers' logs carry the times the tool measures from.
 	for _, s := range c.Servers {
