@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"runtime/pprof"
 	"strings"
 	"time"
 
@@ -37,6 +38,9 @@ type globals struct {
 	bind          string
 	logLevel      string
 	conns         int
+	cpuProfile    string
+
+	profile *os.File // open while --cpuprofile records
 
 	key   []byte
 	level slog.Level
@@ -55,6 +59,7 @@ func (g *globals) register(fs *pflag.FlagSet) {
 	fs.StringVar(&g.dataAddr, "data-addr", "127.0.0.1:0", "soft provider's local data endpoint")
 	fs.StringVar(&g.bind, "bind", "127.0.0.1:0", "local gossip address; servers must reach it by UDP and TCP")
 	fs.IntVar(&g.conns, "conns", 0, "connections to each server: the requests in flight per server (default 4; bench: its concurrency)")
+	fs.StringVar(&g.cpuProfile, "cpuprofile", "", "write a Go CPU profile of the command to this file (go tool pprof)")
 	fs.StringVar(&g.logLevel, "log-level", "error", "client library log level: debug, info, warn, error")
 }
 
@@ -73,6 +78,17 @@ func (g *globals) finish(cmd *cobra.Command) error {
 	}
 	if g.conns < 0 {
 		return fmt.Errorf("--conns %d: must not be negative", g.conns)
+	}
+	if g.cpuProfile != "" {
+		f, err := os.Create(g.cpuProfile)
+		if err != nil {
+			return fmt.Errorf("--cpuprofile: %w", err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			f.Close()
+			return fmt.Errorf("--cpuprofile: %w", err)
+		}
+		g.profile = f
 	}
 	if err := g.level.UnmarshalText([]byte(g.logLevel)); err != nil {
 		return fmt.Errorf("--log-level %q: want debug, info, warn or error", g.logLevel)
@@ -97,6 +113,17 @@ func (g *globals) finish(cmd *cobra.Command) error {
 		}
 	}
 	return nil
+}
+
+// stopProfile ends --cpuprofile's recording, if one runs.
+func (g *globals) stopProfile() error {
+	if g.profile == nil {
+		return nil
+	}
+	pprof.StopCPUProfile()
+	err := g.profile.Close()
+	g.profile = nil
+	return err
 }
 
 // connect joins the cluster.

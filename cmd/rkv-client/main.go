@@ -77,6 +77,9 @@ func run(args []string, getenv func(string) string, stdin io.Reader, stdout, std
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	err := root.Execute()
+	if perr := g.stopProfile(); perr != nil && err == nil {
+		err = &exitError{exitOther, perr}
+	}
 	if err == nil {
 		return exitOK
 	}

@@ -108,7 +108,7 @@ func newFlagSet(o *options) *pflag.FlagSet {
 	fs.StringVar(&o.GossipKeyFile, "gossip-key-file", "", "file holding the gossip key (base64 or hex)")
 	fs.StringVar(&o.AuthToken, "auth-token", "", "token every client must present")
 	fs.StringVar(&o.AuthTokenFile, "auth-token-file", "", "file holding the auth token")
-	fs.StringVar(&o.MetricsAddr, "metrics-addr", "", "serve Prometheus /metrics on host:port (empty: off)")
+	fs.StringVar(&o.MetricsAddr, "metrics-addr", "", "serve Prometheus /metrics and Go profiles (/debug/pprof/) on host:port (empty: off)")
 	fs.StringVar(&o.LogLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&o.LogFormat, "log-format", "text", "text or json")
 	return fs

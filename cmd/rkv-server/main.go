@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"os/signal"
 	"syscall"
@@ -144,6 +145,12 @@ func run(args []string, getenv func(string) string, stderr io.Writer, sigs <-cha
 		}
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(newRegistry(srv), promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(h, slog.LevelError)}))
+		// Profiles, for finding where a benchmark's time goes: the
+		// metrics address is an operator's, like /metrics itself.
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 		metrics = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 		go func() { metricsErr <- metrics.Serve(ln) }()
 		log.Info("metrics", "addr", "http://"+ln.Addr().String()+"/metrics")
