@@ -202,11 +202,11 @@ func waitRecovered(ctx context.Context, c *cluster, cl *client.Client) error {
 // finalReads reads every key once the cluster has recovered, retrying
 // failures until a deadline; each key's successful read (or its last
 // failure) goes into the history as Final.
-func finalReads(cl *client.Client, keys []string, h *History, deadline time.Time) {
+func finalReads(cl *client.Client, id int, keys []string, h *History, deadline time.Time) {
 	for _, key := range keys {
 		for {
 			octx, cancel := context.WithTimeout(context.Background(), opTimeout)
-			op := Op{Client: -1, Kind: Get, Key: key, Final: true, Call: h.Now()}
+			op := Op{Client: id, Kind: Get, Key: key, Final: true, Call: h.Now()}
 			v, err := cl.Get(octx, []byte(key))
 			op.Return = h.Now()
 			cancel()
@@ -313,7 +313,7 @@ func TestChaos(t *testing.T) {
 	if err := waitRecovered(rctx, c, fin); err != nil {
 		t.Fatalf("recovery: %v\n%s", err, c.logTail(30))
 	}
-	finalReads(fin, keys, h, time.Now().Add(30*time.Second))
+	finalReads(fin, cfg.clients, keys, h, time.Now().Add(30*time.Second))
 	recovered := time.Since(t0)
 	died := c.exited()
 
