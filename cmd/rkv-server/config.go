@@ -2,6 +2,8 @@ package main
 
 import (
 	"bufio"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -39,6 +41,9 @@ type options struct {
 	GossipKeyFile       string
 	AuthToken           string
 	AuthTokenFile       string
+	TLSCert             string
+	TLSKey              string
+	TLSClientCA         string
 	MetricsAddr         string
 	LogLevel            string
 	LogFormat           string
@@ -49,6 +54,7 @@ type options struct {
 	level     slog.Level
 	gossipIP  string
 	gossipPrt int
+	tls       *tls.Config // nil without --tls-cert
 }
 
 const usageHeader = `rkv-server runs one rkv server: it opens an RDMA device, the store (arenas
@@ -75,6 +81,10 @@ Sizes take a suffix: KiB MiB GiB TiB (or K M G T, also powers of two).
 The gossip key (16, 24 or 32 bytes, base64 or hex) and the auth token are
 best given by file or environment so they stay out of the process list.
 Without a gossip key, node metadata (rkeys included) travels in clear text.
+With --tls-cert and --tls-key the control port speaks TLS 1.3 only; adding
+--tls-client-ca requires every client to present a certificate that CA
+signed (mTLS). The certificate must hold the IP address of --control-addr
+as an IP SAN: clients verify it against the address the server advertises.
 
 On SIGTERM or SIGINT the server shuts down gracefully (stops granting leases,
 finishes commits, deregisters memory, leaves the cluster) and exits 0; a
@@ -108,6 +118,9 @@ func newFlagSet(o *options) *pflag.FlagSet {
 	fs.StringVar(&o.GossipKeyFile, "gossip-key-file", "", "file holding the gossip key (base64 or hex)")
 	fs.StringVar(&o.AuthToken, "auth-token", "", "token every client must present")
 	fs.StringVar(&o.AuthTokenFile, "auth-token-file", "", "file holding the auth token")
+	fs.StringVar(&o.TLSCert, "tls-cert", "", "PEM certificate `file` (chain first to last) for TLS on the control port; needs --tls-key")
+	fs.StringVar(&o.TLSKey, "tls-key", "", "PEM private key `file` of --tls-cert")
+	fs.StringVar(&o.TLSClientCA, "tls-client-ca", "", "PEM CA certificate(s) `file`: require client certificates signed by them (mTLS); needs --tls-cert")
 	fs.StringVar(&o.MetricsAddr, "metrics-addr", "", "serve Prometheus /metrics and Go profiles (/debug/pprof/) on host:port (empty: off)")
 	fs.StringVar(&o.LogLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&o.LogFormat, "log-format", "text", "text or json")
@@ -317,6 +330,9 @@ func (o *options) validate() error {
 		}
 		o.AuthToken = strings.TrimSpace(string(b))
 	}
+	if o.tls, err = o.tlsConfig(); err != nil {
+		return err
+	}
 	if o.MetricsAddr != "" {
 		if _, _, err := splitHostPort(o.MetricsAddr); err != nil {
 			return fmt.Errorf("--metrics-addr %q: %w", o.MetricsAddr, err)
@@ -331,6 +347,45 @@ func (o *options) validate() error {
 		return fmt.Errorf("--log-format %q: want text or json", o.LogFormat)
 	}
 	return nil
+}
+
+// tlsConfig loads --tls-cert, --tls-key and --tls-client-ca into the
+// control listener's TLS configuration; nil when none is given.
+func (o *options) tlsConfig() (*tls.Config, error) {
+	if o.TLSCert == "" && o.TLSKey == "" {
+		if o.TLSClientCA != "" {
+			return nil, errors.New("--tls-client-ca needs --tls-cert and --tls-key (client certificates are asked for in the TLS handshake)")
+		}
+		return nil, nil
+	}
+	if o.TLSCert == "" || o.TLSKey == "" {
+		return nil, errors.New("--tls-cert and --tls-key: give both or neither")
+	}
+	certPEM, err := os.ReadFile(o.TLSCert)
+	if err != nil {
+		return nil, fmt.Errorf("--tls-cert: %w", err)
+	}
+	keyPEM, err := os.ReadFile(o.TLSKey)
+	if err != nil {
+		return nil, fmt.Errorf("--tls-key: %w", err)
+	}
+	cert, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		return nil, fmt.Errorf("--tls-cert %s, --tls-key %s: %w", o.TLSCert, o.TLSKey, err)
+	}
+	c := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS13}
+	if o.TLSClientCA != "" {
+		caPEM, err := os.ReadFile(o.TLSClientCA)
+		if err != nil {
+			return nil, fmt.Errorf("--tls-client-ca: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(caPEM) {
+			return nil, fmt.Errorf("--tls-client-ca %s: no PEM certificate in it", o.TLSClientCA)
+		}
+		c.ClientCAs, c.ClientAuth = pool, tls.RequireAndVerifyClientCert
+	}
+	return c, nil
 }
 
 func splitHostPort(s string) (string, int, error) {

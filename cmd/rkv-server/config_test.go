@@ -2,11 +2,21 @@ package main
 
 import (
 	"bytes"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
 	"io"
+	"math/big"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/rkv-io/rkv/store"
 )
@@ -124,5 +134,174 @@ func TestSizes(t *testing.T) {
 	}
 	if formatSize(64<<20) != "64MiB" || formatSize(1000) != "1000" {
 		t.Error("formatSize")
+	}
+}
+
+// pkiFiles are the PEM files writePKI makes: a CA, and a server and a
+// client certificate it signed, each with its key.
+type pkiFiles struct {
+	ca, cert, key, clientCert, clientKey string
+}
+
+// writePKI generates a CA and two certificates for 127.0.0.1 into dir.
+func writePKI(t *testing.T, dir string) pkiFiles {
+	t.Helper()
+	write := func(name, typ string, der []byte) string {
+		path := filepath.Join(dir, name)
+		if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	newKey := func() *ecdsa.PrivateKey {
+		k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return k
+	}
+	now := time.Now()
+	caKey := newKey()
+	caTmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "rkv test CA"},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
+	}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, err := x509.ParseCertificate(caDER)
+	if err != nil {
+		t.Fatal(err)
+	}
+	issue := func(serial int64, name string, usage x509.ExtKeyUsage) (cert, key string) {
+		k := newKey()
+		tmpl := &x509.Certificate{
+			SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: name},
+			NotBefore: now.Add(-time.Hour), NotAfter: now.Add(time.Hour),
+			KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{usage},
+			IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
+		}
+		der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &k.PublicKey, caKey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		keyDER, err := x509.MarshalPKCS8PrivateKey(k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return write(name+".pem", "CERTIFICATE", der), write(name+"-key.pem", "PRIVATE KEY", keyDER)
+	}
+	f := pkiFiles{ca: write("ca.pem", "CERTIFICATE", caDER)}
+	f.cert, f.key = issue(2, "server", x509.ExtKeyUsageServerAuth)
+	f.clientCert, f.clientKey = issue(3, "client", x509.ExtKeyUsageClientAuth)
+	return f
+}
+
+// handshake runs a TLS handshake between server and client configs over
+// a pipe and returns the server's error.
+func handshake(t *testing.T, server, client *tls.Config) error {
+	t.Helper()
+	a, b := net.Pipe()
+	defer a.Close()
+	defer b.Close()
+	_ = a.SetDeadline(time.Now().Add(10 * time.Second))
+	_ = b.SetDeadline(time.Now().Add(10 * time.Second))
+	done := make(chan error, 1)
+	go func() {
+		c := tls.Client(b, client)
+		err := c.Handshake()
+		if err == nil {
+			_, err = c.Read(make([]byte, 1)) // TLS 1.3: the server's verdict on our certificate
+		}
+		done <- err
+		b.Close()
+	}()
+	s := tls.Server(a, server)
+	err := s.Handshake()
+	a.Close()
+	<-done
+	return err
+}
+
+func TestTLSOptions(t *testing.T) {
+	dir := t.TempDir()
+	pki := writePKI(t, dir)
+	if o, err := parseOptions([]string{"--name", "n"}, env(nil), io.Discard); err != nil || o.tls != nil {
+		t.Fatalf("no TLS flags: TLS config %v, %v", o.tls, err)
+	}
+	o, err := parseOptions([]string{"--name", "n", "--tls-cert", pki.cert, "--tls-key", pki.key}, env(nil), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := o.tls; c == nil || len(c.Certificates) != 1 || c.MinVersion != tls.VersionTLS13 || c.ClientAuth != tls.NoClientCert || c.ClientCAs != nil {
+		t.Fatalf("--tls-cert and --tls-key: %+v", o.tls)
+	}
+
+	// mTLS, from the environment and the config file.
+	conf := filepath.Join(dir, "node.conf")
+	if err := os.WriteFile(conf, []byte("name = n\ntls-client-ca = "+pki.ca+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	o, err = parseOptions([]string{"--config", conf},
+		env(map[string]string{"RKV_TLS_CERT": pki.cert, "RKV_TLS_KEY": pki.key}), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := o.tls; c == nil || c.MinVersion != tls.VersionTLS13 || c.ClientAuth != tls.RequireAndVerifyClientCert || c.ClientCAs == nil {
+		t.Fatalf("with --tls-client-ca: %+v", o.tls)
+	}
+	roots := x509.NewCertPool()
+	caPEM, _ := os.ReadFile(pki.ca)
+	roots.AppendCertsFromPEM(caPEM)
+	clientCert, err := tls.LoadX509KeyPair(pki.clientCert, pki.clientKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := &tls.Config{RootCAs: roots, ServerName: "127.0.0.1", Certificates: []tls.Certificate{clientCert}}
+	if err := handshake(t, o.tls, client); err != nil {
+		t.Fatalf("a client with a certificate from --tls-client-ca: %v", err)
+	}
+	client.Certificates = nil
+	if err := handshake(t, o.tls, client); err == nil || !strings.Contains(err.Error(), "didn't provide a certificate") {
+		t.Fatalf("a client without a certificate: %v", err)
+	}
+}
+
+func TestTLSOptionErrors(t *testing.T) {
+	dir := t.TempDir()
+	pki := writePKI(t, dir)
+	missing := filepath.Join(dir, "missing.pem")
+	garbage := filepath.Join(dir, "garbage.pem")
+	if err := os.WriteFile(garbage, []byte("not PEM\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		args []string
+		env  map[string]string
+		want []string
+	}{
+		{[]string{"--tls-cert", pki.cert}, nil, []string{"--tls-cert and --tls-key: give both or neither"}},
+		{nil, map[string]string{"RKV_TLS_KEY": pki.key}, []string{"--tls-cert and --tls-key: give both or neither"}},
+		{[]string{"--tls-client-ca", pki.ca}, nil, []string{"--tls-client-ca needs --tls-cert and --tls-key"}},
+		{[]string{"--tls-cert", missing, "--tls-key", pki.key}, nil, []string{"--tls-cert", missing, "no such file"}},
+		{[]string{"--tls-cert", pki.cert, "--tls-key", missing}, nil, []string{"--tls-key", missing, "no such file"}},
+		{[]string{"--tls-cert", garbage, "--tls-key", pki.key}, nil, []string{garbage, "PEM data in certificate input"}},
+		{[]string{"--tls-cert", pki.cert, "--tls-key", garbage}, nil, []string{garbage, "PEM data in key input"}},
+		{[]string{"--tls-cert", pki.cert, "--tls-key", pki.clientKey}, nil, []string{pki.clientKey, "private key does not match public key"}},
+		{[]string{"--tls-cert", pki.cert, "--tls-key", pki.key, "--tls-client-ca", missing}, nil, []string{"--tls-client-ca", missing, "no such file"}},
+		{[]string{"--tls-cert", pki.cert, "--tls-key", pki.key, "--tls-client-ca", pki.key}, nil, []string{"--tls-client-ca " + pki.key + ": no PEM certificate"}},
+	} {
+		_, err := parseOptions(append([]string{"--name", "n"}, tc.args...), env(tc.env), io.Discard)
+		for _, w := range tc.want {
+			if err == nil || !strings.Contains(err.Error(), w) {
+				t.Errorf("%v %v: error %v, want one containing %q", tc.args, tc.env, err, w)
+			}
+		}
+	}
+	var out bytes.Buffer
+	if code := run([]string{"--name", "n", "--tls-key", pki.key}, env(nil), &out, nil); code != exitUsage || !strings.Contains(out.String(), "--tls-cert") {
+		t.Fatalf("run with --tls-key alone: exit %d\n%s", code, out.String())
 	}
 }

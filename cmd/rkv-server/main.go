@@ -6,6 +6,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -86,6 +87,7 @@ func run(args []string, getenv func(string) string, stderr io.Writer, sigs <-cha
 			Tuning:    membership.Tuning{Profile: membership.Profile(o.GossipProfile)},
 		},
 		AuthToken: o.AuthToken,
+		TLS:       o.tls,
 		Logger:    log,
 		Registrar: rdma.RegistrarOptions{Workers: o.RegistrationWorkers},
 	}
@@ -130,8 +132,12 @@ func run(args []string, getenv func(string) string, stderr io.Writer, sigs <-cha
 	}
 	meta := srv.Meta()
 	log.Info("rdma device", "provider", meta.Provider, "device", srv.DeviceName(), "requested", o.Provider)
-	if o.AuthToken == "" {
-		log.Info("no --auth-token: any client that reaches the control address may read and write")
+	mTLS := o.tls != nil && o.tls.ClientAuth == tls.RequireAndVerifyClientCert
+	if o.tls != nil {
+		log.Info("control port speaks TLS only", "cert", o.TLSCert, "client_certificates_required", mTLS)
+	}
+	if o.AuthToken == "" && !mTLS {
+		log.Info("no --auth-token or --tls-client-ca: any client that reaches the control address may read and write")
 	}
 
 	var metrics *http.Server
