@@ -13,6 +13,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -52,21 +53,29 @@ type Process struct {
 	// Started is when the process was started (just before exec).
 	Started time.Time
 
-	cmd  *exec.Cmd
-	done chan struct{}
+	cmd *exec.Cmd
+	// logStart is the log's size when the process started: WaitLog
+	// reads only what this process wrote.
+	logStart int64
+	done     chan struct{}
 	err  error // Wait's result, valid once done is closed
 }
 
-// StartProcess starts bin with args, its output appended to logPath.
+// StartProcess starts bin with args, its output appended to logPath
+// (WaitLog and LogTail see only what this process wrote).
 func StartProcess(name, logPath, bin string, args ...string) (*Process, error) {
 	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("starting %s: %w", name, err)
 	}
 	defer logf.Close()
+	st, err := logf.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("starting %s: %w", name, err)
+	}
 	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
-	p := &Process{Name: name, LogPath: logPath, cmd: cmd, done: make(chan struct{})}
+	p := &Process{Name: name, LogPath: logPath, cmd: cmd, logStart: st.Size(), done: make(chan struct{})}
 	p.Started = time.Now()
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("starting %s (%s %s): %w", name, bin, strings.Join(args, " "), err)
@@ -124,6 +133,9 @@ func (p *Process) LogTail(n int) string {
 	if err != nil {
 		return fmt.Sprintf("(reading %s: %v)", p.LogPath, err)
 	}
+	if int64(len(b)) >= p.logStart {
+		b = b[p.logStart:]
+	}
 	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
 	if len(lines) > n {
 		lines = lines[len(lines)-n:]
@@ -159,6 +171,9 @@ func (p *Process) findLine(match func(string) bool) (string, bool) {
 		return "", false
 	}
 	defer f.Close()
+	if _, err := f.Seek(p.logStart, io.SeekStart); err != nil {
+		return "", false
+	}
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {

@@ -264,6 +264,25 @@ func TestProcessStop(t *testing.T) {
 	if err := p.Stop(200 * time.Millisecond); err == nil {
 		t.Fatal("stopping a process that ignores SIGTERM reported success")
 	}
+	// A process appending to a log sees only its own lines.
+	p, err = StartProcess("second", dir+"/log", "sh", "-c", "echo again; exec sleep 60")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.WaitLog(ctx, "again", func(l string) bool { return l == "again" }); err != nil {
+		t.Fatal(err)
+	}
+	sctx, scancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	if l, err := p.WaitLog(sctx, "hello", func(l string) bool { return l == "hello" }); err == nil {
+		t.Fatalf("WaitLog found the earlier process's line %q", l)
+	}
+	scancel()
+	if tail := p.LogTail(5); tail != "again" {
+		t.Fatalf("LogTail = %q, want only this process's line", tail)
+	}
+	if err := p.Stop(5 * time.Second); err != nil {
+		t.Fatal(err)
+	}
 	// A failing exit is reported, and WaitLog notices the exit.
 	p, err = StartProcess("failing", dir+"/log3", "sh", "-c", "echo bye; exit 3")
 	if err != nil {

@@ -1,0 +1,276 @@
+// Command compare measures rkv side by side with a raw TCP echo and with
+// Redis, on this machine, and writes docs/BENCHMARKS.md, its plots and
+// the raw results.
+//
+//	cd bench && go run ./cmd/compare --out ../docs     (make bench-compare)
+//	cd bench && go run ./cmd/compare --quick --out /tmp/bench
+//
+// Every system is driven through loadgen. Within each run, every point
+// (an operation, value size, concurrency and durability) is measured for
+// each system back to back, the order alternating from run to run, so
+// that the machine's drift hits all alike; the report gives the median
+// and spread over runs of the ratios taken within a run.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/rkv-io/rkv/bench/report"
+	"github.com/rkv-io/rkv/bench/target"
+)
+
+// options are the command's flags.
+type options struct {
+	out          string
+	quick        bool
+	runs         int
+	duration     time.Duration
+	warmup       time.Duration
+	keys         int
+	rkvServers   int
+	arenas       []int
+	arenaBytes   int64
+	concurrency  []int
+	sizes        []int
+	echoSizes    []int
+	baseSize     int
+	baseConc     int
+	distribution string
+	work         string
+	keep         bool
+	serveEcho    string
+}
+
+func main() {
+	o, err := parseFlags(os.Args[1:])
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "compare: %v\n", err)
+		os.Exit(2)
+	}
+	if o.serveEcho != "" {
+		os.Exit(serveEcho(o.serveEcho))
+	}
+	// Libraries' warnings (a probing client refused while its server
+	// starts) are expected here; errors still show.
+	slog.SetDefault(clientLogger)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, o); err != nil {
+		fmt.Fprintf(os.Stderr, "compare: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+func parseFlags(args []string) (*options, error) {
+	o := &options{}
+	fs := flag.NewFlagSet("compare", flag.ContinueOnError)
+	fs.StringVar(&o.out, "out", "../docs", "output directory: BENCHMARKS.md there, results.json and the plots in its bench/")
+	fs.BoolVar(&o.quick, "quick", false, "smoke run: 1 run, short points, fewer of them, small arenas (CI)")
+	fs.IntVar(&o.runs, "runs", 0, "repetitions of every point (default 3; 1 with --quick)")
+	fs.DurationVar(&o.duration, "duration", 0, "measured phase per point (default 4s; 300ms with --quick)")
+	fs.DurationVar(&o.warmup, "warmup", 0, "unmeasured phase before each point (default 1s; 100ms with --quick)")
+	fs.IntVar(&o.keys, "keys", 0, "key space (default 10000; 1000 with --quick); at most 64 MiB of values per size")
+	fs.IntVar(&o.rkvServers, "rkv-servers", 1, "rkv-server processes in the measured cluster (1: the same as one redis-server)")
+	arenas := fs.String("arenas", "", "arena counts of the registration comparison (default 1,2,4,8; 1,2 with --quick)")
+	arenaSize := fs.String("arena-size", "", "arena size of the registration comparison (default 1GiB; 64MiB with --quick)")
+	conc := fs.String("concurrency", "", "concurrencies of the GET scaling comparison (default 1,2,4,8,16,32,64; 1,16 with --quick)")
+	sizes := fs.String("sizes", "", "value sizes of the GET scaling comparison (default 64,256,1KiB..1MiB by 4; 64,1KiB,64KiB with --quick)")
+	fs.StringVar(&o.distribution, "distribution", "zipfian", "key distribution: zipfian or uniform")
+	fs.StringVar(&o.work, "work", "", "working directory for binaries, data and logs (default: a new temporary directory)")
+	fs.BoolVar(&o.keep, "keep", false, "keep the working directory (logs) at the end")
+	fs.StringVar(&o.serveEcho, "serve-echo", "", "internal: serve the raw TCP echo on this address")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	def := func(p *int, full, quick int) {
+		if *p <= 0 {
+			*p = map[bool]int{false: full, true: quick}[o.quick]
+		}
+	}
+	defDur := func(p *time.Duration, full, quick time.Duration) {
+		if *p <= 0 {
+			*p = map[bool]time.Duration{false: full, true: quick}[o.quick]
+		}
+	}
+	def(&o.runs, 3, 1)
+	def(&o.keys, 10000, 1000)
+	defDur(&o.duration, 4*time.Second, 300*time.Millisecond)
+	defDur(&o.warmup, time.Second, 100*time.Millisecond)
+	pick := func(s *string, full, quick string) {
+		if *s == "" {
+			*s = map[bool]string{false: full, true: quick}[o.quick]
+		}
+	}
+	pick(arenas, "1,2,4,8", "1,2")
+	pick(arenaSize, "1GiB", "64MiB")
+	pick(conc, "1,2,4,8,16,32,64", "1,16")
+	pick(sizes, "64,256,1KiB,4KiB,16KiB,64KiB,256KiB,1MiB", "64,1KiB,64KiB")
+	var err error
+	if o.arenas, err = parseList(*arenas, "--arenas"); err != nil {
+		return nil, err
+	}
+	if o.concurrency, err = parseList(*conc, "--concurrency"); err != nil {
+		return nil, err
+	}
+	if o.sizes, err = parseList(*sizes, "--sizes"); err != nil {
+		return nil, err
+	}
+	ab, err := parseSize(*arenaSize)
+	if err != nil {
+		return nil, fmt.Errorf("--arena-size: %w", err)
+	}
+	o.arenaBytes = int64(ab)
+	if o.distribution != "zipfian" && o.distribution != "uniform" {
+		return nil, fmt.Errorf("--distribution %q: want zipfian or uniform", o.distribution)
+	}
+	o.echoSizes = []int{64, 1 << 10, 64 << 10}
+	o.baseSize, o.baseConc = 1<<10, 16
+	return o, nil
+}
+
+// parseList parses "1,2,4KiB".
+func parseList(s, flagName string) ([]int, error) {
+	var xs []int
+	for _, f := range strings.Split(s, ",") {
+		x, err := parseSize(strings.TrimSpace(f))
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", flagName, err)
+		}
+		xs = append(xs, x)
+	}
+	return xs, nil
+}
+
+// parseSize parses a positive count with an optional KiB, MiB or GiB
+// suffix.
+func parseSize(s string) (int, error) {
+	mult := 1
+	for suffix, m := range map[string]int{"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30} {
+		if strings.HasSuffix(s, suffix) {
+			s, mult = strings.TrimSuffix(s, suffix), m
+			break
+		}
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n <= 0 {
+		return 0, fmt.Errorf("%q is not a positive size (a number with an optional KiB, MiB or GiB)", s)
+	}
+	return n * mult, nil
+}
+
+// serveEcho is the echo server process (--serve-echo): it serves until
+// SIGTERM or SIGINT.
+func serveEcho(addr string) int {
+	s, err := target.ListenEcho(addr)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	fmt.Printf("echo listening on %s\n", s.Addr())
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	<-sigs
+	if err := s.Close(); err != nil && !errors.Is(err, os.ErrClosed) {
+		fmt.Fprintln(os.Stderr, err)
+	}
+	return 0
+}
+
+func run(ctx context.Context, o *options) (err error) {
+	t0 := time.Now()
+	work := o.work
+	if work == "" {
+		if work, err = os.MkdirTemp("", "rkv-bench-"); err != nil {
+			return err
+		}
+		if !o.keep {
+			defer os.RemoveAll(work)
+		}
+	}
+	if work, err = filepath.Abs(work); err != nil {
+		return err
+	}
+	benchDir := filepath.Join(o.out, "bench")
+	if err := os.MkdirAll(benchDir, 0o755); err != nil {
+		return err
+	}
+	env, err := collectEnv(ctx)
+	if err != nil {
+		return err
+	}
+	logf("session: %d run(s), %v per point after %v of warm-up; working directory %s", o.runs, o.duration, o.warmup, work)
+	res := &report.Results{Env: env, Config: report.Config{
+		Quick: o.quick, Runs: o.runs, Duration: o.duration, Warmup: o.warmup, Keys: o.keys,
+		Distribution: o.distribution, RKVServers: o.rkvServers, BaseSize: o.baseSize, BaseConcurrency: o.baseConc,
+		EchoSizes: o.echoSizes, Concurrencies: o.concurrency, Sizes: o.sizes, Arenas: o.arenas, ArenaBytes: o.arenaBytes,
+	}}
+
+	logf("building rkv-server")
+	bin, err := target.BuildRKV(ctx, filepath.Join(work, "bin"))
+	if err != nil {
+		return err
+	}
+	s, err := startSystems(ctx, o, work, bin)
+	if err != nil {
+		return err
+	}
+	err = s.measure(ctx, res)
+	if cerr := s.close(); cerr != nil {
+		logf("stopping the servers: %v", cerr)
+		err = errors.Join(err, cerr)
+	}
+	if err != nil {
+		return err
+	}
+	if err := measureRegistration(ctx, o, work, bin, res); err != nil {
+		return err
+	}
+
+	path := filepath.Join(benchDir, "results.json")
+	if err := res.Save(path); err != nil {
+		return err
+	}
+	plots, err := report.WritePlots(res, benchDir)
+	if err != nil {
+		return err
+	}
+	rxe, err := os.ReadFile(filepath.Join(benchDir, "rxe.md"))
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	md := filepath.Join(o.out, "BENCHMARKS.md")
+	f, err := os.Create(md)
+	if err != nil {
+		return err
+	}
+	if err := report.Render(f, res, report.RenderOptions{Plots: plots, RXE: string(rxe), ResultsFile: "bench/results.json"}); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	logf("wrote %s, %s and %d plots in %v", md, path, len(plots), time.Since(t0).Round(time.Second))
+	for _, t := range report.BuildView(res).Targets {
+		logf("target: %s %s: %s", t.Name, t.Want, strings.ReplaceAll(t.Verdict(), "*", ""))
+	}
+	return nil
+}
+
+func logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "%s  %s\n", time.Now().Format("15:04:05"), fmt.Sprintf(format, args...))
+}

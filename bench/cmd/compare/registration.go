@@ -1,0 +1,153 @@
+// The registration comparison: time to the first served GET against the time to register every arena.
+
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/rkv-io/rkv/bench/report"
+	"github.com/rkv-io/rkv/bench/target"
+	"github.com/rkv-io/rkv/client"
+)
+
+// memorySpare is the memory left free beside the arenas.
+const memorySpare = 2 << 30
+
+var regKey = []byte("registration/key")
+
+// measureRegistration prepares a data directory per arena count (one key
+// written), then starts the server o.runs times per count, the counts
+// interleaved, timing its first served GET and its full registration.
+func measureRegistration(ctx context.Context, o *options, work, bin string, res *report.Results) error {
+	var counts []int
+	_, avail, err := memInfo()
+	if err != nil {
+		return err
+	}
+	for _, n := range o.arenas {
+		if need := uint64(n)*uint64(o.arenaBytes) + memorySpare; need > avail {
+			note := fmt.Sprintf("registration with %d arenas of %d MiB skipped: it needs %d MiB with the spare, %d MiB were available",
+				n, o.arenaBytes>>20, need>>20, avail>>20)
+			logf("%s", note)
+			res.Notes = append(res.Notes, note)
+			continue
+		}
+		counts = append(counts, n)
+	}
+	dirs := map[int]string{}
+	for _, n := range counts {
+		dirs[n] = filepath.Join(work, fmt.Sprintf("registration-%d", n))
+		logf("registration: preparing %d arenas of %d MiB", n, o.arenaBytes>>20)
+		if err := prepareRegistration(ctx, serverOptions(bin, dirs[n], n, o.arenaBytes)); err != nil {
+			return err
+		}
+	}
+	for run := 1; run <= o.runs; run++ {
+		for _, n := range counts {
+			r, err := timeStart(ctx, serverOptions(bin, dirs[n], n, o.arenaBytes))
+			if err != nil {
+				return fmt.Errorf("registration with %d arenas, run %d: %w", n, run, err)
+			}
+			r.Run, r.Arenas, r.ArenaBytes = run, n, o.arenaBytes
+			res.Registrations = append(res.Registrations, r)
+			logf("registration run %d/%d, %d arenas: ready %v, first GET %v, all registered %v", run, o.runs, n,
+				r.Ready.Round(time.Millisecond), r.FirstGet.Round(time.Millisecond), r.Registered.Round(time.Millisecond))
+		}
+	}
+	for _, d := range dirs {
+		if err := os.RemoveAll(d); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func serverOptions(bin, dir string, arenas int, arenaBytes int64) target.ServerOptions {
+	return target.ServerOptions{Binary: bin, Name: "reg", Dir: dir, Sync: "always", ArenaSize: arenaBytes,
+		ArenaCount: arenas, IndexSlots: 4096, LeaseSize: 1 << 20}
+}
+
+// prepareRegistration starts the server once, writes regKey, and stops it.
+func prepareRegistration(ctx context.Context, so target.ServerOptions) (err error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	s, err := target.StartServer(so)
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, s.Close()) }()
+	if _, err := s.WaitRegistered(ctx); err != nil {
+		return err
+	}
+	t, err := target.NewRKV(ctx, target.RKVOptions{Seeds: []string{s.Gossip}, Arenas: so.ArenaCount, Logger: clientLogger})
+	if err != nil {
+		return err
+	}
+	defer t.Close()
+	return t.Put(ctx, regKey, []byte("registered"))
+}
+
+// timeStart starts the server and times, from the process's start, its
+// ready line, the first GET of regKey that succeeds, and the line saying
+// every arena is registered.
+func timeStart(ctx context.Context, so target.ServerOptions) (_ report.Registration, err error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	s, err := target.StartServer(so)
+	if err != nil {
+		return report.Registration{}, err
+	}
+	defer func() { err = errors.Join(err, s.Close()) }()
+	t0 := s.Process().Started
+	quiet := slog.New(slog.DiscardHandler) // failed attempts are expected until the server serves
+	var c *client.Client
+	for c == nil {
+		jctx, jcancel := context.WithTimeout(ctx, 2*time.Second)
+		c, err = client.New(jctx, client.Config{Seeds: []string{s.Gossip}, Logger: quiet, RetryAttempts: 1, RetryTimeout: 50 * time.Millisecond})
+		jcancel()
+		if err != nil {
+			select {
+			case <-ctx.Done():
+				return report.Registration{}, fmt.Errorf("joining %s: %w", s.Gossip, err)
+			case <-s.Process().Exited():
+				return report.Registration{}, fmt.Errorf("server exited: %w", s.Close())
+			case <-time.After(2 * time.Millisecond):
+			}
+		}
+	}
+	defer c.Close()
+	var r report.Registration
+	for {
+		gctx, gcancel := context.WithTimeout(ctx, time.Second)
+		v, err := c.Get(gctx, regKey)
+		gcancel()
+		if err == nil && string(v) == "registered" {
+			r.FirstGet = time.Since(t0)
+			break
+		}
+		if err == nil {
+			return r, fmt.Errorf("GET %s returned %q", regKey, v)
+		}
+		select {
+		case <-ctx.Done():
+			return r, fmt.Errorf("no successful GET of %s: last error %v", regKey, err)
+		case <-time.After(time.Millisecond):
+		}
+	}
+	ready, err := s.WaitReady(ctx)
+	if err != nil {
+		return r, err
+	}
+	reg, err := s.WaitRegistered(ctx)
+	if err != nil {
+		return r, err
+	}
+	r.Ready, r.Registered = ready.Sub(t0), reg.Sub(t0)
+	return r, nil
+}
