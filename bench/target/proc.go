@@ -58,7 +58,7 @@ type Process struct {
 	// reads only what this process wrote.
 	logStart int64
 	done     chan struct{}
-	err  error // Wait's result, valid once done is closed
+	err      error // Wait's result, valid once done is closed
 }
 
 // StartProcess starts bin with args, its output appended to logPath
