@@ -2,6 +2,7 @@
 package loadgen
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
 	"math"
@@ -85,35 +86,37 @@ type scrambled struct {
 
 func (s scrambled) next(r *rand.Rand) uint64 { return s.perm.apply(s.z.next(r)) }
 
-// permutation is a keyed bijection of [0, n): a 4-round Feistel network
-// over the smallest even number of bits covering n, with cycle walking
-// (re-applying until the result is below n; under 4 rounds on average as
-// the domain is less than 4n).
+// permutation is a keyed bijection of [0, n): rounds of xor with a key,
+// multiplication by an odd constant and xorshift, each a bijection of
+// [0, 2^b) for the smallest b with 2^b >= n, with cycle walking
+// (re-applying until the result is below n: fewer than 2 rounds on
+// average, as 2^b < 2n).
 type permutation struct {
-	n         uint64
-	halfBits  uint
-	halfMask  uint64
-	roundKeys [4]uint64
+	n     uint64
+	mask  uint64
+	shift uint
+	k     [2]uint64 // xor keys
+	m     [2]uint64 // odd multipliers
 }
 
 func newPermutation(n uint64, seed uint64) permutation {
 	b := uint(bits.Len64(max(n-1, 1)))
-	half := (b + 1) / 2
-	p := permutation{n: n, halfBits: half, halfMask: 1<<half - 1}
-	for i := range p.roundKeys {
-		seed = splitmix64(seed + uint64(i))
-		p.roundKeys[i] = seed
+	p := permutation{n: n, mask: 1<<b - 1, shift: max(1, b/2)}
+	for i := range 2 {
+		seed = splitmix64(seed)
+		p.k[i] = seed & p.mask
+		seed = splitmix64(seed)
+		p.m[i] = seed | 1
 	}
 	return p
 }
 
 func (p permutation) apply(x uint64) uint64 {
 	for {
-		l, r := x>>p.halfBits, x&p.halfMask
-		for _, k := range p.roundKeys {
-			l, r = r, l^(splitmix64(r^k)&p.halfMask)
+		for i := range p.k {
+			x = ((x ^ p.k[i]) * p.m[i]) & p.mask
+			x ^= x >> p.shift
 		}
-		x = l<<p.halfBits | r
 		if x < p.n {
 			return x
 		}
@@ -170,18 +173,32 @@ func fillValue(v []byte, key, version uint64) {
 	fill(v[valueHeader:], key, version)
 }
 
-func fill(b []byte, key, version uint64) {
+// fillBlock is the unit of a value's fill: a 64-byte block drawn from
+// (key, version), repeated, with each repetition's first word xored with
+// its index so that shifted bytes do not pass for the right ones.
+const fillBlock = 64
+
+func fillSeed(key, version uint64) (blk [fillBlock]byte) {
 	s := splitmix64(key ^ splitmix64(version))
-	for len(b) >= 8 {
+	for i := 0; i < fillBlock; i += 8 {
 		s = splitmix64(s)
-		binary.LittleEndian.PutUint64(b, s)
-		b = b[8:]
+		binary.LittleEndian.PutUint64(blk[i:], s)
 	}
-	if len(b) > 0 {
-		s = splitmix64(s)
-		var w [8]byte
-		binary.LittleEndian.PutUint64(w[:], s)
-		copy(b, w[:])
+	return blk
+}
+
+// blockAt returns blk as stamped for the repetition at index i.
+func blockAt(blk *[fillBlock]byte, i int) [fillBlock]byte {
+	b := *blk
+	binary.LittleEndian.PutUint64(b[:], binary.LittleEndian.Uint64(b[:])^uint64(i))
+	return b
+}
+
+func fill(b []byte, key, version uint64) {
+	blk := fillSeed(key, version)
+	for i, off := 0, 0; off < len(b); i, off = i+1, off+fillBlock {
+		bi := blockAt(&blk, i)
+		copy(b[off:], bi[:])
 	}
 }
 
@@ -202,19 +219,16 @@ func checkValue(v []byte, key uint64, size int) error {
 		version = binary.LittleEndian.Uint64(v[8:])
 		base = valueHeader
 	}
-	s := splitmix64(key ^ splitmix64(version))
 	b := v[base:]
-	for off := 0; off < len(b); off += 8 {
-		s = splitmix64(s)
-		if len(b)-off >= 8 {
-			if binary.LittleEndian.Uint64(b[off:]) == s {
-				continue
-			}
+	blk := fillSeed(key, version)
+	for i, off := 0, 0; off < len(b); i, off = i+1, off+fillBlock {
+		bi := blockAt(&blk, i)
+		n := min(fillBlock, len(b)-off)
+		if bytes.Equal(b[off:off+n], bi[:n]) {
+			continue
 		}
-		var w [8]byte
-		binary.LittleEndian.PutUint64(w[:], s)
-		for j := 0; j < 8 && off+j < len(b); j++ {
-			if b[off+j] != w[j] {
+		for j := range n {
+			if b[off+j] != bi[j] {
 				return fmt.Errorf("%w: byte %d is not version %d's", ErrWrongValue, base+off+j, version)
 			}
 		}

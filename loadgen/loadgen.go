@@ -129,10 +129,15 @@ type Options struct {
 	Duration     time.Duration `json:"duration_ns"`   // measured phase, unless Ops is set. Default 10s.
 	Ops          int           `json:"ops"`           // measured operations (overrides Duration).
 	Warmup       time.Duration `json:"warmup_ns"`     // unmeasured phase before. Default 0.
-	Timeout      time.Duration `json:"timeout_ns"`    // per operation. Default 5s; negative: none (saves a timer per operation).
+	Timeout      time.Duration `json:"timeout_ns"`    // per operation (0.99x to 1x of it: see below). Default 5s; negative: none.
 	Verify       bool          `json:"verify"`        // check every value read (values encode their key and version)
 	Seed         int64         `json:"seed"`          // random seed; 0 picks one (Result.Options shows it)
 	ProgressTick time.Duration `json:"progress_tick"` // interval between Progress calls. Default 1s.
+
+	// Each operation's context carries a deadline from 0.99*Timeout to
+	// Timeout after the operation starts: a worker reuses one context
+	// while that holds, as a new timer per operation would cost more
+	// than the rest of loadgen's work.
 
 	// Progress, if set, is called about every ProgressTick from a single
 	// goroutine with the phase's state so far, and once more when a phase

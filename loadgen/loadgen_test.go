@@ -566,3 +566,41 @@ func TestOptionErrors(t *testing.T) {
 		}
 	}
 }
+
+// deadlineTarget records the smallest and largest time left to the
+// deadline each Get sees.
+type deadlineTarget struct {
+	*memTarget
+	mu       sync.Mutex
+	min, max time.Duration
+	none     int
+}
+
+func (d *deadlineTarget) Get(ctx context.Context, key []byte) ([]byte, error) {
+	dl, ok := ctx.Deadline()
+	left := time.Until(dl)
+	d.mu.Lock()
+	if !ok {
+		d.none++
+	}
+	if d.min == 0 || left < d.min {
+		d.min = left
+	}
+	d.max = max(d.max, left)
+	d.mu.Unlock()
+	return d.memTarget.Get(ctx, key)
+}
+
+func TestEveryOperationHasItsDeadline(t *testing.T) {
+	o := Options{Keys: 10, ValueSize: 8, Concurrency: 3, Duration: 300 * time.Millisecond, Timeout: time.Second}
+	d := &deadlineTarget{memTarget: loaded(t, o)}
+	d.getHook = func([]byte) error { time.Sleep(100 * time.Microsecond); return nil }
+	if _, err := Run(context.Background(), d, o); err != nil {
+		t.Fatal(err)
+	}
+	// 0.99s to 1s, less the scheduling delay before the call (generous:
+	// the machine may be busy).
+	if d.none != 0 || d.min < 900*time.Millisecond || d.max > time.Second {
+		t.Fatalf("time left to the deadline at each call: %v .. %v (%d without one); want 0.99s .. 1s", d.min, d.max, d.none)
+	}
+}
