@@ -50,6 +50,7 @@ type options struct {
 	work         string
 	keep         bool
 	serveEcho    string
+	from         string
 }
 
 func main() {
@@ -66,6 +67,10 @@ func main() {
 	slog.SetDefault(clientLogger)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	run := run
+	if o.from != "" {
+		run = rerender
+	}
 	if err := run(ctx, o); err != nil {
 		fmt.Fprintf(os.Stderr, "compare: %v\n", err)
 		os.Exit(1)
@@ -89,6 +94,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.StringVar(&o.distribution, "distribution", "zipfian", "key distribution: zipfian or uniform")
 	fs.StringVar(&o.work, "work", "", "working directory for binaries, data and logs (default: a new temporary directory)")
 	fs.BoolVar(&o.keep, "keep", false, "keep the working directory (logs) at the end")
+	fs.StringVar(&o.from, "from", "", "measure nothing: render the report and plots into --out from this results.json")
 	fs.StringVar(&o.serveEcho, "serve-echo", "", "internal: serve the raw TCP echo on this address")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -240,10 +246,33 @@ func run(ctx context.Context, o *options) (err error) {
 		return err
 	}
 
-	path := filepath.Join(benchDir, "results.json")
-	if err := res.Save(path); err != nil {
+	if err := res.Save(filepath.Join(benchDir, "results.json")); err != nil {
 		return err
 	}
+	if err := writeReport(o.out, res); err != nil {
+		return err
+	}
+	logf("done in %v", time.Since(t0).Round(time.Second))
+	return nil
+}
+
+// rerender writes the report and plots of the results in o.from
+// (--from).
+func rerender(_ context.Context, o *options) error {
+	res, err := report.Load(o.from)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Join(o.out, "bench"), 0o755); err != nil {
+		return err
+	}
+	return writeReport(o.out, res)
+}
+
+// writeReport renders the plots into out/bench and out/BENCHMARKS.md,
+// with out/bench/rxe.md as its rxe section when that file exists.
+func writeReport(out string, res *report.Results) error {
+	benchDir := filepath.Join(out, "bench")
 	plots, err := report.WritePlots(res, benchDir)
 	if err != nil {
 		return err
@@ -252,7 +281,7 @@ func run(ctx context.Context, o *options) (err error) {
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err
 	}
-	md := filepath.Join(o.out, "BENCHMARKS.md")
+	md := filepath.Join(out, "BENCHMARKS.md")
 	f, err := os.Create(md)
 	if err != nil {
 		return err
@@ -264,7 +293,7 @@ func run(ctx context.Context, o *options) (err error) {
 	if err := f.Close(); err != nil {
 		return err
 	}
-	logf("wrote %s, %s and %d plots in %v", md, path, len(plots), time.Since(t0).Round(time.Second))
+	logf("wrote %s and %d plots in %s", md, len(plots), benchDir)
 	for _, t := range report.BuildView(res).Targets {
 		logf("target: %s %s: %s", t.Name, t.Want, strings.ReplaceAll(t.Verdict(), "*", ""))
 	}

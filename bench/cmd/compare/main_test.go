@@ -1,0 +1,132 @@
+// Tests of the command's flags, plan and report step (the measuring itself runs in CI as --quick).
+
+package main
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rkv-io/rkv/bench/report"
+)
+
+func TestParseFlagsDefaults(t *testing.T) {
+	o, err := parseFlags(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.runs != 3 || o.duration != 4*time.Second || o.keys != 10000 || o.arenaBytes != 1<<30 ||
+		!slices.Equal(o.arenas, []int{1, 2, 4, 8}) || !slices.Equal(o.concurrency, []int{1, 2, 4, 8, 16, 32, 64}) ||
+		!slices.Equal(o.sizes, []int{64, 256, 1 << 10, 4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20}) {
+		t.Fatalf("defaults: %+v", o)
+	}
+	q, err := parseFlags([]string{"--quick", "--runs", "2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if q.runs != 2 || q.duration != 300*time.Millisecond || q.arenaBytes != 64<<20 || !slices.Equal(q.concurrency, []int{1, 16}) {
+		t.Fatalf("--quick --runs 2: %+v", q)
+	}
+	for _, bad := range [][]string{{"--sizes", "1,x"}, {"--arena-size", "0"}, {"--distribution", "normal"}, {"extra"}, {"--concurrency", "-1"}} {
+		if _, err := parseFlags(bad); err == nil {
+			t.Errorf("parseFlags(%q) succeeded", bad)
+		}
+	}
+}
+
+func TestParseSize(t *testing.T) {
+	for in, want := range map[string]int{"64": 64, "4KiB": 4096, "1MiB": 1 << 20, "2GiB": 2 << 30} {
+		if got, err := parseSize(in); err != nil || got != want {
+			t.Errorf("parseSize(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "KiB", "1.5MiB", "-3", "1kb"} {
+		if _, err := parseSize(in); err == nil {
+			t.Errorf("parseSize(%q) succeeded", in)
+		}
+	}
+}
+
+func TestPlan(t *testing.T) {
+	o, err := parseFlags(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := plan(o)
+	seen := map[report.Point]bool{}
+	for _, g := range gs {
+		for _, s := range g.systems {
+			p := g.point(s)
+			if seen[p] {
+				t.Errorf("%s planned twice", p)
+			}
+			seen[p] = true
+		}
+	}
+	// Every comparison's points are there, each configuration once.
+	want := []report.Point{
+		{System: "rkv", Op: "get", ValueSize: 64, Concurrency: 1},
+		{System: "echo", Op: "get", ValueSize: 64 << 10, Concurrency: 1},
+		{System: "echo", Op: "put", ValueSize: 1 << 10, Concurrency: 1},
+		{System: "redis", Op: "get", ValueSize: 1 << 10, Concurrency: 1},
+		{System: "redis", Op: "put", ValueSize: 1 << 10, Concurrency: 16, Durable: true},
+		{System: "rkv", Op: "put", ValueSize: 1 << 10, Concurrency: 16},
+		{System: "redis", Op: "get", ValueSize: 1 << 10, Concurrency: 64},
+		{System: "rkv", Op: "get", ValueSize: 1 << 20, Concurrency: 1},
+	}
+	for _, p := range want {
+		if !seen[p] {
+			t.Errorf("%s not planned", p)
+		}
+	}
+	// 3 sizes x 2 ops x 2 systems against the echo, + redis GET at c=1,
+	// 2 + 4 against Redis, 5 more concurrencies x 2, 5 more sizes.
+	if len(seen) != 12+1+6+10+5 {
+		t.Errorf("%d points planned, want 34", len(seen))
+	}
+	if got := getSizes(gs); !slices.Equal(got, o.sizes) {
+		t.Errorf("GET data sets %v, want %v", got, o.sizes)
+	}
+}
+
+func TestKeysFor(t *testing.T) {
+	o := &options{keys: 10000}
+	for size, want := range map[int]int{64: 10000, 4 << 10: 10000, 64 << 10: 1024, 1 << 20: 64, 64 << 20: 16} {
+		if got := keysFor(o, size); got != want {
+			t.Errorf("keysFor(%d) = %d, want %d", size, got, want)
+		}
+	}
+}
+
+func TestRerender(t *testing.T) {
+	out := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(out, "bench"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(out, "bench", "rxe.md"), []byte("numbers from the VM"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	o := &options{out: out, from: filepath.Join("..", "..", "report", "testdata", "results.json")}
+	if err := rerender(context.Background(), o); err != nil {
+		t.Fatal(err)
+	}
+	md, err := os.ReadFile(filepath.Join(out, "BENCHMARKS.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(md), "## On Soft-RoCE (rxe)\n\nnumbers from the VM") {
+		t.Errorf("rxe.md not included:\n%s", md)
+	}
+	for _, p := range []string{"cdf-get.png", "throughput-concurrency.png", "registration.png"} {
+		if _, err := os.Stat(filepath.Join(out, "bench", p)); err != nil {
+			t.Error(err)
+		}
+		if !strings.Contains(string(md), "bench/"+p) {
+			t.Errorf("%s not embedded", p)
+		}
+	}
+}
