@@ -309,7 +309,7 @@ func writeBenchTable(out io.Writer, f *benchFlags, r *loadgen.Result) error {
 	if o.Workload.MultiGet > 0 {
 		mix = fmt.Sprintf("multiget of %d keys", o.BatchSize)
 	}
-	fmt.Fprintf(out, "workload %s (%s), %s over %d keys of %d bytes, %d goroutines on %d client(s), %s (seed %d)\n",
+	fmt.Fprintf(out, "workload %s (%s), %s over %d keys of %d bytes, %d goroutine(s) on %d client(s), %s (seed %d)\n",
 		o.Workload.Name, mix, dist, o.Keys, o.ValueSize, o.Concurrency, f.clients, what, o.Seed)
 	if s, ok := r.Extra["load_seconds"]; ok {
 		fmt.Fprintf(out, "loaded %d keys in %.2fs (%.0f puts/s)\n", o.Keys, s, r.Extra["load_keys_per_s"])
