@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -30,6 +32,9 @@ type globals struct {
 	gossipKey     string
 	gossipKeyFile string
 	authToken     string
+	tlsCA         string
+	tlsCert       string
+	tlsKey        string
 	output        string
 	timeout       time.Duration
 	provider      string
@@ -44,6 +49,7 @@ type globals struct {
 
 	key   []byte
 	level slog.Level
+	tls   *tls.Config // nil without --tls-ca, --tls-cert and --tls-key
 }
 
 func (g *globals) register(fs *pflag.FlagSet) {
@@ -52,6 +58,9 @@ func (g *globals) register(fs *pflag.FlagSet) {
 	fs.StringVar(&g.gossipKey, "gossip-key", "", "the cluster's gossip key, base64 or hex (env RKV_GOSSIP_KEY)")
 	fs.StringVar(&g.gossipKeyFile, "gossip-key-file", "", "file holding the gossip key")
 	fs.StringVar(&g.authToken, "auth-token", "", "token the servers require (env RKV_AUTH_TOKEN)")
+	fs.StringVar(&g.tlsCA, "tls-ca", "", "PEM CA certificate(s) `file` verifying the servers' control certificates; enables TLS (env RKV_TLS_CA)")
+	fs.StringVar(&g.tlsCert, "tls-cert", "", "PEM client certificate `file`, for servers requiring one (mTLS); needs --tls-key; enables TLS")
+	fs.StringVar(&g.tlsKey, "tls-key", "", "PEM private key `file` of --tls-cert")
 	fs.StringVarP(&g.output, "output", "o", "table", "output format: table or json")
 	fs.DurationVar(&g.timeout, "timeout", 10*time.Second, "bound on joining the cluster, and on each operation")
 	fs.StringVar(&g.provider, "provider", "auto", "RDMA provider: auto, soft or verbs")
@@ -112,7 +121,48 @@ func (g *globals) finish(cmd *cobra.Command) error {
 			return fmt.Errorf("gossip key: %w", err)
 		}
 	}
-	return nil
+	var err error
+	g.tls, err = g.tlsConfig()
+	return err
+}
+
+// tlsConfig loads --tls-ca, --tls-cert and --tls-key into the TLS
+// configuration of the control connections; nil when none is given.
+// Without --tls-ca the system's roots verify the servers.
+func (g *globals) tlsConfig() (*tls.Config, error) {
+	if g.tlsCA == "" && g.tlsCert == "" && g.tlsKey == "" {
+		return nil, nil
+	}
+	if (g.tlsCert == "") != (g.tlsKey == "") {
+		return nil, errors.New("--tls-cert and --tls-key: give both or neither")
+	}
+	c := &tls.Config{MinVersion: tls.VersionTLS13}
+	if g.tlsCA != "" {
+		caPEM, err := os.ReadFile(g.tlsCA)
+		if err != nil {
+			return nil, fmt.Errorf("--tls-ca: %w", err)
+		}
+		c.RootCAs = x509.NewCertPool()
+		if !c.RootCAs.AppendCertsFromPEM(caPEM) {
+			return nil, fmt.Errorf("--tls-ca %s: no PEM certificate in it", g.tlsCA)
+		}
+	}
+	if g.tlsCert != "" {
+		certPEM, err := os.ReadFile(g.tlsCert)
+		if err != nil {
+			return nil, fmt.Errorf("--tls-cert: %w", err)
+		}
+		keyPEM, err := os.ReadFile(g.tlsKey)
+		if err != nil {
+			return nil, fmt.Errorf("--tls-key: %w", err)
+		}
+		cert, err := tls.X509KeyPair(certPEM, keyPEM)
+		if err != nil {
+			return nil, fmt.Errorf("--tls-cert %s, --tls-key %s: %w", g.tlsCert, g.tlsKey, err)
+		}
+		c.Certificates = []tls.Certificate{cert}
+	}
+	return c, nil
 }
 
 // stopProfile ends --cpuprofile's recording, if one runs.
@@ -142,6 +192,7 @@ func (g *globals) connect(cmd *cobra.Command) (*client.Client, error) {
 		Seeds:          g.join,
 		SecretKey:      g.key,
 		AuthToken:      g.authToken,
+		TLS:            g.tls,
 		Provider:       g.provider,
 		Device:         g.device,
 		DataAddr:       g.dataAddr,
