@@ -218,19 +218,22 @@ func TestTLSAgainstAServer(t *testing.T) {
 		t.Fatalf("get with RKV_TLS_*: exit %d, %q\n%s", code, out, errs)
 	}
 
+	// TLS failures are retried as a server being unreachable (exit 3);
+	// the server's plaintext refusal is final (exit 4).
 	for _, tc := range []struct {
 		name string
 		args []string
+		code int
 		want string
 	}{
-		{"no client certificate", []string{"--tls-ca", pki.ca}, "certificate required"},
-		{"no TLS", nil, "this control port speaks TLS only"},
-		{"the system's roots", []string{"--tls-cert", pki.cert, "--tls-key", pki.key}, "certificate signed by unknown authority"},
+		{"no client certificate", []string{"--tls-ca", pki.ca}, exitUnavailable, "remote error: tls: certificate required"},
+		{"no TLS", nil, exitOther, "this control port speaks TLS only"},
+		{"the system's roots", []string{"--tls-cert", pki.cert, "--tls-key", pki.key}, exitUnavailable, "certificate signed by unknown authority"},
 	} {
 		args := append(append([]string{"--timeout", "3s"}, tc.args...), "get", "greeting")
 		_, errs, code := runCLI(map[string]string{"RKV_JOIN": join}, args...)
-		if (code != exitUnavailable && code != exitOther) || !strings.Contains(errs, tc.want) {
-			t.Errorf("%s: exit %d, stderr %q; want exit %d or %d and %q", tc.name, code, errs, exitUnavailable, exitOther, tc.want)
+		if code != tc.code || !strings.Contains(errs, tc.want) {
+			t.Errorf("%s: exit %d, stderr %q; want exit %d and %q", tc.name, code, errs, tc.code, tc.want)
 		}
 	}
 }
