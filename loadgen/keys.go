@@ -37,12 +37,26 @@ type zipfian struct {
 	zeta2theta float64
 }
 
+// zetaExact is how many terms zeta sums one by one; beyond, it uses the
+// Euler-Maclaurin formula, whose error there is far below float64's.
+const zetaExact = 1 << 20
+
+// zeta is the generalized harmonic number: the sum of 1/i^theta for i
+// in 1..n. It costs O(min(n, zetaExact)).
 func zeta(n uint64, theta float64) float64 {
 	var s float64
-	for i := uint64(1); i <= n; i++ {
+	for i := uint64(1); i <= min(n, zetaExact-1); i++ {
 		s += 1 / math.Pow(float64(i), theta)
 	}
-	return s
+	if n < zetaExact {
+		return s
+	}
+	// Sum of f(i) = i^-theta over [a, b]: the integral, plus the mean of
+	// the ends, plus (f'(b) - f'(a))/12.
+	a, b := float64(zetaExact), float64(n)
+	f := func(x float64) float64 { return math.Pow(x, -theta) }
+	df := func(x float64) float64 { return -theta * math.Pow(x, -theta-1) }
+	return s + (math.Pow(b, 1-theta)-math.Pow(a, 1-theta))/(1-theta) + (f(a)+f(b))/2 + (df(b)-df(a))/12
 }
 
 func newZipfian(n uint64, theta float64) (*zipfian, error) {

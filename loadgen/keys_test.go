@@ -163,3 +163,18 @@ func TestUniformKeys(t *testing.T) {
 		_ = k
 	}
 }
+
+func TestZetaOfLargeN(t *testing.T) {
+	for _, theta := range []float64{0.5, 0.99} {
+		var exact float64
+		for i := uint64(1); i <= 3*zetaExact; i++ {
+			exact += 1 / math.Pow(float64(i), theta)
+			if i != zetaExact-1 && i != zetaExact+1 && i != 3*zetaExact {
+				continue
+			}
+			if got := zeta(i, theta); math.Abs(got-exact) > 1e-9*exact {
+				t.Errorf("zeta(%d, %v) = %.15g, summed %.15g", i, theta, got, exact)
+			}
+		}
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -602,5 +603,26 @@ func TestEveryOperationHasItsDeadline(t *testing.T) {
 	// the machine may be busy).
 	if d.none != 0 || d.min < 900*time.Millisecond || d.max > time.Second {
 		t.Fatalf("time left to the deadline at each call: %v .. %v (%d without one); want 0.99s .. 1s", d.min, d.max, d.none)
+	}
+}
+
+func TestManyWorkersShareFewHistograms(t *testing.T) {
+	o := Options{Keys: 10, ValueSize: 8, Concurrency: 500, Ops: 2000, Workload: WorkloadA}
+	m := loaded(t, o)
+	r, err := Run(context.Background(), m, o)
+	if err != nil || r.Latency[KindAll].Count != 2000 || r.Latency[KindGet].Count+r.Latency[KindPut].Count != 2000 {
+		t.Fatalf("%v: %+v", err, r.Latency)
+	}
+	o, _ = o.withDefaults()
+	ws, err := newWorkers(m, &o, uniformKeys{10}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	shards := map[*histShard]bool{}
+	for _, w := range ws {
+		shards[w.hists] = true
+	}
+	if want := 2 * runtime.GOMAXPROCS(0); len(shards) != want {
+		t.Fatalf("500 workers on %d histogram shards, want %d", len(shards), want)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"runtime"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -99,7 +100,7 @@ const (
 
 func newHist() *hdrhistogram.Histogram { return hdrhistogram.New(histMin, histMax, histSigFigs) }
 
-// op kinds, indexes of worker.hist.
+// op kinds, indexes of histShard.h.
 const (
 	opGet = iota
 	opPut
@@ -135,7 +136,7 @@ type worker struct {
 	opCtx     context.Context
 	opCancel  context.CancelFunc
 	deadline  time.Time
-	hist      [numOps]*hdrhistogram.Histogram
+	hists     *histShard // shared with other workers: a histogram is 220 KB
 	errKinds  map[string]int64
 	errSample map[string]string
 	failedOps [numOps]int64
@@ -174,14 +175,39 @@ func newWorkers(t Target, o *Options, keys keyChooser, measured bool) ([]*worker
 				w.batch[j] = make([]byte, 0, len(o.KeyPrefix)+20)
 			}
 		}
-		for k, frac := range [numOps]float64{o.Workload.Read, o.Workload.Update, o.Workload.MultiGet} {
-			if frac > 0 && measured {
-				w.hist[k] = newHist()
-			}
-		}
 		ws[i] = w
 	}
+	if measured {
+		// Workers share histograms, a shard for every few: memory grows
+		// with the cores, not with Concurrency, and a shard's lock is
+		// rarely contended.
+		shards := make([]*histShard, min(o.Concurrency, 2*runtime.GOMAXPROCS(0)))
+		for i := range shards {
+			shards[i] = &histShard{}
+			for k, frac := range [numOps]float64{o.Workload.Read, o.Workload.Update, o.Workload.MultiGet} {
+				if frac > 0 {
+					shards[i].h[k] = newHist()
+				}
+			}
+		}
+		for i, w := range ws {
+			w.hists = shards[i%len(shards)]
+		}
+	}
 	return ws, nil
+}
+
+// histShard is the latency histograms of some workers, by op kind.
+type histShard struct {
+	mu sync.Mutex
+	h  [numOps]*hdrhistogram.Histogram
+	_  [64]byte // keep the next shard's lock off this cache line
+}
+
+func (s *histShard) record(kind int, lat time.Duration) {
+	s.mu.Lock()
+	s.h[kind].RecordValue(min(int64(lat), histMax))
+	s.mu.Unlock()
 }
 
 // prepPut makes w.key and w.val key index k's name and value at a new
@@ -464,7 +490,7 @@ func Run(ctx context.Context, t Target, o Options) (Result, error) {
 		if err != nil {
 			w.failed(kind, err)
 		} else if w.measure {
-			w.hist[kind].RecordValue(min(int64(lat), histMax))
+			w.hists.record(kind, lat)
 		}
 		return true
 	}
@@ -518,17 +544,21 @@ func result(o *Options, ws []*worker, start time.Time, el time.Duration) Result 
 		Latency: map[string]Latency{}, CDF: map[string][]Point{},
 		Failed: map[string]int64{}, Errors: map[string]int64{}, ErrorSamples: map[string]string{}, Extra: map[string]float64{},
 	}
+	shards := map[*histShard]bool{}
+	for _, w := range ws {
+		shards[w.hists] = true
+	}
 	all := newHist()
 	for k := range numOps {
 		var h *hdrhistogram.Histogram
-		for _, w := range ws {
-			if w.hist[k] == nil {
+		for s := range shards {
+			if s.h[k] == nil {
 				continue
 			}
 			if h == nil {
 				h = newHist()
 			}
-			h.Merge(w.hist[k])
+			h.Merge(s.h[k])
 		}
 		if h == nil {
 			continue
