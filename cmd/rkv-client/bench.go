@@ -101,7 +101,10 @@ scattered over the key space). Values encode their key and a version:
 the command (exit 4) after the report. Other errors are counted by kind
 (timeout, notfound, unavailable, ...) and the run goes on; a run where every
 operation failed exits 3 if they were all "unavailable", else 4.
-Each operation is bounded by --timeout. The keys are left in place.
+Each operation is bounded by --timeout. The keys are left in place. Unless
+--conns is given, each client opens up to concurrency/clients connections
+per server (at most 64), so that every goroutine can have its request in
+flight.
 
 The report gives, per operation kind, the throughput and p50/p90/p99/p99.9/
 max latency; the errors by kind; the client's RDMA READs per key read (GETs
@@ -151,6 +154,9 @@ whole result, with a latency CDF per kind (durations in nanoseconds).`,
 
 // runBench connects the clients, loads, runs and reports.
 func runBench(ctx context.Context, cmd *cobra.Command, g *globals, f *benchFlags, o loadgen.Options) error {
+	if g.conns == 0 {
+		g.conns = benchConns(f.concurrency, f.clients)
+	}
 	t := &rkvTarget{}
 	defer t.close()
 	for range f.clients {
@@ -209,6 +215,17 @@ func runBench(ctx context.Context, cmd *cobra.Command, g *globals, f *benchFlags
 			res.Errors[loadgen.ErrKindWrongValue], res.Errors[loadgen.ErrKindNotFound])}
 	}
 	return nil
+}
+
+// maxBenchConns caps the connections per server bench asks of each
+// client by default: each pins a buffer (client.Config.BufferSize).
+const maxBenchConns = 64
+
+// benchConns is the connections per server each client gets unless
+// --conns says: enough for all its goroutines' requests to be in flight
+// at one server, up to maxBenchConns.
+func benchConns(concurrency, clients int) int {
+	return min((concurrency+clients-1)/clients, maxBenchConns)
 }
 
 // Error kinds bench adds to loadgen's.

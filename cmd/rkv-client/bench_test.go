@@ -49,6 +49,14 @@ func TestBenchClassify(t *testing.T) {
 	}
 }
 
+func TestBenchConns(t *testing.T) {
+	for _, c := range []struct{ conc, clients, want int }{{16, 1, 16}, {16, 3, 6}, {1, 1, 1}, {1000, 2, 64}} {
+		if got := benchConns(c.conc, c.clients); got != c.want {
+			t.Errorf("benchConns(%d, %d) = %d, want %d", c.conc, c.clients, got, c.want)
+		}
+	}
+}
+
 func TestProgressLines(t *testing.T) {
 	l := progressLine(loadgen.Snapshot{Phase: "load", Done: 250, Total: 1000, OpsPerS: 50})
 	if !strings.Contains(l, "250/1000 keys") || !strings.Contains(l, " 25%") || !strings.Contains(l, "ETA 15s") ||
