@@ -418,8 +418,11 @@ func newProgress(w io.Writer) *progress {
 // show is the Options.Progress callback (loadgen calls it from one
 // goroutine at a time).
 func (p *progress) show(s loadgen.Snapshot) {
-	if !p.terminal && !s.Final && time.Since(p.last) < 2*time.Second {
-		return
+	if !p.terminal && !s.Final {
+		ending := (s.Planned > 0 && s.Elapsed >= s.Planned) || (s.Total > 0 && s.Done >= s.Total)
+		if ending || time.Since(p.last) < 2*time.Second {
+			return // the final line follows
+		}
 	}
 	p.last = time.Now()
 	line := progressLine(s)

@@ -71,7 +71,9 @@ func TestProgressLines(t *testing.T) {
 	p := newProgress(&b) // not a terminal: a line at most every 2s, and the final one
 	p.show(loadgen.Snapshot{Phase: "run", Done: 1})
 	p.show(loadgen.Snapshot{Phase: "run", Done: 2})
-	p.show(loadgen.Snapshot{Phase: "run", Done: 3, Final: true})
+	p.last = time.Time{}
+	p.show(loadgen.Snapshot{Phase: "run", Done: 3, Total: 3}) // the phase's end: its final line follows
+	p.show(loadgen.Snapshot{Phase: "run", Done: 3, Total: 3, Final: true})
 	if lines := strings.Split(strings.TrimSpace(b.String()), "\n"); len(lines) != 2 || strings.Contains(b.String(), "\r") {
 		t.Errorf("progress on a non-terminal: %q", b.String())
 	}
