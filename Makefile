@@ -5,7 +5,7 @@ BIN      := bin
 TESTTIME ?= 10m
 FUZZTIME ?= 10s
 
-.PHONY: help build test test-short lint fmt bench fuzz demo demo-rxe demo-up demo-down demo-rdma test-rxe test-vm vm-prepare clean
+.PHONY: help build test test-short test-chaos lint fmt bench bench-compare bench-rxe fuzz demo demo-rxe demo-up demo-down demo-rdma test-rxe test-vm vm-prepare clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -19,9 +19,14 @@ test: ## the test suite: every package, race detector on (the README's test comm
 test-short: ## quick tests (skips the large-region cases)
 	$(GO) test -short -timeout $(TESTTIME) $(PKGS)
 
-lint: ## gofmt and go vet (with and without the verbs build tag)
+test-chaos: ## chaos suite: 3 servers under kill -9, SIGSTOP, partitions (netns as root); history checked for linearizability (CHAOS_DURATION, CHAOS_SEED, CHAOS_NET; docs/CHAOS.md)
+	$(GO) test -race -tags chaos -run Chaos -v -count 1 -timeout 10m ./chaos/
+
+lint: ## gofmt and go vet (with and without the verbs and chaos tags, and the bench module)
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
+	$(GO) vet -tags chaos ./chaos/
+	cd bench && $(GO) vet ./...
 	@if [ -f /usr/include/infiniband/verbs.h ]; then $(GO) vet -tags verbs $(PKGS); else echo "libibverbs-dev not installed: skipping go vet -tags verbs"; fi
 
 fmt: ## format the code
@@ -29,6 +34,12 @@ fmt: ## format the code
 
 bench: ## benchmarks: soft vs raw TCP, registrar (8 x 1 GiB), index, commit, restart, client GET/PUT vs echo
 	$(GO) test -run '^$$' -bench . -benchmem -count 1 ./rdma/... ./store/... ./client/...
+
+bench-compare: build ## rkv vs Redis vs raw TCP echo, registration, scaling: regenerates docs/BENCHMARKS.md and its plots (~15 min; needs redis-server)
+	cd bench && $(GO) run ./cmd/compare --out ../docs
+
+bench-rxe: vm-prepare ## rkv GET/PUT vs ib_read_lat/ib_write_lat on Soft-RoCE in the VM: writes docs/bench/rxe.md
+	bash deploy/rxevm/bench-rxe.sh docs/bench/rxe.md
 
 fuzz: ## run every fuzz target for FUZZTIME each
 	@set -e; for pkg in $$($(GO) list ./...); do \
