@@ -20,13 +20,18 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
+// fast converges in tens of milliseconds and declares a stopped server
+// dead within about two seconds, yet a live server on a loaded machine
+// (two cores, race detector, other packages' tests) is not suspected
+// just because it answered a probe late: a suspect has a second to
+// refute.
 var fast = membership.Tuning{
-	ProbeInterval:       100 * time.Millisecond,
-	ProbeTimeout:        80 * time.Millisecond,
+	ProbeInterval:       250 * time.Millisecond,
+	ProbeTimeout:        200 * time.Millisecond,
 	GossipInterval:      20 * time.Millisecond,
 	PushPullInterval:    300 * time.Millisecond,
 	TCPTimeout:          time.Second,
-	SuspicionMult:       3,
+	SuspicionMult:       4,
 	GossipToTheDeadTime: time.Second,
 	DeadRetention:       time.Minute, // departed servers' keys stay unavailable for the test
 }
