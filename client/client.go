@@ -77,7 +77,8 @@ type Config struct {
 	// Membership configures the client's gossip (BindAddr, Tuning...).
 	// Its Name, Role, Seeds and SecretKey come from the fields above.
 	// Tuning.DeadRetention is how long a departed server's keys report
-	// ErrUnavailable before they are placed on the remaining servers.
+	// ErrUnavailable before they are placed on the remaining servers
+	// (default 1 h: see membership.Tuning).
 	Membership membership.Config
 	// Logger receives the client's logs. Default slog.Default().
 	Logger *slog.Logger

@@ -109,18 +109,28 @@ type Tuning struct {
 	SuspicionMult       int           // suspect for SuspicionMult*log10(N)*ProbeInterval before dead
 	GossipToTheDeadTime time.Duration // how long memberlist keeps gossiping to a dead node
 
-	// DeadRetention is how long a dead or left member stays in the view
-	// (in StateDead or StateLeft) before it is reaped (EventReap).
-	// Default: the profile's GossipToTheDeadTime (15 s local, 30 s LAN).
+	// DeadRetention is how long a dead or left server stays in the view
+	// (in StateDead or StateLeft) before it is reaped (EventReap). While
+	// it stays, its keys are unavailable; once it is reaped they are
+	// placed on the other servers, and with one replica a server that
+	// returns after that brings back its old values over the writes made
+	// meanwhile (docs/ARCHITECTURE.md, "Placement"). Default 1 h. Other
+	// members (clients) are reaped after the profile's
+	// GossipToTheDeadTime (15 s local, 30 s LAN).
 	DeadRetention time.Duration
 }
+
+// DefaultDeadRetention is Tuning.DeadRetention's default: long enough
+// that a server restarted, rebooted or briefly cut off keeps its keys.
+const DefaultDeadRetention = time.Hour
 
 // The configuration with defaults filled in and checked.
 type settings struct {
 	Config
-	ml            *memberlist.Config
-	keyring       *memberlist.Keyring
-	deadRetention time.Duration
+	ml              *memberlist.Config
+	keyring         *memberlist.Keyring
+	deadRetention   time.Duration // servers
+	clientRetention time.Duration // every other role
 }
 
 func (c Config) settings() (*settings, error) {
@@ -207,10 +217,11 @@ func (c Config) settings() (*settings, error) {
 	if t.SuspicionMult > 0 {
 		mc.SuspicionMult = t.SuspicionMult
 	}
-	s := &settings{deadRetention: t.DeadRetention}
+	s := &settings{deadRetention: t.DeadRetention, clientRetention: mc.GossipToTheDeadTime}
 	if s.deadRetention <= 0 {
-		s.deadRetention = mc.GossipToTheDeadTime
+		s.deadRetention = DefaultDeadRetention
 	}
+	s.clientRetention = min(s.clientRetention, s.deadRetention)
 
 	mc.Name = c.Name
 	mc.BindAddr, mc.BindPort = c.BindAddr, c.BindPort

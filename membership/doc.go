@@ -44,8 +44,9 @@
 //
 // View returns an immutable snapshot: the members (name, gossip address,
 // state, decoded metadata) and a version that grows by one per change.
-// Dead and left members stay in it (StateDead, StateLeft) for
-// Tuning.DeadRetention, then are reaped. memberlist's suspect state is not
+// Dead and left servers stay in it (StateDead, StateLeft) for
+// Tuning.DeadRetention (default 1 h), other members for memberlist's
+// GossipToTheDeadTime, then are reaped. memberlist's suspect state is not
 // observable through its API, so a suspect member stays StateAlive until
 // it is declared dead.
 //

@@ -412,10 +412,10 @@ func (m *Membership) kick() {
 }
 
 // run pushes this node's arena table to members that need it and reaps
-// members dead or left for longer than DeadRetention.
+// members dead or left for longer than their retention.
 func (m *Membership) run() {
 	defer close(m.done)
-	tick := time.NewTicker(min(max(m.s.deadRetention/4, 10*time.Millisecond), time.Second))
+	tick := time.NewTicker(min(max(m.s.clientRetention/4, 10*time.Millisecond), time.Second))
 	defer tick.Stop()
 	for {
 		select {
@@ -483,7 +483,11 @@ func (m *Membership) reap(now time.Time) {
 		return
 	}
 	for name, mb := range m.members {
-		if mb.State != StateAlive && now.Sub(mb.Since) >= m.s.deadRetention {
+		retention := m.s.clientRetention
+		if mb.MetaErr == nil && mb.Meta.Role == proto.RoleServer {
+			retention = m.s.deadRetention
+		}
+		if mb.State != StateAlive && now.Sub(mb.Since) >= retention {
 			delete(m.members, name)
 			delete(m.raw, name)
 			delete(m.pending, name)

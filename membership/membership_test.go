@@ -629,3 +629,36 @@ func TestLogging(t *testing.T) {
 		t.Errorf("memberlist's log not routed:\n%s", out)
 	}
 }
+
+// TestDeadServersOutstayDeadClients: a dead client leaves the view after
+// GossipToTheDeadTime, a dead server stays for DeadRetention, so its keys
+// are not placed elsewhere while it reboots.
+func TestDeadServersOutstayDeadClients(t *testing.T) {
+	longer := func(c *Config) { c.Tuning.DeadRetention = time.Hour }
+	servers, metas := startCluster(t, 3, 1, longer)
+	waitFor(t, 10*time.Second, "convergence", func() error { return converged(servers, metas) })
+	cl := start(t, "c1", proto.RoleClient, proto.NodeMeta{}, withSeeds(servers[0]), longer)
+	waitFor(t, 10*time.Second, "client seen", func() error {
+		if _, ok := servers[0].View().Member("c1"); !ok {
+			return errors.New("s1 does not see c1")
+		}
+		return nil
+	})
+	for _, m := range []*Membership{cl, servers[2]} {
+		if err := m.Shutdown(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitSeenAs(t, 15*time.Second, servers[:1], "s3", StateDead)
+	// Reaped after GossipToTheDeadTime (1 s in fast), not DeadRetention.
+	waitFor(t, 15*time.Second, "c1 reaped", func() error {
+		if mb, ok := servers[0].View().Member("c1"); ok {
+			return fmt.Errorf("s1 still has %v", mb)
+		}
+		return nil
+	})
+	time.Sleep(2 * fast.GossipToTheDeadTime)
+	if mb, ok := servers[0].View().Member("s3"); !ok || mb.State != StateDead {
+		t.Fatalf("dead server s3 after %v: %v (present %v); want it kept dead for DeadRetention", 2*fast.GossipToTheDeadTime, mb.State, ok)
+	}
+}
