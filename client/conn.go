@@ -125,6 +125,9 @@ func (sc *serverConn) ready(ctx context.Context, m membership.Member) error {
 	defer cancel()
 	nc, err := c.dialControl(dctx, m.Meta.ControlAddr)
 	if err != nil {
+		if refused := tlsRefusal(sc.name, err); refused != err {
+			return refused
+		}
 		return retry("dialing %s at %s: %w", sc.name, m.Meta.ControlAddr, err)
 	}
 	sc.nc = nc
@@ -134,7 +137,7 @@ func (sc *serverConn) ready(ctx context.Context, m membership.Member) error {
 	r, err := sc.rpc(ctx, &proto.Hello{Client: c.ml.Name(), Token: []byte(c.cfg.AuthToken)})
 	if err != nil {
 		sc.drop()
-		return err
+		return tlsRefusal(sc.name, err)
 	}
 	sc.gen = r.(*proto.HelloReply).Generation
 	qcfg := c.cfg.QP

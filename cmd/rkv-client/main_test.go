@@ -218,17 +218,17 @@ func TestTLSAgainstAServer(t *testing.T) {
 		t.Fatalf("get with RKV_TLS_*: exit %d, %q\n%s", code, out, errs)
 	}
 
-	// TLS failures are retried as a server being unreachable (exit 3);
-	// the server's plaintext refusal is final (exit 4).
+	// A refused certificate is final, like a wrong token (exit 4), and
+	// so is the server's plaintext refusal.
 	for _, tc := range []struct {
 		name string
 		args []string
 		code int
 		want string
 	}{
-		{"no client certificate", []string{"--tls-ca", pki.ca}, exitUnavailable, "remote error: tls: certificate required"},
+		{"no client certificate", []string{"--tls-ca", pki.ca}, exitOther, "remote error: tls: certificate required"},
 		{"no TLS", nil, exitOther, "this control port speaks TLS only"},
-		{"the system's roots", []string{"--tls-cert", pki.cert, "--tls-key", pki.key}, exitUnavailable, "certificate signed by unknown authority"},
+		{"the system's roots", []string{"--tls-cert", pki.cert, "--tls-key", pki.key}, exitOther, "certificate signed by unknown authority"},
 	} {
 		args := append(append([]string{"--timeout", "3s"}, tc.args...), "get", "greeting")
 		_, errs, code := runCLI(map[string]string{"RKV_JOIN": join}, args...)
