@@ -117,6 +117,18 @@ type spread struct {
 	plotter.YErrors
 }
 
+// hasData reports whether any of ss summarizes a run.
+func hasData(ss ...[]Stat) bool {
+	for _, s := range ss {
+		for _, x := range s {
+			if x.N > 0 {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 func addSpread(p *plot.Plot, name string, xs []float64, ss []Stat, c color.Color, dashed bool) error {
 	var sp spread
 	for i, s := range ss {
@@ -228,6 +240,9 @@ func plotConcurrency(r *Results) (*plot.Plot, error) {
 		pt.System = SystemRedis
 		redis = append(redis, r.Stat(pt, Throughput))
 	}
+	if !hasData(rkv, redis) {
+		return nil, errNoData
+	}
 	if err := addSpread(p, "rkv", xs, rkv, colorRKV, false); err != nil {
 		return nil, err
 	}
@@ -262,6 +277,9 @@ func plotSize(r *Results) (*plot.Plot, error) {
 		exs = append(exs, float64(size))
 		e50 = append(e50, r.Stat(Point{System: SystemEcho, Op: OpGet, ValueSize: size, Concurrency: 1}, us))
 	}
+	if !hasData(p50, e50) {
+		return nil, errNoData
+	}
 	for _, s := range []struct {
 		name   string
 		xs     []float64
@@ -278,37 +296,39 @@ func plotSize(r *Results) (*plot.Plot, error) {
 
 func plotRegistration(r *Results) (*plot.Plot, error) {
 	c := r.Config
-	var xs []float64
-	var first, all, ready []Stat
 	var ns []int
 	for _, n := range c.Arenas {
-		s := r.RegistrationStat(n, func(g Registration) float64 { return g.FirstGet.Seconds() })
-		if s.N == 0 {
-			continue
+		if r.RegistrationStat(n, true, func(Registration) float64 { return 0 }).N+
+			r.RegistrationStat(n, false, func(Registration) float64 { return 0 }).N > 0 {
+			ns = append(ns, n)
 		}
-		ns = append(ns, n)
-		xs = append(xs, float64(n))
-		first = append(first, s)
-		all = append(all, r.RegistrationStat(n, func(g Registration) float64 { return g.Registered.Seconds() }))
-		ready = append(ready, r.RegistrationStat(n, func(g Registration) float64 { return g.Ready.Seconds() }))
 	}
-	if len(xs) == 0 {
+	if len(ns) == 0 {
 		return nil, errNoData
 	}
 	p := newPlot(fmt.Sprintf("Start with arenas of %s: time from process start", fmtBytes(c.ArenaBytes)), "arenas", "seconds")
 	pow2Axis(&p.X, ns, strconv.Itoa)
-	if err := addSpread(p, "all arenas registered (synchronous baseline)", xs, all, colorRedis, false); err != nil {
-		return nil, err
-	}
-	if err := addSpread(p, "first GET served (rkv)", xs, first, colorRKV, false); err != nil {
-		return nil, err
-	}
-	if err := addSpread(p, "ready log line", xs, ready, colorExtra, true); err != nil {
-		return nil, err
+	top := 0.0
+	for _, cold := range []bool{true, false} {
+		var xs []float64
+		var first, all []Stat
+		for _, n := range ns {
+			xs = append(xs, float64(n))
+			first = append(first, r.RegistrationStat(n, cold, func(g Registration) float64 { return g.FirstGet.Seconds() }))
+			all = append(all, r.RegistrationStat(n, cold, func(g Registration) float64 { return g.Registered.Seconds() }))
+		}
+		name := startName(cold)
+		if err := addSpread(p, "all arenas registered (synchronous baseline), "+name, xs, all, colorRedis, !cold); err != nil {
+			return nil, err
+		}
+		if err := addSpread(p, "first GET served (rkv), "+name, xs, first, colorRKV, !cold); err != nil {
+			return nil, err
+		}
+		top = math.Max(top, math.Max(maxStat(all), maxStat(first)))
 	}
 	p.Y.Min = 0
-	if m := maxStat(all); m > 0 {
-		p.Y.Max = m * 1.1
+	if top > 0 {
+		p.Y.Max = top * 1.1
 	}
 	return p, nil
 }

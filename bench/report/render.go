@@ -219,23 +219,30 @@ func BuildView(r *Results) View {
 	}
 
 	// 3. Registration.
-	v.Registration.Header = []string{"arenas", "memory", "ready", "first GET", "all registered (sync. baseline)", "first GET / all registered"}
+	v.Registration.Header = []string{"arenas", "memory", "start", "ready", "first arena registered", "first GET", "all registered (sync. baseline)", "first GET / all registered"}
+	firstOverAll := func(g Registration) float64 { return g.FirstGet.Seconds() / g.Registered.Seconds() }
 	for _, n := range c.Arenas {
-		ratio := r.RegistrationStat(n, func(g Registration) float64 { return g.FirstGet.Seconds() / g.Registered.Seconds() })
-		if ratio.N == 0 {
-			continue
+		for _, cold := range []bool{true, false} {
+			ratio := r.RegistrationStat(n, cold, firstOverAll)
+			if ratio.N == 0 {
+				continue
+			}
+			v.MaxArenas = n
+			v.Registration.Rows = append(v.Registration.Rows, []string{fmt.Sprint(n), fmtBytes(int64(n) * c.ArenaBytes), startName(cold),
+				fmtStat(r.RegistrationStat(n, cold, func(g Registration) float64 { return g.Ready.Seconds() }), durUnit),
+				fmtStat(r.RegistrationStat(n, cold, func(g Registration) float64 { return g.FirstArena.Seconds() }), durUnit),
+				fmtStat(r.RegistrationStat(n, cold, func(g Registration) float64 { return g.FirstGet.Seconds() }), durUnit),
+				fmtStat(r.RegistrationStat(n, cold, func(g Registration) float64 { return g.Registered.Seconds() }), durUnit),
+				fmtStat(ratio, ratioUnit)})
 		}
-		v.MaxArenas = n
-		v.Registration.Rows = append(v.Registration.Rows, []string{fmt.Sprint(n), fmtBytes(int64(n) * c.ArenaBytes),
-			fmtStat(r.RegistrationStat(n, func(g Registration) float64 { return g.Ready.Seconds() }), durUnit),
-			fmtStat(r.RegistrationStat(n, func(g Registration) float64 { return g.FirstGet.Seconds() }), durUnit),
-			fmtStat(r.RegistrationStat(n, func(g Registration) float64 { return g.Registered.Seconds() }), durUnit),
-			fmtStat(ratio, ratioUnit)})
 	}
-	if v.MaxArenas > 0 {
-		n := v.MaxArenas
-		ratio := r.RegistrationStat(n, func(g Registration) float64 { return g.FirstGet.Seconds() / g.Registered.Seconds() })
-		v.Targets = append(v.Targets, target(fmt.Sprintf("time to first GET / total registration time, %d arenas of %s", n, fmtBytes(c.ArenaBytes)), ratio, 0.125, true))
+	if n := v.MaxArenas; n > 0 {
+		for _, cold := range []bool{true, false} {
+			if ratio := r.RegistrationStat(n, cold, firstOverAll); ratio.N > 0 {
+				v.Targets = append(v.Targets, target(fmt.Sprintf("time to first GET / total registration time, %d arenas of %s, %s start",
+					n, fmtBytes(c.ArenaBytes), startName(cold)), ratio, 0.125, true))
+			}
+		}
 	}
 
 	// 4. Scaling.
@@ -285,6 +292,13 @@ func BuildView(r *Results) View {
 }
 
 // Formatting.
+
+func startName(cold bool) string {
+	if cold {
+		return "cold"
+	}
+	return "warm"
+}
 
 func fmtStat(s Stat, f unitFormat) string {
 	if s.N == 0 {

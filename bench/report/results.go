@@ -59,9 +59,16 @@ type Registration struct {
 	Run        int   `json:"run"`
 	Arenas     int   `json:"arenas"`
 	ArenaBytes int64 `json:"arena_bytes"`
+	// Cold: the arena files were dropped from the page cache before the
+	// start, so registration faulted every page in (as after a reboot);
+	// otherwise they were cached from the previous start.
+	Cold bool `json:"cold"`
 	// Ready is when the server logged "ready" (store open, listening,
 	// in the cluster).
 	Ready time.Duration `json:"ready_ns"`
+	// FirstArena is when the server logged its first "arena ready": the
+	// first arena's registration was complete.
+	FirstArena time.Duration `json:"first_arena_ns"`
 	// FirstGet is when a client's GET of the key first succeeded.
 	FirstGet time.Duration `json:"first_get_ns"`
 	// Registered is when the server logged that every arena was
@@ -250,11 +257,12 @@ func (r *Results) MedianRun(p Point, metric Metric) (Measurement, bool) {
 	return ms[(len(ms)-1)/2], true
 }
 
-// RegistrationStat summarizes f over the registrations of n arenas.
-func (r *Results) RegistrationStat(n int, f func(Registration) float64) Stat {
+// RegistrationStat summarizes f over the cold or warm registrations of
+// n arenas.
+func (r *Results) RegistrationStat(n int, cold bool, f func(Registration) float64) Stat {
 	var xs []float64
 	for _, g := range r.Registrations {
-		if g.Arenas == n {
+		if g.Arenas == n && g.Cold == cold {
 			xs = append(xs, f(g))
 		}
 	}

@@ -135,6 +135,12 @@ func (s *Server) WaitRegistered(ctx context.Context) (time.Time, error) {
 	return s.waitMsg(ctx, "arenas registered")
 }
 
+// WaitFirstArena waits for the first "arena ready" log line (an arena
+// is registered: its data can be read) and returns when it was logged.
+func (s *Server) WaitFirstArena(ctx context.Context) (time.Time, error) {
+	return s.waitMsg(ctx, "arena ready")
+}
+
 // waitMsg waits for the JSON log line with message msg and returns its
 // time.
 func (s *Server) waitMsg(ctx context.Context, msg string) (time.Time, error) {

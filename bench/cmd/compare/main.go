@@ -51,6 +51,7 @@ type options struct {
 	keep         bool
 	serveEcho    string
 	from         string
+	only         string
 }
 
 func main() {
@@ -94,6 +95,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.StringVar(&o.distribution, "distribution", "zipfian", "key distribution: zipfian or uniform")
 	fs.StringVar(&o.work, "work", "", "working directory for binaries, data and logs (default: a new temporary directory)")
 	fs.BoolVar(&o.keep, "keep", false, "keep the working directory (logs) at the end")
+	fs.StringVar(&o.only, "only", "", "measure only this part: throughput (comparisons 1, 2, 4) or registration (3)")
 	fs.StringVar(&o.from, "from", "", "measure nothing: render the report and plots into --out from this results.json")
 	fs.StringVar(&o.serveEcho, "serve-echo", "", "internal: serve the raw TCP echo on this address")
 	if err := fs.Parse(args); err != nil {
@@ -140,6 +142,9 @@ func parseFlags(args []string) (*options, error) {
 		return nil, fmt.Errorf("--arena-size: %w", err)
 	}
 	o.arenaBytes = int64(ab)
+	if o.only != "" && o.only != "throughput" && o.only != "registration" {
+		return nil, fmt.Errorf("--only %q: want throughput or registration", o.only)
+	}
 	if o.distribution != "zipfian" && o.distribution != "uniform" {
 		return nil, fmt.Errorf("--distribution %q: want zipfian or uniform", o.distribution)
 	}
@@ -230,20 +235,24 @@ func run(ctx context.Context, o *options) (err error) {
 	if err != nil {
 		return err
 	}
-	s, err := startSystems(ctx, o, work, bin)
-	if err != nil {
-		return err
+	if o.only != "registration" {
+		s, err := startSystems(ctx, o, work, bin)
+		if err != nil {
+			return err
+		}
+		err = s.measure(ctx, res)
+		if cerr := s.close(); cerr != nil {
+			logf("stopping the servers: %v", cerr)
+			err = errors.Join(err, cerr)
+		}
+		if err != nil {
+			return err
+		}
 	}
-	err = s.measure(ctx, res)
-	if cerr := s.close(); cerr != nil {
-		logf("stopping the servers: %v", cerr)
-		err = errors.Join(err, cerr)
-	}
-	if err != nil {
-		return err
-	}
-	if err := measureRegistration(ctx, o, work, bin, res); err != nil {
-		return err
+	if o.only != "throughput" {
+		if err := measureRegistration(ctx, o, work, bin, res); err != nil {
+			return err
+		}
 	}
 
 	if err := res.Save(filepath.Join(benchDir, "results.json")); err != nil {

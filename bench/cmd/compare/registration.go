@@ -14,6 +14,7 @@ import (
 	"github.com/rkv-io/rkv/bench/report"
 	"github.com/rkv-io/rkv/bench/target"
 	"github.com/rkv-io/rkv/client"
+	"golang.org/x/sys/unix"
 )
 
 // memorySpare is the memory left free beside the arenas.
@@ -50,19 +51,53 @@ func measureRegistration(ctx context.Context, o *options, work, bin string, res 
 	}
 	for run := 1; run <= o.runs; run++ {
 		for _, n := range counts {
-			r, err := timeStart(ctx, serverOptions(bin, dirs[n], n, o.arenaBytes))
-			if err != nil {
-				return fmt.Errorf("registration with %d arenas, run %d: %w", n, run, err)
+			for _, cold := range []bool{true, false} {
+				if cold {
+					if err := evictArenas(filepath.Join(dirs[n], "data")); err != nil {
+						return err
+					}
+				}
+				r, err := timeStart(ctx, serverOptions(bin, dirs[n], n, o.arenaBytes))
+				if err != nil {
+					return fmt.Errorf("registration with %d arenas, run %d: %w", n, run, err)
+				}
+				r.Run, r.Arenas, r.ArenaBytes, r.Cold = run, n, o.arenaBytes, cold
+				res.Registrations = append(res.Registrations, r)
+				logf("registration run %d/%d, %d arenas, %s: ready %v, first arena %v, first GET %v, all registered %v", run, o.runs, n,
+					map[bool]string{true: "cold", false: "warm"}[cold], r.Ready.Round(time.Millisecond),
+					r.FirstArena.Round(time.Millisecond), r.FirstGet.Round(time.Millisecond), r.Registered.Round(time.Millisecond))
 			}
-			r.Run, r.Arenas, r.ArenaBytes = run, n, o.arenaBytes
-			res.Registrations = append(res.Registrations, r)
-			logf("registration run %d/%d, %d arenas: ready %v, first GET %v, all registered %v", run, o.runs, n,
-				r.Ready.Round(time.Millisecond), r.FirstGet.Round(time.Millisecond), r.Registered.Round(time.Millisecond))
 		}
 	}
 	for _, d := range dirs {
 		if err := os.RemoveAll(d); err != nil {
 			return err
+		}
+	}
+	return nil
+}
+
+// evictArenas drops the arena files in dir from the page cache
+// (fdatasync, then POSIX_FADV_DONTNEED), so that the next start faults
+// every page in again, as after a reboot, without touching the rest of
+// the machine's cache.
+func evictArenas(dir string) error {
+	files, err := filepath.Glob(filepath.Join(dir, "arena-*.rkv"))
+	if err != nil || len(files) == 0 {
+		return fmt.Errorf("no arena files in %s to evict (%v)", dir, err)
+	}
+	for _, name := range files {
+		f, err := os.OpenFile(name, os.O_RDWR, 0)
+		if err != nil {
+			return fmt.Errorf("evicting %s from the page cache: %w", name, err)
+		}
+		err = unix.Fdatasync(int(f.Fd()))
+		if err == nil {
+			err = unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED)
+		}
+		f.Close()
+		if err != nil {
+			return fmt.Errorf("evicting %s from the page cache: %w", name, err)
 		}
 	}
 	return nil
@@ -144,10 +179,14 @@ func timeStart(ctx context.Context, so target.ServerOptions) (_ report.Registrat
 	if err != nil {
 		return r, err
 	}
+	first, err := s.WaitFirstArena(ctx)
+	if err != nil {
+		return r, err
+	}
 	reg, err := s.WaitRegistered(ctx)
 	if err != nil {
 		return r, err
 	}
-	r.Ready, r.Registered = ready.Sub(t0), reg.Sub(t0)
+	r.Ready, r.FirstArena, r.Registered = ready.Sub(t0), first.Sub(t0), reg.Sub(t0)
 	return r, nil
 }
