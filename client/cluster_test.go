@@ -379,15 +379,36 @@ func TestClusterMultiGet(t *testing.T) {
 		keys = append(keys, key(i))
 	}
 	keys = append(keys, []byte("empty"))
-	before, reads := c.handled(), cl.Reads()
-	vals, err := cl.MultiGet(ctx, keys)
+	// A fresh client: nothing in its location cache.
+	cold := newClient(t, c)
+	before, reads := c.handled(), cold.Reads()
+	vals, err := cold.MultiGet(ctx, keys)
 	if err != nil {
 		t.Fatal(err)
 	}
 	// Batched: one index READ per key and one record READ per present key;
 	// a key that fell back to Get alone would add more.
-	if got, want := cl.Reads()-reads, uint64(len(keys)+n+1); got != want {
-		t.Errorf("MultiGet of %d keys (%d present) posted %d READs, want %d", len(keys), n+1, got, want)
+	if got, want := cold.Reads()-reads, uint64(len(keys)+n+1); got != want {
+		t.Errorf("cold MultiGet of %d keys (%d present) posted %d READs, want %d", len(keys), n+1, got, want)
+	}
+	// The fresh client's only requests were one Hello per server.
+	for name, n := range c.handled() {
+		if n > before[name]+1 {
+			t.Errorf("cold MultiGet: %s handled %d requests, more than a Hello", name, n-before[name])
+		}
+	}
+	// Warm (the puts cached every location): one record READ per present
+	// key, one index READ per absent one.
+	before, reads = c.handled(), cl.Reads()
+	warm, err := cl.MultiGet(ctx, keys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := cl.Reads()-reads, uint64(len(keys)); got != want {
+		t.Errorf("warm MultiGet of %d keys posted %d READs, want %d", len(keys), got, want)
+	}
+	if fmt.Sprint(warm) != fmt.Sprint(vals) {
+		t.Fatalf("warm and cold MultiGets differ")
 	}
 	if after := c.handled(); fmt.Sprint(after) != fmt.Sprint(before) {
 		t.Fatalf("MultiGet ran server handlers: %v -> %v", before, after)

@@ -444,29 +444,40 @@ func (sc *serverConn) multiGet(ctx context.Context, m membership.Member, keys []
 		chunk := keys[start:min(start+batch, len(keys))]
 		wrs = wrs[:0]
 		hashes := make([]uint64, len(chunk))
+		cached := make([]bool, len(chunk))
 		for i, k := range chunk {
+			// A cached location skips the index, as in get.
+			if cl, ok := sc.c.cacheGet(k); ok && cl.node == sc.name && cl.gen == sc.gen {
+				locs[i], cached[i] = cl.loc, true
+				continue
+			}
 			hashes[i] = geo.Hash(k)
 			sges[i] = rdma.SGE{MR: sc.mr, Offset: i * nb, Length: nb}
 			wrs = append(wrs, rdma.SendWR{Op: rdma.OpRead, SGL: sges[i : i+1],
 				RemoteAddr: meta.Index.Addr + uint64(geo.NeighborhoodOffset(geo.Home(hashes[i]))), RKey: meta.Index.RKey})
 		}
-		if err := sc.postBatch(ctx, wrs); err != nil {
-			return nil, nil, err
+		if len(wrs) > 0 {
+			if err := sc.postBatch(ctx, wrs); err != nil {
+				return nil, nil, err
+			}
 		}
 		// Records go after the neighborhoods, as long as they fit.
 		wrs = wrs[:0]
 		var pending []int // chunk positions with a record READ posted
 		off := len(chunk) * nb
 		for i := range chunk {
-			found, err := proto.FindInNeighborhood(buf[i*nb:(i+1)*nb], hashes[i], scratch[:0])
-			switch {
-			case err != nil || len(found) > 1:
-				single = append(single, start+i)
-				continue
-			case len(found) == 0:
-				continue // absent
+			loc := locs[i]
+			if !cached[i] {
+				found, err := proto.FindInNeighborhood(buf[i*nb:(i+1)*nb], hashes[i], scratch[:0])
+				switch {
+				case err != nil || len(found) > 1:
+					single = append(single, start+i)
+					continue
+				case len(found) == 0:
+					continue // absent
+				}
+				loc = found[0]
 			}
-			loc := found[0]
 			a, ok := arenaOf(meta, loc.Arena)
 			if !ok || off+int(loc.Length) > len(buf) || loc.Offset+uint64(loc.Length) > a.Length {
 				single = append(single, start+i)
@@ -487,6 +498,9 @@ func (sc *serverConn) multiGet(ctx context.Context, m membership.Member, keys []
 		for _, i := range pending {
 			r, err := proto.VerifyRecord(buf[sges[i].Offset:sges[i].Offset+sges[i].Length], chunk[i], 0)
 			if err != nil {
+				if cached[i] {
+					sc.c.cacheDrop(chunk[i]) // superseded or deleted: get reads the index
+				}
 				single = append(single, start+i)
 				continue
 			}
