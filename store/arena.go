@@ -31,7 +31,9 @@ type arena struct {
 	path string
 	file *os.File
 	mem  *rdma.Memory
-	reg  *rdma.Registration // REMOTE_READ, for the whole arena
+	// reg is the REMOTE_READ registration of the whole arena, nil until
+	// it is submitted (the first arena goes before the others).
+	reg atomic.Pointer[rdma.Registration]
 
 	// Guarded by Store.mu.
 	head       int64 // next byte no lease has been given
@@ -73,22 +75,31 @@ func openArena(dir string, id int, size int64) (*arena, error) {
 }
 
 func (a *arena) register(ctx context.Context, r *rdma.Registrar) {
-	a.reg = r.Register(ctx, a.mem.Bytes(), rdma.AccessRemoteRead)
+	a.reg.Store(r.Register(ctx, a.mem.Bytes(), rdma.AccessRemoteRead))
 }
+
+// registration returns the arena's registration, nil before it is
+// submitted.
+func (a *arena) registration() *rdma.Registration { return a.reg.Load() }
 
 // ready reports whether the arena's registration has succeeded.
 func (a *arena) ready() bool {
+	reg := a.registration()
+	if reg == nil {
+		return false
+	}
 	select {
-	case <-a.reg.Done():
-		_, err := a.reg.Wait(context.Background())
+	case <-reg.Done():
+		_, err := reg.Wait(context.Background())
 		return err == nil
 	default:
 		return false
 	}
 }
 
+// info describes a ready arena.
 func (a *arena) info(generation uint64) ArenaInfo {
-	mr, _ := a.reg.Wait(context.Background())
+	mr, _ := a.registration().Wait(context.Background())
 	return ArenaInfo{ID: a.id, Addr: mr.Addr(), Length: int64(mr.Len()), RKey: mr.RKey(), Generation: generation}
 }
 
@@ -120,8 +131,8 @@ func (a *arena) sync() error {
 }
 
 func (a *arena) close() error {
-	if a.reg != nil {
-		_ = a.reg.Release()
+	if reg := a.registration(); reg != nil {
+		_ = reg.Release()
 	}
 	err := a.mem.Close()
 	if cerr := a.file.Close(); err == nil {

@@ -132,13 +132,16 @@ func Open(ctx context.Context, pd rdma.PD, registrar *rdma.Registrar, opts Optio
 		return nil, err
 	}
 	s.index.Publish()
-	// The index first: nothing is readable without it. Then the arenas,
-	// in order, each announced as its own registration completes.
+	// The index first: nothing is readable without it. Then the first
+	// arena alone, so that it serves after one arena's pinning rather than
+	// after sharing the workers, the disk and the cores with the others;
+	// then the rest together. Each is announced as its own registration
+	// completes.
 	s.indexReg = registrar.Register(ctx, s.indexMem.Bytes(), rdma.AccessRemoteRead)
-	for _, a := range s.arenas {
-		a.register(ctx, registrar)
-		go s.announce(a)
-	}
+	s.arenas[0].register(ctx, registrar)
+	go s.announce(s.arenas[0])
+	s.wg.Add(1)
+	go s.registerRest(ctx, registrar)
 	s.log.Info("store opened", "dir", opts.Dir, "keys", keys, "arenas", opts.ArenaCount, "arena_bytes", opts.ArenaSize,
 		"generation", s.generation, "sync", opts.Sync, "journal_replayed", replayed, "took", time.Since(start))
 	s.wg.Add(1)
@@ -154,8 +157,23 @@ func Open(ctx context.Context, pd rdma.PD, registrar *rdma.Registrar, opts Optio
 	return s, nil
 }
 
+// registerRest submits every arena but the first once the first is
+// registered (or failed), unless the store closes first.
+func (s *Store) registerRest(ctx context.Context, registrar *rdma.Registrar) {
+	defer s.wg.Done()
+	select {
+	case <-s.arenas[0].registration().Done():
+	case <-s.stop:
+		return
+	}
+	for _, a := range s.arenas[1:] {
+		a.register(ctx, registrar)
+		go s.announce(a)
+	}
+}
+
 func (s *Store) announce(a *arena) {
-	if _, err := a.reg.Wait(context.Background()); err != nil {
+	if _, err := a.registration().Wait(context.Background()); err != nil {
 		s.log.Error("arena registration failed", "arena", a.id, "err", err)
 		return
 	}
