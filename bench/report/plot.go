@@ -250,7 +250,21 @@ func plotConcurrency(r *Results) (*plot.Plot, error) {
 		return nil, err
 	}
 	p.Y.Min = 0
+	p.Y.Tick.Marker = rateTicks{}
 	return p, nil
+}
+
+// rateTicks are the default ticks labelled as rates: 25k, 1.5M.
+type rateTicks struct{}
+
+func (rateTicks) Ticks(min, max float64) []plot.Tick {
+	ts := plot.DefaultTicks{}.Ticks(min, max)
+	for i := range ts {
+		if ts[i].Label != "" {
+			ts[i].Label = fmtRate(ts[i].Value)
+		}
+	}
+	return ts
 }
 
 func plotSize(r *Results) (*plot.Plot, error) {

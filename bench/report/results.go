@@ -136,9 +136,9 @@ func Load(path string) (*Results, error) {
 	return &r, nil
 }
 
-// Save writes r as indented JSON.
+// Save writes r as JSON, compact (the CDFs make it large).
 func (r *Results) Save(path string) error {
-	b, err := json.MarshalIndent(r, "", " ")
+	b, err := json.Marshal(r)
 	if err != nil {
 		return fmt.Errorf("encoding results: %w", err)
 	}

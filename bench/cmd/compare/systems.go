@@ -246,6 +246,9 @@ func (s *systems) measure(ctx context.Context, res *report.Results) error {
 						continue
 					}
 				}
+				// The "all" kind repeats the one operation's: keep the file small.
+				delete(r.CDF, loadgen.KindAll)
+				delete(r.Latency, loadgen.KindAll)
 				res.Measurements = append(res.Measurements, report.Measurement{Point: p, Run: run, Result: r})
 				lat := r.Latency[p.Op]
 				extra := ""
