@@ -5,16 +5,11 @@ package server
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"errors"
 	"fmt"
 	"io"
-	"math/big"
 	"net"
 	"slices"
 	"strings"
@@ -22,6 +17,7 @@ import (
 	"time"
 
 	"github.com/rkv-io/rkv/client"
+	"github.com/rkv-io/rkv/internal/testpki"
 	"github.com/rkv-io/rkv/membership"
 	"github.com/rkv-io/rkv/proto"
 	"github.com/rkv-io/rkv/rdma"
@@ -192,71 +188,22 @@ func TestGossipKey(t *testing.T) {
 	healthy(t, newClient(t, s, "", key), "clients without the gossip key")
 }
 
-// testPKI is a CA and the certificates it issued, generated for one test.
-type testPKI struct {
-	pool           *x509.CertPool
-	server, client tls.Certificate
-}
-
-func newTestPKI(t *testing.T) testPKI {
-	t.Helper()
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	now := time.Now()
-	caTmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "rkv test CA"},
-		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
-	}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ca, err := x509.ParseCertificate(caDER)
-	if err != nil {
-		t.Fatal(err)
-	}
-	issue := func(serial int64, name string, usage x509.ExtKeyUsage) tls.Certificate {
-		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-		if err != nil {
-			t.Fatal(err)
-		}
-		tmpl := &x509.Certificate{
-			SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: name},
-			NotBefore: now.Add(-time.Hour), NotAfter: now.Add(time.Hour),
-			KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{usage},
-			IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
-		}
-		der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
-	}
-	pool := x509.NewCertPool()
-	pool.AddCert(ca)
-	return testPKI{pool: pool, server: issue(2, "s1", x509.ExtKeyUsageServerAuth), client: issue(3, "client", x509.ExtKeyUsageClientAuth)}
-}
-
 // TestControlTLS: a server with TLS and required client certificates
 // serves a client that has both; a plaintext peer, a client without a
 // certificate and a client that does not trust the server's CA are
 // refused before any Hello is answered.
 func TestControlTLS(t *testing.T) {
 	noLeaks(t)
-	pki := newTestPKI(t)
+	pki := testpki.New(t, "127.0.0.1")
 	if _, err := New(context.Background(), Config{Name: "x", Store: store.Options{Dir: t.TempDir()}, TLS: &tls.Config{}}); err == nil ||
 		!strings.Contains(err.Error(), "no certificate") {
 		t.Fatalf("a TLS config without a certificate: %v", err)
 	}
 	s := startServer(t, func(c *Config) {
 		c.AuthToken = "sesame"
-		c.TLS = &tls.Config{Certificates: []tls.Certificate{pki.server}, ClientCAs: pki.pool,
-			ClientAuth: tls.RequireAndVerifyClientCert, MinVersion: tls.VersionTLS13}
+		c.TLS = pki.ServerConfig()
 	})
-	good := &tls.Config{RootCAs: pki.pool, Certificates: []tls.Certificate{pki.client}, MinVersion: tls.VersionTLS13}
+	good := pki.ClientConfig()
 	cl := newClientWith(t, s, client.Config{AuthToken: "sesame", TLS: good})
 	healthy(t, cl, "start")
 	granted := s.Store().Stats().LeasesGranted

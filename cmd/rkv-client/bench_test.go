@@ -6,17 +6,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/rkv-io/rkv/client"
 	"github.com/rkv-io/rkv/loadgen"
-	"github.com/rkv-io/rkv/membership"
-	"github.com/rkv-io/rkv/server"
-	"github.com/rkv-io/rkv/store"
 )
 
 func TestBenchFlagErrorsAreUsage(t *testing.T) {
@@ -79,40 +74,11 @@ func TestProgressLines(t *testing.T) {
 	}
 }
 
-// startServer runs one rkv server in-process and returns its gossip
-// address once its index and arenas are advertised.
-func startServer(t *testing.T) string {
-	t.Helper()
-	root := t.TempDir()
-	s, err := server.New(context.Background(), server.Config{
-		Name: "s1",
-		Store: store.Options{
-			Dir: filepath.Join(root, "s1"), ArenaSize: 4 << 20, ArenaCount: 2, IndexSlots: 1 << 12, LeaseSize: 256 << 10,
-		},
-		Membership: membership.Config{BindAddr: "127.0.0.1"},
-		Logger:     slog.New(slog.DiscardHandler),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Close() })
-	for deadline := time.Now().Add(20 * time.Second); ; {
-		if m := s.Meta(); m.Index != nil && len(m.Arenas) == 2 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("server not ready: %+v", s.Meta())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	return s.GossipAddr()
-}
-
 func TestBenchAgainstAServer(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a server")
 	}
-	join := startServer(t)
+	join := startServerWith(t, nil)
 	env := map[string]string{"RKV_JOIN": join}
 
 	// The old bench: put every key, get them back and check them.

@@ -3,22 +3,14 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"log/slog"
-	"math/big"
-	"net"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/rkv-io/rkv/internal/testpki"
 	"github.com/rkv-io/rkv/membership"
 	"github.com/rkv-io/rkv/server"
 	"github.com/rkv-io/rkv/store"
@@ -64,85 +56,23 @@ func TestDevices(t *testing.T) {
 	}
 }
 
-// pkiFiles are the PEM files writePKI makes: a CA, and a server and a
-// client certificate it signed, each with its key.
-type pkiFiles struct {
-	ca, serverCert, serverKey, cert, key string
-}
-
-// writePKI generates a CA and two certificates for 127.0.0.1 into dir.
-func writePKI(t *testing.T, dir string) pkiFiles {
-	t.Helper()
-	write := func(name, typ string, der []byte) string {
-		path := filepath.Join(dir, name)
-		if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return path
-	}
-	newKey := func() *ecdsa.PrivateKey {
-		k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return k
-	}
-	now := time.Now()
-	caKey := newKey()
-	caTmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "rkv test CA"},
-		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
-	}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ca, err := x509.ParseCertificate(caDER)
-	if err != nil {
-		t.Fatal(err)
-	}
-	issue := func(serial int64, name string, usage x509.ExtKeyUsage) (cert, key string) {
-		k := newKey()
-		tmpl := &x509.Certificate{
-			SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: name},
-			NotBefore: now.Add(-time.Hour), NotAfter: now.Add(time.Hour),
-			KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{usage},
-			IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
-		}
-		der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &k.PublicKey, caKey)
-		if err != nil {
-			t.Fatal(err)
-		}
-		keyDER, err := x509.MarshalPKCS8PrivateKey(k)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return write(name+".pem", "CERTIFICATE", der), write(name+"-key.pem", "PRIVATE KEY", keyDER)
-	}
-	f := pkiFiles{ca: write("ca.pem", "CERTIFICATE", caDER)}
-	f.serverCert, f.serverKey = issue(2, "server", x509.ExtKeyUsageServerAuth)
-	f.cert, f.key = issue(3, "client", x509.ExtKeyUsageClientAuth)
-	return f
-}
-
 func TestTLSFlagErrors(t *testing.T) {
 	dir := t.TempDir()
-	pki := writePKI(t, dir)
+	files := testpki.New(t, "127.0.0.1").WriteFiles(t, dir)
 	missing := filepath.Join(dir, "missing.pem")
 	for _, tc := range []struct {
 		env  map[string]string
 		args []string
 		want []string
 	}{
-		{nil, []string{"--tls-cert", pki.cert}, []string{"--tls-cert and --tls-key: give both or neither"}},
-		{map[string]string{"RKV_TLS_KEY": pki.key}, []string{"--tls-ca", pki.ca}, []string{"--tls-cert and --tls-key: give both or neither"}},
+		{nil, []string{"--tls-cert", files.ClientCert}, []string{"--tls-cert and --tls-key: give both or neither"}},
+		{map[string]string{"RKV_TLS_KEY": files.ClientKey}, []string{"--tls-ca", files.CA}, []string{"--tls-cert and --tls-key: give both or neither"}},
 		{nil, []string{"--tls-ca", missing}, []string{"--tls-ca", missing, "no such file"}},
-		{map[string]string{"RKV_TLS_CA": pki.key}, nil, []string{"--tls-ca " + pki.key + ": no PEM certificate"}},
-		{nil, []string{"--tls-cert", missing, "--tls-key", pki.key}, []string{"--tls-cert", missing, "no such file"}},
-		{nil, []string{"--tls-cert", pki.cert, "--tls-key", missing}, []string{"--tls-key", missing, "no such file"}},
-		{nil, []string{"--tls-cert", pki.ca, "--tls-key", pki.key}, []string{pki.ca, pki.key, "private key does not match public key"}},
-		{nil, []string{"--tls-cert", pki.key, "--tls-key", pki.key}, []string{pki.key, "PEM data in certificate input"}},
+		{map[string]string{"RKV_TLS_CA": files.ClientKey}, nil, []string{"--tls-ca " + files.ClientKey + ": no PEM certificate"}},
+		{nil, []string{"--tls-cert", missing, "--tls-key", files.ClientKey}, []string{"--tls-cert", missing, "no such file"}},
+		{nil, []string{"--tls-cert", files.ClientCert, "--tls-key", missing}, []string{"--tls-key", missing, "no such file"}},
+		{nil, []string{"--tls-cert", files.CA, "--tls-key", files.ClientKey}, []string{files.CA, files.ClientKey, "private key does not match public key"}},
+		{nil, []string{"--tls-cert", files.ClientKey, "--tls-key", files.ClientKey}, []string{files.ClientKey, "PEM data in certificate input"}},
 	} {
 		args := append(append([]string{"--join", "127.0.0.1:1"}, tc.args...), "get", "k")
 		_, errs, code := runCLI(tc.env, args...)
@@ -158,8 +88,8 @@ func TestTLSFlagErrors(t *testing.T) {
 }
 
 // startServerWith runs one rkv server in-process with tlsConfig on its
-// control port and returns its gossip address once its index and arenas
-// are advertised.
+// control port (nil: plaintext) and returns its gossip address once its
+// index and arenas are advertised.
 func startServerWith(t *testing.T, tlsConfig *tls.Config) string {
 	t.Helper()
 	s, err := server.New(context.Background(), server.Config{
@@ -195,25 +125,15 @@ func TestTLSAgainstAServer(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a server")
 	}
-	pki := writePKI(t, t.TempDir())
-	cert, err := tls.LoadX509KeyPair(pki.serverCert, pki.serverKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	caPEM, err := os.ReadFile(pki.ca)
-	if err != nil {
-		t.Fatal(err)
-	}
-	clientCAs := x509.NewCertPool()
-	clientCAs.AppendCertsFromPEM(caPEM)
-	join := startServerWith(t, &tls.Config{Certificates: []tls.Certificate{cert}, ClientCAs: clientCAs,
-		ClientAuth: tls.RequireAndVerifyClientCert, MinVersion: tls.VersionTLS13})
+	pki := testpki.New(t, "127.0.0.1")
+	files := pki.WriteFiles(t, t.TempDir())
+	join := startServerWith(t, pki.ServerConfig())
 
-	if out, errs, code := runCLI(map[string]string{"RKV_JOIN": join}, "--tls-ca", pki.ca, "--tls-cert", pki.cert, "--tls-key", pki.key,
+	if out, errs, code := runCLI(map[string]string{"RKV_JOIN": join}, "--tls-ca", files.CA, "--tls-cert", files.ClientCert, "--tls-key", files.ClientKey,
 		"put", "greeting", "hello"); code != exitOK {
 		t.Fatalf("put with the TLS flags: exit %d\n%s\n%s", code, out, errs)
 	}
-	tlsEnv := map[string]string{"RKV_JOIN": join, "RKV_TLS_CA": pki.ca, "RKV_TLS_CERT": pki.cert, "RKV_TLS_KEY": pki.key}
+	tlsEnv := map[string]string{"RKV_JOIN": join, "RKV_TLS_CA": files.CA, "RKV_TLS_CERT": files.ClientCert, "RKV_TLS_KEY": files.ClientKey}
 	if out, errs, code := runCLI(tlsEnv, "get", "greeting"); code != exitOK || out != "hello" {
 		t.Fatalf("get with RKV_TLS_*: exit %d, %q\n%s", code, out, errs)
 	}
@@ -226,9 +146,9 @@ func TestTLSAgainstAServer(t *testing.T) {
 		code int
 		want string
 	}{
-		{"no client certificate", []string{"--tls-ca", pki.ca}, exitOther, "remote error: tls: certificate required"},
+		{"no client certificate", []string{"--tls-ca", files.CA}, exitOther, "remote error: tls: certificate required"},
 		{"no TLS", nil, exitOther, "this control port speaks TLS only"},
-		{"the system's roots", []string{"--tls-cert", pki.cert, "--tls-key", pki.key}, exitOther, "certificate signed by unknown authority"},
+		{"the system's roots", []string{"--tls-cert", files.ClientCert, "--tls-key", files.ClientKey}, exitOther, "certificate signed by unknown authority"},
 	} {
 		args := append(append([]string{"--timeout", "3s"}, tc.args...), "get", "greeting")
 		_, errs, code := runCLI(map[string]string{"RKV_JOIN": join}, args...)

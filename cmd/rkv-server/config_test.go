@@ -2,15 +2,8 @@ package main
 
 import (
 	"bytes"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"io"
-	"math/big"
 	"net"
 	"os"
 	"path/filepath"
@@ -18,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rkv-io/rkv/internal/testpki"
 	"github.com/rkv-io/rkv/store"
 )
 
@@ -137,68 +131,6 @@ func TestSizes(t *testing.T) {
 	}
 }
 
-// pkiFiles are the PEM files writePKI makes: a CA, and a server and a
-// client certificate it signed, each with its key.
-type pkiFiles struct {
-	ca, cert, key, clientCert, clientKey string
-}
-
-// writePKI generates a CA and two certificates for 127.0.0.1 into dir.
-func writePKI(t *testing.T, dir string) pkiFiles {
-	t.Helper()
-	write := func(name, typ string, der []byte) string {
-		path := filepath.Join(dir, name)
-		if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return path
-	}
-	newKey := func() *ecdsa.PrivateKey {
-		k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return k
-	}
-	now := time.Now()
-	caKey := newKey()
-	caTmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "rkv test CA"},
-		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
-	}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ca, err := x509.ParseCertificate(caDER)
-	if err != nil {
-		t.Fatal(err)
-	}
-	issue := func(serial int64, name string, usage x509.ExtKeyUsage) (cert, key string) {
-		k := newKey()
-		tmpl := &x509.Certificate{
-			SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: name},
-			NotBefore: now.Add(-time.Hour), NotAfter: now.Add(time.Hour),
-			KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{usage},
-			IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
-		}
-		der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &k.PublicKey, caKey)
-		if err != nil {
-			t.Fatal(err)
-		}
-		keyDER, err := x509.MarshalPKCS8PrivateKey(k)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return write(name+".pem", "CERTIFICATE", der), write(name+"-key.pem", "PRIVATE KEY", keyDER)
-	}
-	f := pkiFiles{ca: write("ca.pem", "CERTIFICATE", caDER)}
-	f.cert, f.key = issue(2, "server", x509.ExtKeyUsageServerAuth)
-	f.clientCert, f.clientKey = issue(3, "client", x509.ExtKeyUsageClientAuth)
-	return f
-}
-
 // handshake runs a TLS handshake between server and client configs over
 // a pipe and returns the server's error.
 func handshake(t *testing.T, server, client *tls.Config) error {
@@ -227,11 +159,12 @@ func handshake(t *testing.T, server, client *tls.Config) error {
 
 func TestTLSOptions(t *testing.T) {
 	dir := t.TempDir()
-	pki := writePKI(t, dir)
+	pki := testpki.New(t, "127.0.0.1")
+	files := pki.WriteFiles(t, dir)
 	if o, err := parseOptions([]string{"--name", "n"}, env(nil), io.Discard); err != nil || o.tls != nil {
 		t.Fatalf("no TLS flags: TLS config %v, %v", o.tls, err)
 	}
-	o, err := parseOptions([]string{"--name", "n", "--tls-cert", pki.cert, "--tls-key", pki.key}, env(nil), io.Discard)
+	o, err := parseOptions([]string{"--name", "n", "--tls-cert", files.ServerCert, "--tls-key", files.ServerKey}, env(nil), io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -241,25 +174,19 @@ func TestTLSOptions(t *testing.T) {
 
 	// mTLS, from the environment and the config file.
 	conf := filepath.Join(dir, "node.conf")
-	if err := os.WriteFile(conf, []byte("name = n\ntls-client-ca = "+pki.ca+"\n"), 0o600); err != nil {
+	if err := os.WriteFile(conf, []byte("name = n\ntls-client-ca = "+files.CA+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	o, err = parseOptions([]string{"--config", conf},
-		env(map[string]string{"RKV_TLS_CERT": pki.cert, "RKV_TLS_KEY": pki.key}), io.Discard)
+		env(map[string]string{"RKV_TLS_CERT": files.ServerCert, "RKV_TLS_KEY": files.ServerKey}), io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if c := o.tls; c == nil || c.MinVersion != tls.VersionTLS13 || c.ClientAuth != tls.RequireAndVerifyClientCert || c.ClientCAs == nil {
 		t.Fatalf("with --tls-client-ca: %+v", o.tls)
 	}
-	roots := x509.NewCertPool()
-	caPEM, _ := os.ReadFile(pki.ca)
-	roots.AppendCertsFromPEM(caPEM)
-	clientCert, err := tls.LoadX509KeyPair(pki.clientCert, pki.clientKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	client := &tls.Config{RootCAs: roots, ServerName: "127.0.0.1", Certificates: []tls.Certificate{clientCert}}
+	client := pki.ClientConfig()
+	client.ServerName = "127.0.0.1"
 	if err := handshake(t, o.tls, client); err != nil {
 		t.Fatalf("a client with a certificate from --tls-client-ca: %v", err)
 	}
@@ -271,7 +198,7 @@ func TestTLSOptions(t *testing.T) {
 
 func TestTLSOptionErrors(t *testing.T) {
 	dir := t.TempDir()
-	pki := writePKI(t, dir)
+	files := testpki.New(t, "127.0.0.1").WriteFiles(t, dir)
 	missing := filepath.Join(dir, "missing.pem")
 	garbage := filepath.Join(dir, "garbage.pem")
 	if err := os.WriteFile(garbage, []byte("not PEM\n"), 0o600); err != nil {
@@ -282,16 +209,16 @@ func TestTLSOptionErrors(t *testing.T) {
 		env  map[string]string
 		want []string
 	}{
-		{[]string{"--tls-cert", pki.cert}, nil, []string{"--tls-cert and --tls-key: give both or neither"}},
-		{nil, map[string]string{"RKV_TLS_KEY": pki.key}, []string{"--tls-cert and --tls-key: give both or neither"}},
-		{[]string{"--tls-client-ca", pki.ca}, nil, []string{"--tls-client-ca needs --tls-cert and --tls-key"}},
-		{[]string{"--tls-cert", missing, "--tls-key", pki.key}, nil, []string{"--tls-cert", missing, "no such file"}},
-		{[]string{"--tls-cert", pki.cert, "--tls-key", missing}, nil, []string{"--tls-key", missing, "no such file"}},
-		{[]string{"--tls-cert", garbage, "--tls-key", pki.key}, nil, []string{garbage, "PEM data in certificate input"}},
-		{[]string{"--tls-cert", pki.cert, "--tls-key", garbage}, nil, []string{garbage, "PEM data in key input"}},
-		{[]string{"--tls-cert", pki.cert, "--tls-key", pki.clientKey}, nil, []string{pki.clientKey, "private key does not match public key"}},
-		{[]string{"--tls-cert", pki.cert, "--tls-key", pki.key, "--tls-client-ca", missing}, nil, []string{"--tls-client-ca", missing, "no such file"}},
-		{[]string{"--tls-cert", pki.cert, "--tls-key", pki.key, "--tls-client-ca", pki.key}, nil, []string{"--tls-client-ca " + pki.key + ": no PEM certificate"}},
+		{[]string{"--tls-cert", files.ServerCert}, nil, []string{"--tls-cert and --tls-key: give both or neither"}},
+		{nil, map[string]string{"RKV_TLS_KEY": files.ServerKey}, []string{"--tls-cert and --tls-key: give both or neither"}},
+		{[]string{"--tls-client-ca", files.CA}, nil, []string{"--tls-client-ca needs --tls-cert and --tls-key"}},
+		{[]string{"--tls-cert", missing, "--tls-key", files.ServerKey}, nil, []string{"--tls-cert", missing, "no such file"}},
+		{[]string{"--tls-cert", files.ServerCert, "--tls-key", missing}, nil, []string{"--tls-key", missing, "no such file"}},
+		{[]string{"--tls-cert", garbage, "--tls-key", files.ServerKey}, nil, []string{garbage, "PEM data in certificate input"}},
+		{[]string{"--tls-cert", files.ServerCert, "--tls-key", garbage}, nil, []string{garbage, "PEM data in key input"}},
+		{[]string{"--tls-cert", files.ServerCert, "--tls-key", files.ClientKey}, nil, []string{files.ClientKey, "private key does not match public key"}},
+		{[]string{"--tls-cert", files.ServerCert, "--tls-key", files.ServerKey, "--tls-client-ca", missing}, nil, []string{"--tls-client-ca", missing, "no such file"}},
+		{[]string{"--tls-cert", files.ServerCert, "--tls-key", files.ServerKey, "--tls-client-ca", files.ServerKey}, nil, []string{"--tls-client-ca " + files.ServerKey + ": no PEM certificate"}},
 	} {
 		_, err := parseOptions(append([]string{"--name", "n"}, tc.args...), env(tc.env), io.Discard)
 		for _, w := range tc.want {
@@ -301,7 +228,7 @@ func TestTLSOptionErrors(t *testing.T) {
 		}
 	}
 	var out bytes.Buffer
-	if code := run([]string{"--name", "n", "--tls-key", pki.key}, env(nil), &out, nil); code != exitUsage || !strings.Contains(out.String(), "--tls-cert") {
+	if code := run([]string{"--name", "n", "--tls-key", files.ServerKey}, env(nil), &out, nil); code != exitUsage || !strings.Contains(out.String(), "--tls-cert") {
 		t.Fatalf("run with --tls-key alone: exit %d\n%s", code, out.String())
 	}
 }
