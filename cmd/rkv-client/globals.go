@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -17,6 +16,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/rkv-io/rkv/client"
+	"github.com/rkv-io/rkv/internal/tlsfiles"
 	"github.com/rkv-io/rkv/membership"
 )
 
@@ -138,27 +138,15 @@ func (g *globals) tlsConfig() (*tls.Config, error) {
 	}
 	c := &tls.Config{MinVersion: tls.VersionTLS13}
 	if g.tlsCA != "" {
-		caPEM, err := os.ReadFile(g.tlsCA)
-		if err != nil {
-			return nil, fmt.Errorf("--tls-ca: %w", err)
-		}
-		c.RootCAs = x509.NewCertPool()
-		if !c.RootCAs.AppendCertsFromPEM(caPEM) {
-			return nil, fmt.Errorf("--tls-ca %s: no PEM certificate in it", g.tlsCA)
+		var err error
+		if c.RootCAs, err = tlsfiles.CertPool(tlsfiles.Flag{Name: "--tls-ca", Path: g.tlsCA}); err != nil {
+			return nil, err
 		}
 	}
 	if g.tlsCert != "" {
-		certPEM, err := os.ReadFile(g.tlsCert)
+		cert, err := tlsfiles.KeyPair(tlsfiles.Flag{Name: "--tls-cert", Path: g.tlsCert}, tlsfiles.Flag{Name: "--tls-key", Path: g.tlsKey})
 		if err != nil {
-			return nil, fmt.Errorf("--tls-cert: %w", err)
-		}
-		keyPEM, err := os.ReadFile(g.tlsKey)
-		if err != nil {
-			return nil, fmt.Errorf("--tls-key: %w", err)
-		}
-		cert, err := tls.X509KeyPair(certPEM, keyPEM)
-		if err != nil {
-			return nil, fmt.Errorf("--tls-cert %s, --tls-key %s: %w", g.tlsCert, g.tlsKey, err)
+			return nil, err
 		}
 		c.Certificates = []tls.Certificate{cert}
 	}

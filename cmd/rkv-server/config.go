@@ -3,7 +3,6 @@ package main
 import (
 	"bufio"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/rkv-io/rkv/internal/tlsfiles"
 	"github.com/rkv-io/rkv/membership"
 	"github.com/rkv-io/rkv/store"
 )
@@ -361,29 +361,16 @@ func (o *options) tlsConfig() (*tls.Config, error) {
 	if o.TLSCert == "" || o.TLSKey == "" {
 		return nil, errors.New("--tls-cert and --tls-key: give both or neither")
 	}
-	certPEM, err := os.ReadFile(o.TLSCert)
+	cert, err := tlsfiles.KeyPair(tlsfiles.Flag{Name: "--tls-cert", Path: o.TLSCert}, tlsfiles.Flag{Name: "--tls-key", Path: o.TLSKey})
 	if err != nil {
-		return nil, fmt.Errorf("--tls-cert: %w", err)
-	}
-	keyPEM, err := os.ReadFile(o.TLSKey)
-	if err != nil {
-		return nil, fmt.Errorf("--tls-key: %w", err)
-	}
-	cert, err := tls.X509KeyPair(certPEM, keyPEM)
-	if err != nil {
-		return nil, fmt.Errorf("--tls-cert %s, --tls-key %s: %w", o.TLSCert, o.TLSKey, err)
+		return nil, err
 	}
 	c := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS13}
 	if o.TLSClientCA != "" {
-		caPEM, err := os.ReadFile(o.TLSClientCA)
-		if err != nil {
-			return nil, fmt.Errorf("--tls-client-ca: %w", err)
+		if c.ClientCAs, err = tlsfiles.CertPool(tlsfiles.Flag{Name: "--tls-client-ca", Path: o.TLSClientCA}); err != nil {
+			return nil, err
 		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(caPEM) {
-			return nil, fmt.Errorf("--tls-client-ca %s: no PEM certificate in it", o.TLSClientCA)
-		}
-		c.ClientCAs, c.ClientAuth = pool, tls.RequireAndVerifyClientCert
+		c.ClientAuth = tls.RequireAndVerifyClientCert
 	}
 	return c, nil
 }

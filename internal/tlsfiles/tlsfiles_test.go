@@ -1,0 +1,44 @@
+// Tests of tlsfiles: what loads, and errors that name the flag and the file.
+
+package tlsfiles
+
+import (
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/rkv-io/rkv/internal/testpki"
+)
+
+func TestKeyPairAndCertPool(t *testing.T) {
+	dir := t.TempDir()
+	files := testpki.New(t, "127.0.0.1").WriteFiles(t, dir)
+	missing := filepath.Join(dir, "missing.pem")
+	flag := func(name, path string) Flag { return Flag{Name: name, Path: path} }
+
+	if _, err := KeyPair(flag("--cert", files.ServerCert), flag("--key", files.ServerKey)); err != nil {
+		t.Errorf("a matching pair: %v", err)
+	}
+	if _, err := CertPool(flag("--ca", files.CA)); err != nil {
+		t.Errorf("a CA certificate: %v", err)
+	}
+	for _, tc := range []struct {
+		name string
+		err  error
+		want string
+	}{
+		{"a missing certificate", second(KeyPair(flag("--cert", missing), flag("--key", files.ServerKey))), "--cert: open " + missing},
+		{"a missing key", second(KeyPair(flag("--cert", files.ServerCert), flag("--key", missing))), "--key: open " + missing},
+		{"a key of another certificate", second(KeyPair(flag("--cert", files.ServerCert), flag("--key", files.ClientKey))),
+			"--cert " + files.ServerCert + ", --key " + files.ClientKey + ": tls: private key does not match public key"},
+		{"a missing CA file", second(CertPool(flag("--ca", missing))), "--ca: open " + missing},
+		{"a CA file without a certificate", second(CertPool(flag("--ca", files.ServerKey))), "--ca " + files.ServerKey + ": no PEM certificate in it"},
+	} {
+		if tc.err == nil || !strings.HasPrefix(tc.err.Error(), tc.want) {
+			t.Errorf("%s: %v, want an error starting %q", tc.name, tc.err, tc.want)
+		}
+	}
+}
+
+// second is the error of a call that returns a value and an error.
+func second[T any](_ T, err error) error { return err }
