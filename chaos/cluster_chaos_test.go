@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/rkv-io/rkv/internal/freeport"
 )
 
 // buildServer compiles rkv-server into dir, once per test binary.
@@ -30,25 +32,14 @@ func buildServer(t *testing.T, dir string) string {
 	return filepath.Join(dir, "rkv-server")
 }
 
-// freePort returns a port free for both TCP and UDP on 127.0.0.1 (gossip
-// uses both).
+// freePort returns a port free for both TCP and UDP on 127.0.0.1.
 func freePort(t *testing.T) int {
 	t.Helper()
-	for range 50 {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		port := ln.Addr().(*net.TCPAddr).Port
-		pc, err := net.ListenPacket("udp", fmt.Sprintf("127.0.0.1:%d", port))
-		ln.Close()
-		if err == nil {
-			pc.Close()
-			return port
-		}
+	port, err := freeport.Loopback()
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Fatal("no free port on 127.0.0.1")
-	return 0
+	return port
 }
 
 // nodeState is what the nemesis has done to a server.

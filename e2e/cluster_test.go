@@ -8,7 +8,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/rkv-io/rkv/internal/freeport"
 )
 
 // Exit codes of rkv-client (cmd/rkv-client).
@@ -36,25 +37,14 @@ func build(t *testing.T, dir string) (server, cli string) {
 	return filepath.Join(dir, "rkv-server"), filepath.Join(dir, "rkv-client")
 }
 
-// freePort returns a port free for both TCP and UDP on 127.0.0.1 (gossip
-// uses both).
+// freePort returns a port free for both TCP and UDP on 127.0.0.1.
 func freePort(t *testing.T) int {
 	t.Helper()
-	for range 50 {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		port := ln.Addr().(*net.TCPAddr).Port
-		pc, err := net.ListenPacket("udp", fmt.Sprintf("127.0.0.1:%d", port))
-		ln.Close()
-		if err == nil {
-			pc.Close()
-			return port
-		}
+	port, err := freeport.Loopback()
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Fatal("no free port")
-	return 0
+	return port
 }
 
 type node struct {
