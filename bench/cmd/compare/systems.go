@@ -148,7 +148,11 @@ func startSystems(ctx context.Context, o *options, work, bin string) (_ *systems
 	}}); err != nil {
 		return nil, err
 	}
-	if s.rkvGet, err = target.NewRKV(ctx, target.RKVOptions{Seeds: s.rkv.Seeds(), Conns: slices.Max(append(o.concurrency, o.baseConc, 16)),
+	conns := 16 // Load's writers
+	for _, g := range s.groups {
+		conns = max(conns, g.conc)
+	}
+	if s.rkvGet, err = target.NewRKV(ctx, target.RKVOptions{Seeds: s.rkv.Seeds(), Conns: conns,
 		Servers: o.rkvServers, Arenas: 4, Logger: clientLogger}); err != nil {
 		return nil, err
 	}
