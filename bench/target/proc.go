@@ -14,34 +14,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"strings"
 	"syscall"
 	"time"
 )
-
-// FreePort returns a port that is free on 127.0.0.1 for both TCP and UDP
-// at the time of the call (gossip needs both).
-func FreePort() (int, error) {
-	var lastErr error
-	for range 50 {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return 0, fmt.Errorf("finding a free port: %w", err)
-		}
-		port := ln.Addr().(*net.TCPAddr).Port
-		pc, err := net.ListenPacket("udp", fmt.Sprintf("127.0.0.1:%d", port))
-		ln.Close()
-		if err == nil {
-			pc.Close()
-			return port, nil
-		}
-		lastErr = err
-	}
-	return 0, fmt.Errorf("no port free for both TCP and UDP on 127.0.0.1 in 50 tries: %w", lastErr)
-}
 
 // Process is a child process whose stdout and stderr go to a log file.
 // Its methods are safe for concurrent use.

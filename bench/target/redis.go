@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
 
+	"github.com/rkv-io/rkv/internal/freeport"
 	"github.com/rkv-io/rkv/loadgen"
 )
 
@@ -62,7 +63,7 @@ func StartRedis(ctx context.Context, opts RedisOptions) (*Redis, error) {
 	if err := os.MkdirAll(opts.Dir, 0o755); err != nil {
 		return nil, fmt.Errorf("redis: %w", err)
 	}
-	port, err := FreePort()
+	port, err := freeport.Loopback()
 	if err != nil {
 		return nil, err
 	}

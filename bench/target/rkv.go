@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/rkv-io/rkv/client"
+	"github.com/rkv-io/rkv/internal/freeport"
 	"github.com/rkv-io/rkv/loadgen"
 )
 
@@ -101,7 +102,7 @@ func StartServer(opts ServerOptions) (*Server, error) {
 	if err := os.MkdirAll(opts.Dir, 0o755); err != nil {
 		return nil, fmt.Errorf("rkv-server %s: %w", opts.Name, err)
 	}
-	port, err := FreePort()
+	port, err := freeport.Loopback()
 	if err != nil {
 		return nil, err
 	}

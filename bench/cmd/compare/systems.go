@@ -16,6 +16,7 @@ import (
 
 	"github.com/rkv-io/rkv/bench/report"
 	"github.com/rkv-io/rkv/bench/target"
+	"github.com/rkv-io/rkv/internal/freeport"
 	"github.com/rkv-io/rkv/loadgen"
 )
 
@@ -124,7 +125,7 @@ func startSystems(ctx context.Context, o *options, work, bin string) (_ *systems
 	if err != nil {
 		return nil, err
 	}
-	port, err := target.FreePort()
+	port, err := freeport.Loopback()
 	if err != nil {
 		return nil, err
 	}
