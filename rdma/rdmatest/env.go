@@ -112,12 +112,14 @@ func newPair(t testing.TB, cfg Config, qcfg rdma.QPConfig) *pair {
 	t.Helper()
 	da, db := openDevices(t, cfg)
 	p := &pair{cfg: cfg, a: newSide(t, da, qcfg), b: newSide(t, db, qcfg)}
-	connect(t, p.a.qp, p.b.qp)
+	Connect(t, p.a.qp, p.b.qp)
 	return p
 }
 
-// connect runs rdma.ConnectQP for both QPs over an in-memory pipe.
-func connect(t testing.TB, a, b rdma.QP) {
+// Connect brings a and b to RTS against each other, running
+// rdma.ConnectQP for both over an in-memory pipe; it fails the test if
+// either side fails.
+func Connect(t testing.TB, a, b rdma.QP) {
 	t.Helper()
 	ca, cb := net.Pipe()
 	defer ca.Close()

@@ -607,7 +607,7 @@ func testManyQPs(t *testing.T, cfg Config) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { closeOK(t, "QP", b.Close) })
-		connect(t, a, b)
+		Connect(t, a, b)
 		as[i] = a
 	}
 	wrs := make([]rdma.SendWR, depth)

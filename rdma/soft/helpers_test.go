@@ -5,14 +5,13 @@ package soft
 import (
 	"context"
 	"errors"
-	"net"
-	"sync"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
 
 	"github.com/rkv-io/rkv/rdma"
+	"github.com/rkv-io/rkv/rdma/rdmatest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -98,25 +97,6 @@ func register(t testing.TB, p rdma.PD, size int, access rdma.Access) rdma.MR {
 	return m
 }
 
-// connect brings a and b to RTS against each other over a net.Pipe.
-func connect(t testing.TB, a, b rdma.QP) {
-	t.Helper()
-	ca, cb := net.Pipe()
-	defer ca.Close()
-	defer cb.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	var wg sync.WaitGroup
-	var errB error
-	wg.Add(1)
-	go func() { defer wg.Done(); _, errB = rdma.ConnectQP(ctx, cb, b) }()
-	_, errA := rdma.ConnectQP(ctx, ca, a)
-	wg.Wait()
-	if errA != nil || errB != nil {
-		t.Fatalf("ConnectQP: %v / %v", errA, errB)
-	}
-}
-
 // side is one end of a test connection.
 type side struct {
 	dev rdma.Device
@@ -140,7 +120,7 @@ func newSide(t testing.TB, cfg rdma.QPConfig) *side {
 func newPair(t testing.TB, cfg rdma.QPConfig) (a, b *side) {
 	t.Helper()
 	a, b = newSide(t, cfg), newSide(t, cfg)
-	connect(t, a.qp, b.qp)
+	rdmatest.Connect(t, a.qp, b.qp)
 	return a, b
 }
 

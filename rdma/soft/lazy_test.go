@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/rkv-io/rkv/rdma"
+	"github.com/rkv-io/rkv/rdma/rdmatest"
 )
 
 // slowSend posts a SEND the peer has no RECV for: it stays outstanding
@@ -161,7 +162,7 @@ func TestLazyQPDemoted(t *testing.T) {
 	expectStatus(t, b.cq, 2, rdma.StatusSuccess)
 	// Now a second pair on the shared CQ and the first QP both work.
 	peer := createQP(t, b.pd, rdma.QPConfig{SendCQ: b.cq, RecvCQ: b.cq})
-	connect(t, other, peer)
+	rdmatest.Connect(t, other, peer)
 	for i := range 20 {
 		q := a.qp
 		if i%2 == 1 {

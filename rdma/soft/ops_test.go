@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/rkv-io/rkv/rdma"
+	"github.com/rkv-io/rkv/rdma/rdmatest"
 )
 
 func TestWriteThenReadOrdering(t *testing.T) {
@@ -157,7 +158,7 @@ func TestConcurrentFetchAdd(t *testing.T) {
 	for i := range qps {
 		qa := createQP(t, a.pd, rdma.QPConfig{SendCQ: a.cq, RecvCQ: a.cq, SignalAll: true, MaxSendWR: each})
 		qb := createQP(t, b.pd, rdma.QPConfig{SendCQ: b.cq, RecvCQ: b.cq})
-		connect(t, qa, qb)
+		rdmatest.Connect(t, qa, qb)
 		go func() {
 			wr := []rdma.SendWR{{Op: rdma.OpFetchAdd, SGL: sgl(res, 8*i, 8), RemoteAddr: counter.Addr(), RKey: counter.RKey(), CompareAdd: 1}}
 			for range each {

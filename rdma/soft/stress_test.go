@@ -14,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/rkv-io/rkv/rdma"
+	"github.com/rkv-io/rkv/rdma/rdmatest"
 )
 
 func TestManyQPs(t *testing.T) {
@@ -30,7 +31,7 @@ func TestManyQPs(t *testing.T) {
 		cq := createCQ(t, a.dev, outstanding)
 		qa := createQP(t, a.pd, rdma.QPConfig{SendCQ: cq, RecvCQ: cq, MaxSendWR: outstanding})
 		qb := createQP(t, b.pd, rdma.QPConfig{SendCQ: b.cq, RecvCQ: b.cq})
-		connect(t, qa, qb)
+		rdmatest.Connect(t, qa, qb)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -167,7 +168,7 @@ func TestPostFromManyGoroutines(t *testing.T) {
 	a, b := newSide(t, cfg), newSide(t, cfg)
 	cq := createCQ(t, a.dev, posters*each)
 	qa := createQP(t, a.pd, rdma.QPConfig{SendCQ: cq, RecvCQ: cq, MaxSendWR: 64, SignalAll: true})
-	connect(t, qa, b.qp)
+	rdmatest.Connect(t, qa, b.qp)
 	local := register(t, a.pd, posters*8, rw)
 	remote := register(t, b.pd, 8, allRW)
 	var wg sync.WaitGroup
