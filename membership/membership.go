@@ -144,13 +144,7 @@ func (m *Membership) Join(seeds []string) (int, error) {
 func (m *Membership) usable() error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	switch {
-	case m.closed:
-		return ErrClosed
-	case m.left:
-		return ErrLeft
-	}
-	return nil
+	return m.usableLocked()
 }
 
 // SetMeta replaces this node's metadata and announces it. A server calls
