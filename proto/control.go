@@ -1,4 +1,4 @@
-// The control RPC between clients and servers: leases, commits, deletes, scans, stats.
+// The control RPC between clients and servers, and between servers: leases, commits, the map, migration.
 
 package proto
 
@@ -23,29 +23,36 @@ import (
 //	[ ControlVersion, type, request id, [payload fields...] ]
 //
 // A reply carries the id of its request. Every request is answered by its
-// reply type or by an Error. Decoding is strict: another version, an
-// unknown type, a type's payload with the wrong number of fields, a length
-// over its limit or over the bytes left, or bytes after the end all fail
-// with an error wrapping ErrBadMessage, before anything is allocated for
-// them. A peer that sends a bad frame is answered by an Error
-// (CodeBadRequest, request id 0, naming the problem) and disconnected.
+// reply type (MsgType.Reply) or by an Error. Decoding is strict: another
+// version, an unknown type, a type's payload with the wrong number of
+// fields, a length over its limit or over the bytes left, nil where an
+// integer belongs, or bytes after the end all fail with an error wrapping
+// ErrBadMessage, before anything is allocated for them. A peer that sends
+// a bad frame is answered by an Error (CodeBadRequest, request id 0,
+// naming the problem) and disconnected.
+//
+// Every request that touches keys carries the sender's cluster map epoch;
+// commits and deletes also carry an idempotency session and sequence
+// number, so that a retry whose first attempt was applied is answered with
+// the first result instead of being applied again.
 const (
-	ControlVersion = 1
+	ControlVersion = 2
 
-	// MaxFrame bounds a frame's body. A scan reply is cut to fit.
+	// MaxFrame bounds a frame's body. Scan replies are cut to fit.
 	MaxFrame = 1 << 20
 
 	// MaxHelloFrame bounds the body of the first frame on a connection,
 	// which a server reads before the peer has authenticated: a Hello
-	// with the longest name and token fits. An unauthenticated peer so
-	// cannot make a server allocate MaxFrame per connection.
+	// with the longest name, token and target fits. An unauthenticated
+	// peer so cannot make a server allocate MaxFrame per connection.
 	MaxHelloFrame = 2048
 
 	// Limits of the variable-length fields.
-	MaxControlName    = 512  // Hello.Client, HelloReply.Server
+	MaxControlName    = 512  // Hello.Client, HelloReply.Server, Forget.Node
 	MaxControlToken   = 1024 // Hello.Token
 	MaxControlMessage = 4096 // Error.Message
 	MaxScanEntries    = MaxFrame / 8
+	MaxMapBytes       = MaxFrame - 64 // MapReply.Map, MapChange.Command
 )
 
 // ErrBadMessage means a control frame that is malformed, too large, of
@@ -71,20 +78,66 @@ const (
 	MsgStats
 	MsgStatsReply
 	MsgError
+	MsgGetMap
+	MsgMapReply
+	MsgShardScan
+	MsgShardScanReply
+	MsgFenceShards
+	MsgFenceReply
+	MsgReleaseShards
+	MsgMapChange
+	MsgMapChangeReply
+	MsgForget
 	msgTypeEnd
 )
 
-var msgNames = [...]string{
-	MsgHello: "Hello", MsgHelloReply: "HelloReply", MsgGrantLease: "GrantLease", MsgLeaseReply: "LeaseReply",
-	MsgCommit: "Commit", MsgCommitReply: "CommitReply", MsgDelete: "Delete", MsgAck: "Ack", MsgScan: "Scan",
-	MsgScanReply: "ScanReply", MsgEndLease: "EndLease", MsgStats: "Stats", MsgStatsReply: "StatsReply", MsgError: "Error",
+// msgTable is every message type's name, constructor and reply type (0 for
+// replies): one row to add a message.
+var msgTable = [msgTypeEnd]struct {
+	name  string
+	new   func() Message
+	reply MsgType
+}{
+	MsgHello:          {"Hello", func() Message { return &Hello{} }, MsgHelloReply},
+	MsgHelloReply:     {"HelloReply", func() Message { return &HelloReply{} }, 0},
+	MsgGrantLease:     {"GrantLease", func() Message { return &GrantLease{} }, MsgLeaseReply},
+	MsgLeaseReply:     {"LeaseReply", func() Message { return &LeaseReply{} }, 0},
+	MsgCommit:         {"Commit", func() Message { return &Commit{} }, MsgCommitReply},
+	MsgCommitReply:    {"CommitReply", func() Message { return &CommitReply{} }, 0},
+	MsgDelete:         {"Delete", func() Message { return &Delete{} }, MsgAck},
+	MsgAck:            {"Ack", func() Message { return &Ack{} }, 0},
+	MsgScan:           {"Scan", func() Message { return &Scan{} }, MsgScanReply},
+	MsgScanReply:      {"ScanReply", func() Message { return &ScanReply{} }, 0},
+	MsgEndLease:       {"EndLease", func() Message { return &EndLease{} }, MsgAck},
+	MsgStats:          {"Stats", func() Message { return &Stats{} }, MsgStatsReply},
+	MsgStatsReply:     {"StatsReply", func() Message { return &StatsReply{} }, 0},
+	MsgError:          {"Error", func() Message { return &Error{} }, 0},
+	MsgGetMap:         {"GetMap", func() Message { return &GetMap{} }, MsgMapReply},
+	MsgMapReply:       {"MapReply", func() Message { return &MapReply{} }, 0},
+	MsgShardScan:      {"ShardScan", func() Message { return &ShardScan{} }, MsgShardScanReply},
+	MsgShardScanReply: {"ShardScanReply", func() Message { return &ShardScanReply{} }, 0},
+	MsgFenceShards:    {"FenceShards", func() Message { return &FenceShards{} }, MsgFenceReply},
+	MsgFenceReply:     {"FenceReply", func() Message { return &FenceReply{} }, 0},
+	MsgReleaseShards:  {"ReleaseShards", func() Message { return &ReleaseShards{} }, MsgAck},
+	MsgMapChange:      {"MapChange", func() Message { return &MapChange{} }, MsgMapChangeReply},
+	MsgMapChangeReply: {"MapChangeReply", func() Message { return &MapChangeReply{} }, 0},
+	MsgForget:         {"Forget", func() Message { return &Forget{} }, MsgMapChangeReply},
 }
 
 func (t MsgType) String() string {
 	if t > 0 && t < msgTypeEnd {
-		return msgNames[t]
+		return msgTable[t].name
 	}
 	return fmt.Sprintf("MsgType(%d)", uint8(t))
+}
+
+// Reply is the type that answers a request of type t (besides Error), or 0
+// when t is not a request.
+func (t MsgType) Reply() MsgType {
+	if t > 0 && t < msgTypeEnd {
+		return msgTable[t].reply
+	}
+	return 0
 }
 
 // NumMsgTypes is one more than the largest MsgType: arrays indexed by
@@ -94,25 +147,63 @@ const NumMsgTypes = int(msgTypeEnd)
 // Message is one control message: a pointer to one of the types below.
 type Message interface {
 	Type() MsgType
-	encode(e *msgpack.Encoder) error
-	decode(d *ctlDecoder) error
+	encode(e *encoder)
+	decode(d *decoder) error
+}
+
+// SessionKind says what a connection is for, in its Hello.
+type SessionKind uint8
+
+// Session kinds.
+const (
+	// SessionClient: a client's data and control session (leases,
+	// commits, scans, the map). The default.
+	SessionClient SessionKind = iota
+	// SessionPeer: another server of the cluster, for migration and map
+	// changes as well as everything a client may do.
+	SessionPeer
+	// SessionRaft: the cluster map's Raft traffic; after the HelloReply
+	// the connection carries Raft's own protocol.
+	SessionRaft
+	sessionKindEnd
+)
+
+func (k SessionKind) String() string {
+	switch k {
+	case SessionClient:
+		return "client"
+	case SessionPeer:
+		return "peer"
+	case SessionRaft:
+		return "raft"
+	}
+	return fmt.Sprintf("SessionKind(%d)", uint8(k))
 }
 
 // Hello opens a session: the first request on every connection.
 type Hello struct {
 	Client string
 	Token  []byte // the server's auth token; empty when it has none
+	Kind   SessionKind
+	// Target is the server ID the sender means to reach; a server refuses
+	// a Hello for another ID (a restarted server on a reused address must
+	// not take Raft traffic meant for its predecessor). Empty: any.
+	Target string
 }
 
-// HelloReply names the server and its generation (which changes with every
-// start, as the rkeys do).
+// HelloReply names the server, its generation (which changes with every
+// start, as the rkeys do), its data directory's ID and its map epoch.
 type HelloReply struct {
 	Server     string
 	Generation uint64
+	ServerID   string
+	MapEpoch   uint64
 }
 
 // GrantLease asks for a write lease.
-type GrantLease struct{}
+type GrantLease struct {
+	Epoch uint64
+}
 
 // LeaseReply is a granted write lease (store.Lease). TTL is its remaining
 // life when the server sent it: relative, so clocks need not agree.
@@ -127,13 +218,25 @@ type LeaseReply struct {
 	VersionCount uint64
 }
 
+// Write identifies one write for idempotency: Session is chosen at random
+// by the writer and used by one operation at a time, Seq grows by one per
+// operation of the session. A retry carries the same pair. Session 0 opts
+// out.
+type Write struct {
+	Session, Seq uint64
+}
+
 // Commit commits the record written at Offset of lease LeaseID's region,
 // Length bytes long.
 type Commit struct {
 	LeaseID, Offset, Length uint64
+	Epoch                   uint64
+	Write
 }
 
-// CommitReply says where the committed record lies and its version.
+// CommitReply says where the committed record lies and its version. A
+// retried commit that was applied before is answered with its version and,
+// when the record has been superseded or moved since, Length 0.
 type CommitReply struct {
 	Arena   uint16
 	Offset  uint64
@@ -142,16 +245,24 @@ type CommitReply struct {
 }
 
 // Delete deletes a key (absent keys are no error).
-type Delete struct{ Key []byte }
+type Delete struct {
+	Key   []byte
+	Epoch uint64
+	Write
+}
 
-// Ack acknowledges a Delete or an EndLease.
+// Ack acknowledges a Delete, an EndLease or a ReleaseShards.
 type Ack struct{}
 
-// Scan lists keys in [Start, End) in order; End nil means no upper bound,
-// Limit 0 no limit (the reply is still cut to fit MaxFrame).
+// Scan lists keys in [Start, End) in order, from the Shards the sender's
+// map says the server owns at Epoch (the server refuses a shard it does
+// not own); End nil means no upper bound, Limit 0 no limit (the reply is
+// still cut to fit MaxFrame).
 type Scan struct {
 	Start, End []byte
 	Limit      uint32
+	Epoch      uint64
+	Shards     []Shard
 }
 
 // ScanEntry is one key of a scan and where its record lies.
@@ -162,6 +273,10 @@ type ScanEntry struct {
 	Length  uint32
 	Version uint64
 }
+
+// ScanEntrySize bounds the encoded size of a scan entry with a key of
+// keyLen bytes, for cutting replies to fit a frame.
+func ScanEntrySize(keyLen int) int { return keyLen + 30 }
 
 // ScanReply is a scan's keys. More is set when the reply was cut short of
 // the limit to fit a frame: scan again from the last key's successor.
@@ -185,6 +300,92 @@ type StatsReply struct {
 	LeasesActive uint64
 	Connections  uint64
 	Handled      uint64 // control requests handled, all types
+	MapEpoch     uint64 // the epoch of the map the server holds
+	ShardsOwned  uint64
+	// Migration into this server: shards being copied in now, shards
+	// moved in since the start, and what their copies took.
+	ShardsIncoming uint64
+	ShardsMovedIn  uint64
+	CopiedKeys     uint64
+	CopiedBytes    uint64
+	CopyTime       time.Duration
+}
+
+// GetMap asks for the server's cluster map. Have is the epoch the sender
+// holds: a server whose map is not newer answers without one.
+type GetMap struct{ Have uint64 }
+
+// MapReply carries the server's map (EncodeClusterMap), or none when it is
+// not newer than GetMap.Have. Epoch is the server's epoch either way (0:
+// it has no map yet).
+type MapReply struct {
+	Epoch uint64
+	Map   []byte
+}
+
+// ShardScan asks a peer for the entries of one shard it holds, in key order
+// after After (nil: from the first), for a migration's copy. With
+// Sessions, the first reply (After nil) also carries the shard's
+// idempotency sessions.
+type ShardScan struct {
+	Shard    Shard
+	After    []byte
+	Limit    uint32
+	Sessions bool
+}
+
+// ShardScanReply is one page of a ShardScan. More is set when the shard has
+// entries after the last one.
+type ShardScanReply struct {
+	Entries  []ScanEntry
+	Sessions []SessionEntry
+	More     bool
+}
+
+// SessionEntry is the last write one idempotency session applied to a
+// shard.
+type SessionEntry struct {
+	Session, Seq uint64
+	Version      uint64 // the write's version; 0 for a delete
+	Time         int64  // when it was applied, Unix nanoseconds
+}
+
+// FenceShards asks the shards' owner to stop writes to them: it answers
+// once its map is at Epoch or later (the map that froze them) and every
+// write it admitted before is applied.
+type FenceShards struct {
+	Shards []Shard
+	Epoch  uint64
+}
+
+// FenceReply is the fenced server's generation: a ReleaseShards must carry
+// it, so that a server restarted since (which may have taken writes before
+// its map caught up) is fenced again.
+type FenceReply struct{ Generation uint64 }
+
+// ReleaseShards asks a fenced owner to hand the shards over: it stops
+// serving them (their records dead, their keys out of its index, their
+// shard words cleared) and keeps their data until the map gives them to
+// the new owner.
+type ReleaseShards struct {
+	Shards     []Shard
+	Generation uint64
+}
+
+// MapChange proposes a map command (EncodeMapCommand) to the map's Raft
+// leader; any server forwards it there.
+type MapChange struct{ Command []byte }
+
+// MapChangeReply is the epoch of the map after the change.
+type MapChangeReply struct{ Epoch uint64 }
+
+// Forget asks the cluster to remove a server from the map: a live one is
+// drained first (its shards move to the others); with Force a dead one is
+// dropped at once, its shards given to the others empty (with one copy of
+// each key, its keys are lost).
+type Forget struct {
+	Node  string
+	Force bool
 }
 
 // ErrorCode classifies an Error.
@@ -200,13 +401,28 @@ const (
 	CodeUnauthenticated
 	CodeInternal
 	CodeBadRequest // a request the server does not take (a reply type, a second Hello)
+	// CodeNotOwner: the server does not own the key's shard in its map,
+	// or the sender's map is older than the server's: refresh the map.
+	CodeNotOwner
+	// CodeShardMoving: the shard is frozen for a migration's last copy:
+	// retry in a moment.
+	CodeShardMoving
+	// CodeNotLeader: a map change reached a server that is not the Raft
+	// leader and could not forward it.
+	CodeNotLeader
+	// CodeUnavailable: the server cannot serve yet (no map, no quorum).
+	CodeUnavailable
+	// CodeSuperseded: a write older than one its session already applied.
+	CodeSuperseded
 	codeEnd
 )
 
 var codeNames = [...]string{
 	CodeNotFound: "not found", CodeLeaseInvalid: "lease invalid", CodeRecordInvalid: "record invalid",
 	CodeFull: "full", CodeIndexFull: "index full", CodeUnauthenticated: "unauthenticated",
-	CodeInternal: "internal", CodeBadRequest: "bad request",
+	CodeInternal: "internal", CodeBadRequest: "bad request", CodeNotOwner: "not owner",
+	CodeShardMoving: "shard moving", CodeNotLeader: "not leader", CodeUnavailable: "unavailable",
+	CodeSuperseded: "superseded",
 }
 
 func (c ErrorCode) String() string {
@@ -224,158 +440,265 @@ type Error struct {
 
 func (e *Error) Error() string { return fmt.Sprintf("rkv server: %s: %s", e.Code, e.Message) }
 
-func (*Hello) Type() MsgType       { return MsgHello }
-func (*HelloReply) Type() MsgType  { return MsgHelloReply }
-func (*GrantLease) Type() MsgType  { return MsgGrantLease }
-func (*LeaseReply) Type() MsgType  { return MsgLeaseReply }
-func (*Commit) Type() MsgType      { return MsgCommit }
-func (*CommitReply) Type() MsgType { return MsgCommitReply }
-func (*Delete) Type() MsgType      { return MsgDelete }
-func (*Ack) Type() MsgType         { return MsgAck }
-func (*Scan) Type() MsgType        { return MsgScan }
-func (*ScanReply) Type() MsgType   { return MsgScanReply }
-func (*EndLease) Type() MsgType    { return MsgEndLease }
-func (*Stats) Type() MsgType       { return MsgStats }
-func (*StatsReply) Type() MsgType  { return MsgStatsReply }
-func (*Error) Type() MsgType       { return MsgError }
-
-func newMessage(t MsgType) Message {
-	switch t {
-	case MsgHello:
-		return &Hello{}
-	case MsgHelloReply:
-		return &HelloReply{}
-	case MsgGrantLease:
-		return &GrantLease{}
-	case MsgLeaseReply:
-		return &LeaseReply{}
-	case MsgCommit:
-		return &Commit{}
-	case MsgCommitReply:
-		return &CommitReply{}
-	case MsgDelete:
-		return &Delete{}
-	case MsgAck:
-		return &Ack{}
-	case MsgScan:
-		return &Scan{}
-	case MsgScanReply:
-		return &ScanReply{}
-	case MsgEndLease:
-		return &EndLease{}
-	case MsgStats:
-		return &Stats{}
-	case MsgStatsReply:
-		return &StatsReply{}
-	case MsgError:
-		return &Error{}
-	}
-	return nil
-}
+func (*Hello) Type() MsgType          { return MsgHello }
+func (*HelloReply) Type() MsgType     { return MsgHelloReply }
+func (*GrantLease) Type() MsgType     { return MsgGrantLease }
+func (*LeaseReply) Type() MsgType     { return MsgLeaseReply }
+func (*Commit) Type() MsgType         { return MsgCommit }
+func (*CommitReply) Type() MsgType    { return MsgCommitReply }
+func (*Delete) Type() MsgType         { return MsgDelete }
+func (*Ack) Type() MsgType            { return MsgAck }
+func (*Scan) Type() MsgType           { return MsgScan }
+func (*ScanReply) Type() MsgType      { return MsgScanReply }
+func (*EndLease) Type() MsgType       { return MsgEndLease }
+func (*Stats) Type() MsgType          { return MsgStats }
+func (*StatsReply) Type() MsgType     { return MsgStatsReply }
+func (*Error) Type() MsgType          { return MsgError }
+func (*GetMap) Type() MsgType         { return MsgGetMap }
+func (*MapReply) Type() MsgType       { return MsgMapReply }
+func (*ShardScan) Type() MsgType      { return MsgShardScan }
+func (*ShardScanReply) Type() MsgType { return MsgShardScanReply }
+func (*FenceShards) Type() MsgType    { return MsgFenceShards }
+func (*FenceReply) Type() MsgType     { return MsgFenceReply }
+func (*ReleaseShards) Type() MsgType  { return MsgReleaseShards }
+func (*MapChange) Type() MsgType      { return MsgMapChange }
+func (*MapChangeReply) Type() MsgType { return MsgMapChangeReply }
+func (*Forget) Type() MsgType         { return MsgForget }
 
 // ---- encoding ----
 
-func encUints(e *msgpack.Encoder, vs ...uint64) error {
-	if err := e.EncodeArrayLen(len(vs)); err != nil {
-		return err
+// encoder writes msgpack and keeps the first error: of the writer, or of a
+// value that could never be decoded (which wraps ErrBadMessage).
+type encoder struct {
+	e   *msgpack.Encoder
+	err error
+}
+
+func (e *encoder) fail(format string, args ...any) {
+	if e.err == nil {
+		e.err = fmt.Errorf("%w: "+format, append([]any{ErrBadMessage}, args...)...)
 	}
+}
+
+func (e *encoder) keep(err error) {
+	if e.err == nil && err != nil {
+		e.err = err
+	}
+}
+
+func (e *encoder) array(n int)    { e.keep(e.e.EncodeArrayLen(n)) }
+func (e *encoder) uint(v uint64)  { e.keep(e.e.EncodeUint(v)) }
+func (e *encoder) bool(v bool)    { e.keep(e.e.EncodeBool(v)) }
+func (e *encoder) bytes(b []byte) { e.keep(e.e.EncodeBytes(b)) }
+func (e *encoder) str(s string)   { e.keep(e.e.EncodeString(s)) }
+func (e *encoder) shards(s []Shard) {
+	if len(s) > NumShards {
+		e.fail("%d shards, limit %d", len(s), NumShards)
+	}
+	for _, x := range s {
+		if x >= NumShards {
+			e.fail("shard %d, limit %d", x, NumShards-1)
+		}
+	}
+	e.keep(encodeShards(e.e, s))
+}
+
+func (e *encoder) uints(vs ...uint64) {
+	e.array(len(vs))
 	for _, v := range vs {
-		if err := e.EncodeUint(v); err != nil {
-			return err
-		}
+		e.uint(v)
 	}
-	return nil
 }
 
-func badMsg(format string, args ...any) error {
-	return fmt.Errorf("%w: "+format, append([]any{ErrBadMessage}, args...)...)
-}
-
-func checkLen(what string, n, max int) error {
+// limit fails for a length over max.
+func (e *encoder) limit(what string, n, max int) {
 	if n > max {
-		return badMsg("%s of %d bytes, limit %d", what, n, max)
+		e.fail("%s of %d bytes, limit %d", what, n, max)
 	}
-	return nil
 }
 
-func (m *Hello) encode(e *msgpack.Encoder) error {
-	if err := errors.Join(checkLen("client name", len(m.Client), MaxControlName), checkLen("token", len(m.Token), MaxControlToken)); err != nil {
-		return err
+// key fails unless 1 <= len(k) <= MaxKeyLen.
+func (e *encoder) key(what string, k []byte) {
+	if len(k) == 0 || len(k) > MaxKeyLen {
+		e.fail("%s of %d bytes: must be 1 to %d", what, len(k), MaxKeyLen)
 	}
-	return errors.Join(e.EncodeArrayLen(2), e.EncodeString(m.Client), e.EncodeBytes(m.Token))
 }
 
-func (m *HelloReply) encode(e *msgpack.Encoder) error {
-	if err := checkLen("server name", len(m.Server), MaxControlName); err != nil {
-		return err
+func (m *Hello) encode(e *encoder) {
+	e.limit("client name", len(m.Client), MaxControlName)
+	e.limit("token", len(m.Token), MaxControlToken)
+	e.limit("target", len(m.Target), MaxServerIDLen)
+	if m.Kind >= sessionKindEnd {
+		e.fail("session kind %d", m.Kind)
 	}
-	return errors.Join(e.EncodeArrayLen(2), e.EncodeString(m.Server), e.EncodeUint(m.Generation))
+	e.array(4)
+	e.str(m.Client)
+	e.bytes(m.Token)
+	e.uint(uint64(m.Kind))
+	e.str(m.Target)
 }
 
-func (*GrantLease) encode(e *msgpack.Encoder) error { return e.EncodeArrayLen(0) }
-func (*Ack) encode(e *msgpack.Encoder) error        { return e.EncodeArrayLen(0) }
-func (*Stats) encode(e *msgpack.Encoder) error      { return e.EncodeArrayLen(0) }
+func (m *HelloReply) encode(e *encoder) {
+	e.limit("server name", len(m.Server), MaxControlName)
+	e.limit("server ID", len(m.ServerID), MaxServerIDLen)
+	e.array(4)
+	e.str(m.Server)
+	e.uint(m.Generation)
+	e.str(m.ServerID)
+	e.uint(m.MapEpoch)
+}
 
-func (m *LeaseReply) encode(e *msgpack.Encoder) error {
+func (m *GrantLease) encode(e *encoder) { e.uints(m.Epoch) }
+func (*Ack) encode(e *encoder)          { e.array(0) }
+func (*Stats) encode(e *encoder)        { e.array(0) }
+
+func (m *LeaseReply) encode(e *encoder) {
 	if m.TTL < 0 {
-		return badMsg("negative lease TTL %v", m.TTL)
+		e.fail("negative lease TTL %v", m.TTL)
 	}
-	return encUints(e, m.ID, uint64(m.Arena), m.Addr, m.Size, uint64(m.RKey), uint64(m.TTL), m.VersionBase, m.VersionCount)
+	e.uints(m.ID, uint64(m.Arena), m.Addr, m.Size, uint64(m.RKey), uint64(m.TTL), m.VersionBase, m.VersionCount)
 }
 
-func (m *Commit) encode(e *msgpack.Encoder) error {
-	return encUints(e, m.LeaseID, m.Offset, m.Length)
+func (m *Commit) encode(e *encoder) {
+	e.uints(m.LeaseID, m.Offset, m.Length, m.Epoch, m.Session, m.Seq)
 }
 
-func (m *CommitReply) encode(e *msgpack.Encoder) error {
-	return encUints(e, uint64(m.Arena), m.Offset, uint64(m.Length), m.Version)
+func (m *CommitReply) encode(e *encoder) {
+	e.uints(uint64(m.Arena), m.Offset, uint64(m.Length), m.Version)
 }
 
-func (m *Delete) encode(e *msgpack.Encoder) error {
-	if len(m.Key) == 0 || len(m.Key) > MaxKeyLen {
-		return badMsg("key of %d bytes: must be 1 to %d", len(m.Key), MaxKeyLen)
+func (m *Delete) encode(e *encoder) {
+	e.key("key", m.Key)
+	e.array(4)
+	e.bytes(m.Key)
+	e.uint(m.Epoch)
+	e.uint(m.Session)
+	e.uint(m.Seq)
+}
+
+func (m *Scan) encode(e *encoder) {
+	e.limit("scan start", len(m.Start), MaxKeyLen)
+	e.limit("scan end", len(m.End), MaxKeyLen)
+	e.array(5)
+	e.bytes(m.Start)
+	e.bytes(m.End)
+	e.uint(uint64(m.Limit))
+	e.uint(m.Epoch)
+	e.shards(m.Shards)
+}
+
+func encodeScanEntries(e *encoder, entries []ScanEntry) {
+	if len(entries) > MaxScanEntries {
+		e.fail("%d scan entries, limit %d", len(entries), MaxScanEntries)
 	}
-	return errors.Join(e.EncodeArrayLen(1), e.EncodeBytes(m.Key))
-}
-
-func (m *Scan) encode(e *msgpack.Encoder) error {
-	if err := errors.Join(checkLen("scan start", len(m.Start), MaxKeyLen), checkLen("scan end", len(m.End), MaxKeyLen)); err != nil {
-		return err
+	e.array(len(entries))
+	for _, en := range entries {
+		e.key("scan entry key", en.Key)
+		e.array(5)
+		e.bytes(en.Key)
+		e.uint(uint64(en.Arena))
+		e.uint(en.Offset)
+		e.uint(uint64(en.Length))
+		e.uint(en.Version)
 	}
-	return errors.Join(e.EncodeArrayLen(3), e.EncodeBytes(m.Start), e.EncodeBytes(m.End), e.EncodeUint(uint64(m.Limit)))
 }
 
-func (m *ScanReply) encode(e *msgpack.Encoder) error {
-	if len(m.Entries) > MaxScanEntries {
-		return badMsg("%d scan entries, limit %d", len(m.Entries), MaxScanEntries)
+func (m *ScanReply) encode(e *encoder) {
+	e.array(2)
+	encodeScanEntries(e, m.Entries)
+	e.bool(m.More)
+}
+
+func (m *EndLease) encode(e *encoder) { e.uints(m.ID) }
+
+func (m *StatsReply) encode(e *encoder) {
+	if m.CopyTime < 0 {
+		e.fail("negative copy time %v", m.CopyTime)
 	}
-	errs := []error{e.EncodeArrayLen(2), e.EncodeArrayLen(len(m.Entries))}
-	for _, en := range m.Entries {
-		if len(en.Key) == 0 || len(en.Key) > MaxKeyLen {
-			return badMsg("scan entry key of %d bytes: must be 1 to %d", len(en.Key), MaxKeyLen)
-		}
-		errs = append(errs, e.EncodeArrayLen(5), e.EncodeBytes(en.Key), e.EncodeUint(uint64(en.Arena)),
-			e.EncodeUint(en.Offset), e.EncodeUint(uint64(en.Length)), e.EncodeUint(en.Version))
-	}
-	errs = append(errs, e.EncodeBool(m.More))
-	return errors.Join(errs...)
+	e.uints(m.Generation, m.Keys, m.Commits, m.Deletes, m.LeasesActive, m.Connections, m.Handled,
+		m.MapEpoch, m.ShardsOwned, m.ShardsIncoming, m.ShardsMovedIn, m.CopiedKeys, m.CopiedBytes, uint64(m.CopyTime))
 }
 
-func (m *EndLease) encode(e *msgpack.Encoder) error { return encUints(e, m.ID) }
-
-func (m *StatsReply) encode(e *msgpack.Encoder) error {
-	return encUints(e, m.Generation, m.Keys, m.Commits, m.Deletes, m.LeasesActive, m.Connections, m.Handled)
-}
-
-func (m *Error) encode(e *msgpack.Encoder) error {
+func (m *Error) encode(e *encoder) {
 	if m.Code == 0 || m.Code >= codeEnd {
-		return badMsg("error code %d", m.Code)
+		e.fail("error code %d", m.Code)
 	}
 	msg := m.Message
 	if len(msg) > MaxControlMessage {
 		msg = msg[:MaxControlMessage]
 	}
-	return errors.Join(e.EncodeArrayLen(2), e.EncodeUint(uint64(m.Code)), e.EncodeString(msg))
+	e.array(2)
+	e.uint(uint64(m.Code))
+	e.str(msg)
+}
+
+func (m *GetMap) encode(e *encoder) { e.uints(m.Have) }
+
+func (m *MapReply) encode(e *encoder) {
+	e.limit("map", len(m.Map), MaxMapBytes)
+	e.array(2)
+	e.uint(m.Epoch)
+	e.bytes(m.Map)
+}
+
+func (m *ShardScan) encode(e *encoder) {
+	if m.Shard >= NumShards {
+		e.fail("shard %d, limit %d", m.Shard, NumShards-1)
+	}
+	e.limit("after", len(m.After), MaxKeyLen)
+	e.array(4)
+	e.uint(uint64(m.Shard))
+	e.bytes(m.After)
+	e.uint(uint64(m.Limit))
+	e.bool(m.Sessions)
+}
+
+func (m *ShardScanReply) encode(e *encoder) {
+	if len(m.Sessions) > MaxScanEntries {
+		e.fail("%d sessions, limit %d", len(m.Sessions), MaxScanEntries)
+	}
+	e.array(3)
+	encodeScanEntries(e, m.Entries)
+	e.array(len(m.Sessions))
+	for _, s := range m.Sessions {
+		if s.Time < 0 {
+			e.fail("session time %d", s.Time)
+		}
+		e.uints(s.Session, s.Seq, s.Version, uint64(s.Time))
+	}
+	e.bool(m.More)
+}
+
+func (m *FenceShards) encode(e *encoder) {
+	e.array(2)
+	e.shards(m.Shards)
+	e.uint(m.Epoch)
+}
+
+func (m *FenceReply) encode(e *encoder) { e.uints(m.Generation) }
+
+func (m *ReleaseShards) encode(e *encoder) {
+	e.array(2)
+	e.shards(m.Shards)
+	e.uint(m.Generation)
+}
+
+func (m *MapChange) encode(e *encoder) {
+	e.limit("map command", len(m.Command), MaxMapBytes)
+	e.array(1)
+	e.bytes(m.Command)
+}
+
+func (m *MapChangeReply) encode(e *encoder) { e.uints(m.Epoch) }
+
+func (m *Forget) encode(e *encoder) {
+	if m.Node == "" {
+		e.fail("forget without a node name")
+	}
+	e.limit("node name", len(m.Node), MaxControlName)
+	e.array(2)
+	e.str(m.Node)
+	e.bool(m.Force)
 }
 
 // AppendFrame appends m's frame (length prefix and body) with request id
@@ -383,18 +706,20 @@ func (m *Error) encode(e *msgpack.Encoder) error {
 func AppendFrame(dst []byte, id uint64, m Message) ([]byte, error) {
 	start := len(dst)
 	buf := bytes.NewBuffer(append(dst, 0, 0, 0, 0))
-	e := msgpack.NewEncoder(buf)
+	e := &encoder{e: msgpack.NewEncoder(buf)}
 	t := m.Type()
-	if err := errors.Join(e.EncodeArrayLen(4), e.EncodeUint(ControlVersion), e.EncodeUint(uint64(t)), e.EncodeUint(id)); err != nil {
-		return dst, err
-	}
-	if err := m.encode(e); err != nil {
-		return dst, fmt.Errorf("proto: encoding %v: %w", t, err)
+	e.array(4)
+	e.uint(ControlVersion)
+	e.uint(uint64(t))
+	e.uint(id)
+	m.encode(e)
+	if e.err != nil {
+		return dst, fmt.Errorf("proto: encoding %v: %w", t, e.err)
 	}
 	out := buf.Bytes()
 	n := len(out) - start - 4
 	if n > MaxFrame {
-		return dst, badMsg("%v frame of %d bytes, limit %d", t, n, MaxFrame)
+		return dst, fmt.Errorf("%w: %v frame of %d bytes, limit %d", ErrBadMessage, t, n, MaxFrame)
 	}
 	binary.BigEndian.PutUint32(out[start:], uint32(n))
 	return out, nil
@@ -428,7 +753,7 @@ func ReadFrameMax(r io.Reader, buf []byte, limit int) (id uint64, m Message, _ [
 	}
 	n := binary.BigEndian.Uint32(hdr[:])
 	if uint64(n) > uint64(limit) {
-		return 0, nil, buf, badMsg("frame of %d bytes, limit %d", n, limit)
+		return 0, nil, buf, fmt.Errorf("%w: frame of %d bytes, limit %d", ErrBadMessage, n, limit)
 	}
 	if cap(buf) < int(n) {
 		buf = make([]byte, n)
@@ -447,11 +772,11 @@ func ReadFrameMax(r io.Reader, buf []byte, limit int) (id uint64, m Message, _ [
 // DecodeFrame decodes a frame's body (without its length prefix). It
 // retains nothing of b. Errors wrap ErrBadMessage.
 func DecodeFrame(b []byte) (id uint64, m Message, err error) {
+	d := newDecoder(b, ErrBadMessage)
 	if len(b) > MaxFrame {
-		return 0, nil, badMsg("frame of %d bytes, limit %d", len(b), MaxFrame)
+		return 0, nil, d.fail("frame of %d bytes, limit %d", len(b), MaxFrame)
 	}
-	d := newCtlDecoder(b)
-	if err := d.fixedArray("frame", 4); err != nil {
+	if err := d.fields("frame", 4); err != nil {
 		return 0, nil, err
 	}
 	v, err := d.uint("version", 255)
@@ -459,221 +784,129 @@ func DecodeFrame(b []byte) (id uint64, m Message, err error) {
 		return 0, nil, err
 	}
 	if v != ControlVersion {
-		return 0, nil, badMsg("control version %d; this side speaks %d", v, ControlVersion)
+		return 0, nil, d.fail("control version %d; this side speaks %d", v, ControlVersion)
 	}
 	t, err := d.uint("type", 255)
 	if err != nil {
 		return 0, nil, err
 	}
-	if m = newMessage(MsgType(t)); m == nil {
-		return 0, nil, badMsg("unknown message type %d", t)
+	if t == 0 || t >= uint64(msgTypeEnd) {
+		return 0, nil, d.fail("unknown message type %d", t)
 	}
-	if id, err = d.uint("request id", 1<<64-1); err != nil {
+	m = msgTable[t].new()
+	if id, err = d.u64("request id"); err != nil {
 		return 0, nil, err
 	}
 	if err := m.decode(d); err != nil {
 		return 0, nil, fmt.Errorf("%v: %w", MsgType(t), err)
 	}
-	if n := d.r.Len(); n != 0 {
-		return 0, nil, badMsg("%d bytes after the end of %v", n, MsgType(t))
+	if err := d.end(MsgType(t).String()); err != nil {
+		return 0, nil, err
 	}
 	return id, m, nil
 }
 
 // ---- decoding ----
 
-// ctlDecoder reads msgpack strictly: every length is checked against its
-// limit and the bytes left before anything is allocated.
-type ctlDecoder struct {
-	r *bytes.Reader
-	d *msgpack.Decoder
-}
-
-func newCtlDecoder(b []byte) *ctlDecoder {
-	r := bytes.NewReader(b)
-	return &ctlDecoder{r: r, d: msgpack.NewDecoder(r)}
-}
-
-func (d *ctlDecoder) wrap(what string, err error) error {
-	return fmt.Errorf("%w: %s: %w", ErrBadMessage, what, err)
-}
-
-func (d *ctlDecoder) arrayLen(what string, max int) (int, error) {
-	n, err := d.d.DecodeArrayLen()
-	if err != nil {
-		return 0, d.wrap(what, err)
+func (m *Hello) decode(d *decoder) error {
+	if err := d.fields("Hello", 4); err != nil {
+		return err
 	}
-	if n < 0 || n > max || n > d.r.Len() {
-		return 0, badMsg("%s of %d elements (limit %d, %d bytes left)", what, n, max, d.r.Len())
+	var err error
+	if m.Client, err = d.str("client name", MaxControlName); err != nil {
+		return err
 	}
-	return n, nil
-}
-
-func (d *ctlDecoder) fixedArray(what string, n int) error {
-	k, err := d.arrayLen(what, n)
+	if m.Token, err = d.bytes("token", MaxControlToken); err != nil {
+		return err
+	}
+	k, err := d.uint("session kind", uint64(sessionKindEnd-1))
 	if err != nil {
 		return err
 	}
-	if k != n {
-		return badMsg("%s of %d fields, want %d", what, k, n)
-	}
-	return nil
-}
-
-func (d *ctlDecoder) uint(what string, max uint64) (uint64, error) {
-	c, err := d.d.PeekCode()
-	if err != nil {
-		return 0, d.wrap(what, err)
-	}
-	var v uint64
-	if c >= 0xe0 || (c >= 0xd0 && c <= 0xd3) { // negative fixint, int8..int64
-		i, err := d.d.DecodeInt64()
-		if err != nil {
-			return 0, d.wrap(what, err)
-		}
-		if i < 0 {
-			return 0, badMsg("%s %d is negative", what, i)
-		}
-		v = uint64(i)
-	} else if c <= 0x7f || (c >= 0xcc && c <= 0xcf) { // positive fixint, uint8..uint64
-		if v, err = d.d.DecodeUint64(); err != nil {
-			return 0, d.wrap(what, err)
-		}
-	} else {
-		return 0, badMsg("%s: msgpack code %#x is not an integer", what, c)
-	}
-	if v > max {
-		return 0, badMsg("%s %d, limit %d", what, v, max)
-	}
-	return v, nil
-}
-
-func (d *ctlDecoder) uints(what string, dst ...*uint64) error {
-	if err := d.fixedArray(what, len(dst)); err != nil {
-		return err
-	}
-	for _, p := range dst {
-		v, err := d.uint(what, 1<<64-1)
-		if err != nil {
-			return err
-		}
-		*p = v
-	}
-	return nil
-}
-
-// bytes reads a bin or str of at most max bytes; nil stays nil.
-func (d *ctlDecoder) bytes(what string, max int) ([]byte, error) {
-	c, err := d.d.PeekCode()
-	if err != nil {
-		return nil, d.wrap(what, err)
-	}
-	var n int
-	switch {
-	case c == 0xc0: // nil
-		_, err = d.d.DecodeBytesLen()
-		return nil, d.wrapNil(what, err)
-	case c >= 0xc4 && c <= 0xc6: // bin8..32
-		n, err = d.d.DecodeBytesLen()
-	case (c >= 0xa0 && c <= 0xbf) || (c >= 0xd9 && c <= 0xdb): // str
-		n, err = d.d.DecodeBytesLen()
-	default:
-		return nil, badMsg("%s: msgpack code %#x is not bytes", what, c)
-	}
-	if err != nil {
-		return nil, d.wrap(what, err)
-	}
-	if n < 0 || n > max || n > d.r.Len() {
-		return nil, badMsg("%s of %d bytes (limit %d, %d bytes left)", what, n, max, d.r.Len())
-	}
-	b := make([]byte, n)
-	if err := d.d.ReadFull(b); err != nil {
-		return nil, d.wrap(what, err)
-	}
-	return b, nil
-}
-
-func (d *ctlDecoder) wrapNil(what string, err error) error {
-	if err != nil {
-		return d.wrap(what, err)
-	}
-	return nil
-}
-
-func (m *Hello) decode(d *ctlDecoder) error {
-	if err := d.fixedArray("Hello", 2); err != nil {
-		return err
-	}
-	c, err := d.bytes("client name", MaxControlName)
-	if err != nil {
-		return err
-	}
-	m.Client = string(c)
-	m.Token, err = d.bytes("token", MaxControlToken)
+	m.Kind = SessionKind(k)
+	m.Target, err = d.str("target", MaxServerIDLen)
 	return err
 }
 
-func (m *HelloReply) decode(d *ctlDecoder) error {
-	if err := d.fixedArray("HelloReply", 2); err != nil {
+func (m *HelloReply) decode(d *decoder) error {
+	if err := d.fields("HelloReply", 4); err != nil {
 		return err
 	}
-	s, err := d.bytes("server name", MaxControlName)
-	if err != nil {
+	var err error
+	if m.Server, err = d.str("server name", MaxControlName); err != nil {
 		return err
 	}
-	m.Server = string(s)
-	m.Generation, err = d.uint("generation", 1<<64-1)
+	if m.Generation, err = d.u64("generation"); err != nil {
+		return err
+	}
+	if m.ServerID, err = d.str("server ID", MaxServerIDLen); err != nil {
+		return err
+	}
+	m.MapEpoch, err = d.u64("map epoch")
 	return err
 }
 
-func (*GrantLease) decode(d *ctlDecoder) error { return d.fixedArray("GrantLease", 0) }
-func (*Ack) decode(d *ctlDecoder) error        { return d.fixedArray("Ack", 0) }
-func (*Stats) decode(d *ctlDecoder) error      { return d.fixedArray("Stats", 0) }
+func (m *GrantLease) decode(d *decoder) error { return d.uints("GrantLease", &m.Epoch) }
+func (*Ack) decode(d *decoder) error          { return d.fields("Ack", 0) }
+func (*Stats) decode(d *decoder) error        { return d.fields("Stats", 0) }
 
-func (m *LeaseReply) decode(d *ctlDecoder) error {
+func (m *LeaseReply) decode(d *decoder) error {
 	var arena, rkey, ttl uint64
 	if err := d.uints("LeaseReply", &m.ID, &arena, &m.Addr, &m.Size, &rkey, &ttl, &m.VersionBase, &m.VersionCount); err != nil {
 		return err
 	}
 	if arena >= MaxArenas || rkey > 1<<32-1 || ttl > 1<<63-1 {
-		return badMsg("lease arena %d, rkey %#x, TTL %d out of range", arena, rkey, ttl)
+		return d.fail("lease arena %d, rkey %#x, TTL %d out of range", arena, rkey, ttl)
 	}
 	m.Arena, m.RKey, m.TTL = uint16(arena), uint32(rkey), time.Duration(ttl)
 	return nil
 }
 
-func (m *Commit) decode(d *ctlDecoder) error {
-	return d.uints("Commit", &m.LeaseID, &m.Offset, &m.Length)
+func (m *Commit) decode(d *decoder) error {
+	return d.uints("Commit", &m.LeaseID, &m.Offset, &m.Length, &m.Epoch, &m.Session, &m.Seq)
 }
 
-func (m *CommitReply) decode(d *ctlDecoder) error {
+func (m *CommitReply) decode(d *decoder) error {
 	var arena, length uint64
 	if err := d.uints("CommitReply", &arena, &m.Offset, &length, &m.Version); err != nil {
 		return err
 	}
 	if arena >= MaxArenas || length > 1<<32-1 {
-		return badMsg("commit reply arena %d, length %d out of range", arena, length)
+		return d.fail("commit reply arena %d, length %d out of range", arena, length)
 	}
 	m.Arena, m.Length = uint16(arena), uint32(length)
 	return nil
 }
 
-func (m *Delete) decode(d *ctlDecoder) error {
-	if err := d.fixedArray("Delete", 1); err != nil {
+// key reads a key: 1 to MaxKeyLen bytes.
+func (d *decoder) key(what string) ([]byte, error) {
+	k, err := d.bytes(what, MaxKeyLen)
+	if err == nil && len(k) == 0 {
+		return nil, d.fail("empty %s", what)
+	}
+	return k, err
+}
+
+func (m *Delete) decode(d *decoder) error {
+	if err := d.fields("Delete", 4); err != nil {
 		return err
 	}
 	var err error
-	if m.Key, err = d.bytes("key", MaxKeyLen); err != nil {
+	if m.Key, err = d.key("key"); err != nil {
 		return err
 	}
-	if len(m.Key) == 0 {
-		return badMsg("empty key")
+	if m.Epoch, err = d.u64("epoch"); err != nil {
+		return err
 	}
-	return nil
+	if m.Session, err = d.u64("session"); err != nil {
+		return err
+	}
+	m.Seq, err = d.u64("seq")
+	return err
 }
 
-func (m *Scan) decode(d *ctlDecoder) error {
-	if err := d.fixedArray("Scan", 3); err != nil {
+func (m *Scan) decode(d *decoder) error {
+	if err := d.fields("Scan", 5); err != nil {
 		return err
 	}
 	var err error
@@ -684,64 +917,81 @@ func (m *Scan) decode(d *ctlDecoder) error {
 		return err
 	}
 	limit, err := d.uint("scan limit", 1<<32-1)
-	m.Limit = uint32(limit)
-	return err
-}
-
-func (m *ScanReply) decode(d *ctlDecoder) error {
-	if err := d.fixedArray("ScanReply", 2); err != nil {
-		return err
-	}
-	// An entry takes at least 7 bytes: array header, 1-byte key, 5 fixints.
-	n, err := d.arrayLen("scan entries", MaxScanEntries)
 	if err != nil {
 		return err
 	}
-	if n > 0 {
-		m.Entries = make([]ScanEntry, 0, min(n, d.r.Len()/7+1))
+	m.Limit = uint32(limit)
+	if m.Epoch, err = d.u64("epoch"); err != nil {
+		return err
 	}
+	m.Shards, err = d.shards("scan shards", NumShards)
+	return err
+}
+
+func decodeScanEntries(d *decoder) ([]ScanEntry, error) {
+	n, err := d.list("scan entries", MaxScanEntries)
+	if err != nil || n == 0 {
+		return nil, err
+	}
+	// An entry takes at least 7 bytes: array header, 1-byte key, 5 fixints.
+	out := make([]ScanEntry, 0, min(n, d.r.Len()/7+1))
 	for range n {
 		var en ScanEntry
-		if err := d.fixedArray("scan entry", 5); err != nil {
-			return err
+		if err := d.fields("scan entry", 5); err != nil {
+			return nil, err
 		}
-		if en.Key, err = d.bytes("scan entry key", MaxKeyLen); err != nil {
-			return err
-		}
-		if len(en.Key) == 0 {
-			return badMsg("scan entry with an empty key")
+		if en.Key, err = d.key("scan entry key"); err != nil {
+			return nil, err
 		}
 		arena, err := d.uint("scan entry arena", MaxArenas-1)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		if en.Offset, err = d.uint("scan entry offset", 1<<64-1); err != nil {
-			return err
+		if en.Offset, err = d.u64("scan entry offset"); err != nil {
+			return nil, err
 		}
 		length, err := d.uint("scan entry length", 1<<32-1)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		if en.Version, err = d.uint("scan entry version", 1<<64-1); err != nil {
-			return err
+		if en.Version, err = d.u64("scan entry version"); err != nil {
+			return nil, err
 		}
 		en.Arena, en.Length = uint16(arena), uint32(length)
-		m.Entries = append(m.Entries, en)
+		out = append(out, en)
 	}
-	if m.More, err = d.d.DecodeBool(); err != nil {
-		return d.wrap("scan more", err)
+	return out, nil
+}
+
+func (m *ScanReply) decode(d *decoder) error {
+	if err := d.fields("ScanReply", 2); err != nil {
+		return err
 	}
+	var err error
+	if m.Entries, err = decodeScanEntries(d); err != nil {
+		return err
+	}
+	m.More, err = d.bool("scan more")
+	return err
+}
+
+func (m *EndLease) decode(d *decoder) error { return d.uints("EndLease", &m.ID) }
+
+func (m *StatsReply) decode(d *decoder) error {
+	var copyTime uint64
+	if err := d.uints("StatsReply", &m.Generation, &m.Keys, &m.Commits, &m.Deletes, &m.LeasesActive, &m.Connections, &m.Handled,
+		&m.MapEpoch, &m.ShardsOwned, &m.ShardsIncoming, &m.ShardsMovedIn, &m.CopiedKeys, &m.CopiedBytes, &copyTime); err != nil {
+		return err
+	}
+	if copyTime > 1<<63-1 {
+		return d.fail("copy time %d out of range", copyTime)
+	}
+	m.CopyTime = time.Duration(copyTime)
 	return nil
 }
 
-func (m *EndLease) decode(d *ctlDecoder) error { return d.uints("EndLease", &m.ID) }
-
-func (m *StatsReply) decode(d *ctlDecoder) error {
-	return d.uints("StatsReply", &m.Generation, &m.Keys, &m.Commits, &m.Deletes, &m.LeasesActive, &m.Connections, &m.Handled)
-}
-
-func (m *Error) decode(d *ctlDecoder) error {
-	if err := d.fixedArray("Error", 2); err != nil {
+func (m *Error) decode(d *decoder) error {
+	if err := d.fields("Error", 2); err != nil {
 		return err
 	}
 	c, err := d.uint("error code", uint64(codeEnd-1))
@@ -749,10 +999,128 @@ func (m *Error) decode(d *ctlDecoder) error {
 		return err
 	}
 	if c == 0 {
-		return badMsg("error code 0")
+		return d.fail("error code 0")
 	}
 	m.Code = ErrorCode(c)
-	s, err := d.bytes("error message", MaxControlMessage)
-	m.Message = string(s)
+	m.Message, err = d.str("error message", MaxControlMessage)
+	return err
+}
+
+func (m *GetMap) decode(d *decoder) error { return d.uints("GetMap", &m.Have) }
+
+func (m *MapReply) decode(d *decoder) error {
+	if err := d.fields("MapReply", 2); err != nil {
+		return err
+	}
+	var err error
+	if m.Epoch, err = d.u64("map epoch"); err != nil {
+		return err
+	}
+	m.Map, err = d.bytes("map", MaxMapBytes)
+	return err
+}
+
+func (m *ShardScan) decode(d *decoder) error {
+	if err := d.fields("ShardScan", 4); err != nil {
+		return err
+	}
+	s, err := d.uint("shard", NumShards-1)
+	if err != nil {
+		return err
+	}
+	m.Shard = Shard(s)
+	if m.After, err = d.bytes("after", MaxKeyLen); err != nil {
+		return err
+	}
+	limit, err := d.uint("limit", 1<<32-1)
+	if err != nil {
+		return err
+	}
+	m.Limit = uint32(limit)
+	m.Sessions, err = d.bool("sessions")
+	return err
+}
+
+func (m *ShardScanReply) decode(d *decoder) error {
+	if err := d.fields("ShardScanReply", 3); err != nil {
+		return err
+	}
+	var err error
+	if m.Entries, err = decodeScanEntries(d); err != nil {
+		return err
+	}
+	n, err := d.list("sessions", MaxScanEntries)
+	if err != nil {
+		return err
+	}
+	if n > 0 {
+		// A session takes at least 5 bytes.
+		m.Sessions = make([]SessionEntry, 0, min(n, d.r.Len()/5+1))
+	}
+	for range n {
+		var s SessionEntry
+		var t uint64
+		if err := d.uints("session", &s.Session, &s.Seq, &s.Version, &t); err != nil {
+			return err
+		}
+		if t > 1<<63-1 {
+			return d.fail("session time %d out of range", t)
+		}
+		s.Time = int64(t)
+		m.Sessions = append(m.Sessions, s)
+	}
+	m.More, err = d.bool("more")
+	return err
+}
+
+func (m *FenceShards) decode(d *decoder) error {
+	if err := d.fields("FenceShards", 2); err != nil {
+		return err
+	}
+	var err error
+	if m.Shards, err = d.shards("shards", NumShards); err != nil {
+		return err
+	}
+	m.Epoch, err = d.u64("epoch")
+	return err
+}
+
+func (m *FenceReply) decode(d *decoder) error { return d.uints("FenceReply", &m.Generation) }
+
+func (m *ReleaseShards) decode(d *decoder) error {
+	if err := d.fields("ReleaseShards", 2); err != nil {
+		return err
+	}
+	var err error
+	if m.Shards, err = d.shards("shards", NumShards); err != nil {
+		return err
+	}
+	m.Generation, err = d.u64("generation")
+	return err
+}
+
+func (m *MapChange) decode(d *decoder) error {
+	if err := d.fields("MapChange", 1); err != nil {
+		return err
+	}
+	var err error
+	m.Command, err = d.bytes("map command", MaxMapBytes)
+	return err
+}
+
+func (m *MapChangeReply) decode(d *decoder) error { return d.uints("MapChangeReply", &m.Epoch) }
+
+func (m *Forget) decode(d *decoder) error {
+	if err := d.fields("Forget", 2); err != nil {
+		return err
+	}
+	var err error
+	if m.Node, err = d.str("node name", MaxControlName); err != nil {
+		return err
+	}
+	if m.Node == "" {
+		return d.fail("forget without a node name")
+	}
+	m.Force, err = d.bool("force")
 	return err
 }

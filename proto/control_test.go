@@ -16,23 +16,39 @@ import (
 func controlSamples() []Message {
 	return []Message{
 		&Hello{Client: "client-1", Token: []byte("secret")},
-		&Hello{Client: "c"},
-		&HelloReply{Server: "s1", Generation: 7},
-		&GrantLease{},
+		&Hello{Client: "c", Kind: SessionRaft, Target: "0123456789abcdef"},
+		&HelloReply{Server: "s1", Generation: 7, ServerID: "0123456789abcdef", MapEpoch: 12},
+		&GrantLease{Epoch: 4},
 		&LeaseReply{ID: 3, Arena: 1, Addr: 0x7f00_1234_5000, Size: 1 << 20, RKey: 0xdeadbeef, TTL: 30 * time.Second, VersionBase: 100, VersionCount: 32768},
-		&Commit{LeaseID: 3, Offset: 4096, Length: 48},
+		&Commit{LeaseID: 3, Offset: 4096, Length: 48, Epoch: 9, Write: Write{Session: 1<<64 - 1, Seq: 77}},
 		&CommitReply{Arena: 1, Offset: 1<<20 + 4096, Length: 48, Version: 101},
-		&Delete{Key: []byte("k")},
+		&Delete{Key: []byte("k"), Epoch: 3, Write: Write{Session: 5, Seq: 6}},
 		&Ack{},
-		&Scan{Start: []byte("a"), End: []byte("b"), Limit: 10},
+		&Scan{Start: []byte("a"), End: []byte("b"), Limit: 10, Epoch: 2, Shards: []Shard{0, 7, NumShards - 1}},
 		&Scan{Start: []byte{}, Limit: 0},
 		&ScanReply{Entries: []ScanEntry{{Key: []byte("a1"), Arena: 0, Offset: 64, Length: 40, Version: 9}, {Key: []byte("a2"), Arena: 4095, Offset: 1 << 39, Length: 1<<32 - 1, Version: 1<<64 - 1}}, More: true},
 		&ScanReply{},
 		&EndLease{ID: 3},
 		&Stats{},
-		&StatsReply{Generation: 2, Keys: 10, Commits: 11, Deletes: 1, LeasesActive: 2, Connections: 1, Handled: 99},
+		&StatsReply{Generation: 2, Keys: 10, Commits: 11, Deletes: 1, LeasesActive: 2, Connections: 1, Handled: 99,
+			MapEpoch: 5, ShardsOwned: 341, ShardsIncoming: 16, ShardsMovedIn: 32, CopiedKeys: 1000, CopiedBytes: 1 << 30, CopyTime: time.Second},
 		&Error{Code: CodeNotFound, Message: "no such key"},
 		&Error{Code: CodeBadRequest},
+		&Error{Code: CodeSuperseded, Message: "older"},
+		&GetMap{Have: 3},
+		&MapReply{Epoch: 4, Map: []byte{1, 2, 3}},
+		&MapReply{},
+		&ShardScan{Shard: 1023, After: []byte("k"), Limit: 100, Sessions: true},
+		&ShardScan{},
+		&ShardScanReply{Entries: []ScanEntry{{Key: []byte("x"), Arena: 2, Offset: 8, Length: 40, Version: 3}},
+			Sessions: []SessionEntry{{Session: 1, Seq: 2, Version: 3, Time: 1 << 60}}, More: true},
+		&ShardScanReply{},
+		&FenceShards{Shards: []Shard{1, 2}, Epoch: 8},
+		&FenceReply{Generation: 3},
+		&ReleaseShards{Shards: []Shard{3}, Generation: 3},
+		&MapChange{Command: []byte("cmd")},
+		&MapChangeReply{Epoch: 9},
+		&Forget{Node: "node2", Force: true},
 	}
 }
 
@@ -92,26 +108,33 @@ func TestControlDecodeRejects(t *testing.T) {
 		"not an array":     {0x01},
 		"3 fields":         body(t, ControlVersion, MsgAck, 1),
 		"5 fields":         body(t, ControlVersion, MsgAck, 1, []any{}, 0),
-		"version 2":        body(t, 2, MsgAck, 1, []any{}),
+		"version 1":        body(t, 1, MsgAck, 1, []any{}),
+		"version 3":        body(t, 3, MsgAck, 1, []any{}),
 		"version -1":       body(t, -1, MsgAck, 1, []any{}),
 		"type 0":           body(t, ControlVersion, 0, 1, []any{}),
 		"type 99":          body(t, ControlVersion, 99, 1, []any{}),
 		"float id":         body(t, ControlVersion, MsgAck, 1.5, []any{}),
 		"ack with field":   body(t, ControlVersion, MsgAck, 1, []any{1}),
 		"commit 2 fields":  body(t, ControlVersion, MsgCommit, 1, []any{1, 2}),
-		"negative offset":  body(t, ControlVersion, MsgCommit, 1, []any{1, -2, 3}),
-		"empty key":        body(t, ControlVersion, MsgDelete, 1, []any{[]byte{}}),
-		"nil key":          body(t, ControlVersion, MsgDelete, 1, []any{nil}),
-		"key as int":       body(t, ControlVersion, MsgDelete, 1, []any{5}),
-		"long key":         body(t, ControlVersion, MsgDelete, 1, []any{make([]byte, MaxKeyLen+1)}),
+		"negative offset":  body(t, ControlVersion, MsgCommit, 1, []any{1, -2, 3, 0, 0, 0}),
+		"nil seq":          body(t, ControlVersion, MsgCommit, 1, []any{1, 2, 3, 0, 0, nil}),
+		"empty key":        body(t, ControlVersion, MsgDelete, 1, []any{[]byte{}, 0, 0, 0}),
+		"nil key":          body(t, ControlVersion, MsgDelete, 1, []any{nil, 0, 0, 0}),
+		"key as int":       body(t, ControlVersion, MsgDelete, 1, []any{5, 0, 0, 0}),
+		"long key":         body(t, ControlVersion, MsgDelete, 1, []any{make([]byte, MaxKeyLen+1), 0, 0, 0}),
+		"nil epoch":        body(t, ControlVersion, MsgDelete, 1, []any{[]byte("k"), nil, 0, 0}),
+		"shard 1024":       body(t, ControlVersion, MsgFenceShards, 1, []any{[]any{NumShards}, 1}),
+		"session kind 3":   body(t, ControlVersion, MsgHello, 1, []any{"c", nil, 3, ""}),
+		"forget no name":   body(t, ControlVersion, MsgForget, 1, []any{"", false}),
+		"bool as int":      body(t, ControlVersion, MsgForget, 1, []any{"n", 1}),
 		"arena 4096":       body(t, ControlVersion, MsgCommitReply, 1, []any{4096, 0, 1, 1}),
 		"rkey 2^32":        body(t, ControlVersion, MsgLeaseReply, 1, []any{1, 0, 0, 0, uint64(1) << 32, 0, 0, 0}),
 		"error code 0":     body(t, ControlVersion, MsgError, 1, []any{0, "x"}),
 		"error code 99":    body(t, ControlVersion, MsgError, 1, []any{99, "x"}),
 		"trailing":         append(body(t, ControlVersion, MsgAck, 1, []any{}), 0),
-		"long token":       body(t, ControlVersion, MsgHello, 1, []any{"c", make([]byte, MaxControlToken+1)}),
-		"entries overflow": {0x94, 0x01, byte(MsgScanReply), 0x01, 0x92, 0xdd, 0x7f, 0xff, 0xff, 0xff},
-		"bytes overflow":   {0x94, 0x01, byte(MsgDelete), 0x01, 0x91, 0xc6, 0x7f, 0xff, 0xff, 0xff},
+		"long token":       body(t, ControlVersion, MsgHello, 1, []any{"c", make([]byte, MaxControlToken+1), 0, ""}),
+		"entries overflow": {0x94, ControlVersion, byte(MsgScanReply), 0x01, 0x92, 0xdd, 0x7f, 0xff, 0xff, 0xff},
+		"bytes overflow":   {0x94, ControlVersion, byte(MsgDelete), 0x01, 0x94, 0xc6, 0x7f, 0xff, 0xff, 0xff},
 	} {
 		if _, m, err := DecodeFrame(b); !errors.Is(err, ErrBadMessage) {
 			t.Errorf("%s: got %#v, %v; want ErrBadMessage", name, m, err)
@@ -151,6 +174,8 @@ func TestControlEncodeRejects(t *testing.T) {
 	for _, m := range []Message{
 		&Delete{}, &Hello{Client: strings.Repeat("x", MaxControlName+1)}, &Error{}, &LeaseReply{TTL: -1},
 		&ScanReply{Entries: []ScanEntry{{}}},
+		&Forget{}, &Hello{Kind: 9}, &FenceShards{Shards: []Shard{NumShards}}, &ShardScan{Shard: NumShards},
+		&MapReply{Map: make([]byte, MaxMapBytes+1)},
 	} {
 		if _, err := AppendFrame(nil, 1, m); !errors.Is(err, ErrBadMessage) {
 			t.Errorf("%#v: %v", m, err)
@@ -170,7 +195,7 @@ func fuzzSeeds(f *testing.F, prefixed bool) {
 		f.Add(b)
 	}
 	f.Add([]byte{})
-	f.Add([]byte{0x94, 0x01, byte(MsgScanReply), 0x01, 0x92, 0xdd, 0x7f, 0xff, 0xff, 0xff})
+	f.Add([]byte{0x94, ControlVersion, byte(MsgScanReply), 0x01, 0x92, 0xdd, 0x7f, 0xff, 0xff, 0xff})
 }
 
 // FuzzDecodeFrame: no input panics or allocates past its size; whatever

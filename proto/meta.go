@@ -24,24 +24,25 @@ import (
 //	  generation,
 //	  [indexAddr, indexRKey, slots, neighborhood, seed] | nil,
 //	  [[arenaID, addr, length, rkey], ...],      // sorted by ID
-//	  [arenaCount, arenaDigest] | nil ]
+//	  [arenaCount, arenaDigest] | nil,
+//	  serverID, clusterID, mapEpoch ]
 //
 // Integers take msgpack's smallest form. Measured (TestNodeMetaSize) for a
-// verbs server with its index, a 34-byte control address and 1 GiB arenas
-// at 47-bit addresses with 32-bit rkeys: 115 bytes with no arena, 136 with
-// one, 199 with 4, 283 with 8, 453 with 16; an arena costs about 21 bytes
-// (27 at most). So 18 arenas fit in memberlist's 512 bytes (14 with every
-// field at its widest). Beyond that, EncodeNodeMetaLimit leaves the arena
-// list out and keeps its count and digest (ArenaSet): 125 bytes for 64
-// arenas. The list then travels as an ArenaTable, in memberlist's push/pull
-// state and in direct messages.
+// verbs server with its index, a 34-byte control address, a 16-character
+// server ID and 1 GiB arenas at 47-bit addresses with 32-bit rkeys: 144
+// bytes with no arena, 165 with one, 228 with 4, 312 with 8, 482 with 16;
+// an arena costs about 21 bytes (27 at most). So 17 arenas fit in
+// memberlist's 512 bytes (11 with every field at its widest). Beyond that,
+// EncodeNodeMetaLimit leaves the arena list out and keeps its count and
+// digest (ArenaSet): 154 bytes for 64 arenas. The list then travels as an
+// ArenaTable, in memberlist's push/pull state and in direct messages.
 //
 // The version comes first. A decoder refuses any other version: the layout
 // is exact, with no optional trailing fields, so a change of layout is a
 // new MetaVersion, and a cluster moves to it only once every node can read
 // it.
 const (
-	MetaVersion = 1
+	MetaVersion = 2
 
 	// GossipMetaMaxSize is memberlist's limit on node metadata
 	// (memberlist.MetaMaxSize).
@@ -52,6 +53,7 @@ const (
 	MaxMetaProviderLen = 32
 	MaxMetaVersionLen  = 64 // RKVVersion
 	MaxMetaNodeNameLen = 512
+	MaxServerIDLen     = 64 // NodeMeta.ServerID
 )
 
 // ErrBadMeta means gossip metadata or an arena table that is malformed, of
@@ -146,6 +148,19 @@ type NodeMeta struct {
 	// and then they must agree.
 	Arenas   []ArenaRegion
 	ArenaSet ArenaSet
+
+	// ServerID identifies a server's data directory: made at its first
+	// start and kept there, so a server that lost its data (or another
+	// one under a reused name) is told apart from the one the cluster map
+	// knows. Empty on clients.
+	ServerID string
+	// ClusterID is the cluster's identity, from its map: 0 until the node
+	// holds a map.
+	ClusterID uint64
+	// MapEpoch is the epoch of the cluster map this node holds (0: none
+	// yet). A client that sees a higher epoch than its own refreshes its
+	// map.
+	MapEpoch uint64
 }
 
 // Detached reports whether the arena list travels outside the metadata.
@@ -200,20 +215,21 @@ func (m *NodeMeta) Validate() error {
 		{"control address", m.ControlAddr, MaxMetaAddrLen},
 		{"provider", m.Provider, MaxMetaProviderLen},
 		{"endpoint address", m.Endpoint.Addr, MaxMetaAddrLen},
+		{"server ID", m.ServerID, MaxServerIDLen},
 	} {
 		if len(s.v) > s.max {
 			return badMeta("%s of %d bytes, limit %d", s.name, len(s.v), s.max)
 		}
 	}
-	if m.Role == RoleClient && (m.Index != nil || len(m.Arenas) != 0 || m.Detached()) {
-		return badMeta("a client advertises no index or arenas")
+	if m.Role == RoleClient && (m.Index != nil || len(m.Arenas) != 0 || m.Detached() || m.ServerID != "") {
+		return badMeta("a client advertises no index, arenas or server ID")
 	}
 	if x := m.Index; x != nil {
 		if err := x.Geometry.Validate(); err != nil {
 			return fmt.Errorf("%w: index: %w", ErrBadMeta, err)
 		}
-		if x.Addr+uint64(x.Geometry.TableBytes()) < x.Addr {
-			return badMeta("index at %#x of %d bytes wraps around", x.Addr, x.Geometry.TableBytes())
+		if x.Addr+uint64(x.Geometry.RegionBytes()) < x.Addr {
+			return badMeta("index at %#x of %d bytes wraps around", x.Addr, x.Geometry.RegionBytes())
 		}
 	}
 	if err := validateArenas(m.Arenas); err != nil {
@@ -300,11 +316,14 @@ func EncodeNodeMeta(m NodeMeta) ([]byte, error) {
 		_ = e.EncodeUint(uint64(m.ArenaSet.Count))
 		_ = e.EncodeUint(m.ArenaSet.Digest)
 	}
+	_ = e.EncodeString(m.ServerID)
+	_ = e.EncodeUint(m.ClusterID)
+	_ = e.EncodeUint(m.MapEpoch)
 	return buf.Bytes(), nil // writes to a bytes.Buffer cannot fail
 }
 
-// metaFields is the length of a MetaVersion 1 metadata array.
-const metaFields = 11
+// metaFields is the length of a MetaVersion 2 metadata array.
+const metaFields = 14
 
 func encodeArenas(e *msgpack.Encoder, arenas []ArenaRegion) {
 	_ = e.EncodeArrayLen(len(arenas))
@@ -344,23 +363,23 @@ func EncodeNodeMetaLimit(m NodeMeta, limit int) (b []byte, detached bool, err er
 // DecodeNodeMeta decodes and validates metadata that EncodeNodeMeta
 // produced. It retains nothing of b. Errors wrap ErrBadMeta.
 func DecodeNodeMeta(b []byte) (NodeMeta, error) {
-	d := newMetaDecoder(b)
+	d := newDecoder(b, ErrBadMeta)
 	n, err := d.arrayLen("metadata", metaFields+16)
 	if err != nil {
 		return NodeMeta{}, err
 	}
 	if n < 1 {
-		return NodeMeta{}, badMeta("empty array")
+		return NodeMeta{}, d.fail("empty array")
 	}
 	v, err := d.uint("version", 255)
 	if err != nil {
 		return NodeMeta{}, err
 	}
 	if v != MetaVersion {
-		return NodeMeta{}, badMeta("metadata version %d; this node reads version %d", v, MetaVersion)
+		return NodeMeta{}, d.fail("metadata version %d; this node reads version %d", v, MetaVersion)
 	}
 	if n != metaFields {
-		return NodeMeta{}, badMeta("version %d metadata of %d fields, want %d", v, n, metaFields)
+		return NodeMeta{}, d.fail("version %d metadata of %d fields, want %d", v, n, metaFields)
 	}
 	var m NodeMeta
 	role, err := d.uint("role", 255)
@@ -395,7 +414,16 @@ func DecodeNodeMeta(b []byte) (NodeMeta, error) {
 	if m.ArenaSet, err = d.arenaSet(); err != nil {
 		return NodeMeta{}, err
 	}
-	if err := d.end(); err != nil {
+	if m.ServerID, err = d.str("server ID", MaxServerIDLen); err != nil {
+		return NodeMeta{}, err
+	}
+	if m.ClusterID, err = d.u64("cluster ID"); err != nil {
+		return NodeMeta{}, err
+	}
+	if m.MapEpoch, err = d.u64("map epoch"); err != nil {
+		return NodeMeta{}, err
+	}
+	if err := d.end("metadata"); err != nil {
 		return NodeMeta{}, err
 	}
 	if err := m.Validate(); err != nil {
@@ -438,30 +466,30 @@ const maxArenaTables = 1 << 16
 // DecodeArenaTables decodes what EncodeArenaTables produced. It retains
 // nothing of b. Errors wrap ErrBadMeta.
 func DecodeArenaTables(b []byte) ([]ArenaTable, error) {
-	d := newMetaDecoder(b)
+	d := newDecoder(b, ErrBadMeta)
 	n, err := d.arrayLen("arena tables", 16)
 	if err != nil {
 		return nil, err
 	}
 	if n < 1 {
-		return nil, badMeta("empty array")
+		return nil, d.fail("empty array")
 	}
 	v, err := d.uint("version", 255)
 	if err != nil {
 		return nil, err
 	}
 	if v != MetaVersion {
-		return nil, badMeta("arena tables version %d; this node reads version %d", v, MetaVersion)
+		return nil, d.fail("arena tables version %d; this node reads version %d", v, MetaVersion)
 	}
 	if n != 2 {
-		return nil, badMeta("arena tables of %d fields, want 2", n)
+		return nil, d.fail("arena tables of %d fields, want 2", n)
 	}
 	n, err = d.arrayLen("arena table list", maxArenaTables)
 	if err != nil {
 		return nil, err
 	}
 	if n == -1 {
-		return nil, badMeta("arena table list: nil, want an array")
+		return nil, d.fail("arena table list: nil, want an array")
 	}
 	tables := make([]ArenaTable, 0, n)
 	for range n {
@@ -473,7 +501,7 @@ func DecodeArenaTables(b []byte) ([]ArenaTable, error) {
 			return nil, err
 		}
 		if t.Node == "" {
-			return nil, badMeta("arena table without a node name")
+			return nil, d.fail("arena table without a node name")
 		}
 		if t.Generation, err = d.uint("generation", 1<<64-1); err != nil {
 			return nil, err
@@ -483,125 +511,13 @@ func DecodeArenaTables(b []byte) ([]ArenaTable, error) {
 		}
 		tables = append(tables, t)
 	}
-	if err := d.end(); err != nil {
+	if err := d.end("arena tables"); err != nil {
 		return nil, err
 	}
 	return tables, nil
 }
 
-// metaDecoder reads msgpack strictly: every length is checked against its
-// limit and against the bytes left before anything is allocated.
-type metaDecoder struct {
-	r *bytes.Reader
-	d *msgpack.Decoder
-}
-
-func newMetaDecoder(b []byte) *metaDecoder {
-	r := bytes.NewReader(b)
-	// A bytes.Reader is an io.ByteScanner: the decoder reads it directly,
-	// without buffering ahead, so r.Len() is what is left.
-	return &metaDecoder{r: r, d: msgpack.NewDecoder(r)}
-}
-
-func (d *metaDecoder) wrap(what string, err error) error {
-	return fmt.Errorf("%w: %s: %w", ErrBadMeta, what, err)
-}
-
-func (d *metaDecoder) end() error {
-	if n := d.r.Len(); n != 0 {
-		return badMeta("%d bytes after the end", n)
-	}
-	return nil
-}
-
-// arrayLen reads an array header of at most max elements; nil is -1.
-func (d *metaDecoder) arrayLen(what string, max int) (int, error) {
-	n, err := d.d.DecodeArrayLen()
-	if err != nil {
-		return 0, d.wrap(what, err)
-	}
-	if n > max || n > d.r.Len() {
-		return 0, badMeta("%s of %d elements (limit %d, %d bytes left)", what, n, max, d.r.Len())
-	}
-	return n, nil
-}
-
-// fixedArray reads an array header that must say n elements.
-func (d *metaDecoder) fixedArray(what string, n int, nilOK bool) (isNil bool, err error) {
-	k, err := d.arrayLen(what, n)
-	if err != nil {
-		return false, err
-	}
-	if k == -1 && nilOK {
-		return true, nil
-	}
-	if k != n {
-		return false, badMeta("%s of %d fields, want %d", what, k, n)
-	}
-	return false, nil
-}
-
-func (d *metaDecoder) uint(what string, max uint64) (uint64, error) {
-	c, err := d.d.PeekCode()
-	if err != nil {
-		return 0, d.wrap(what, err)
-	}
-	if c >= 0xe0 || (c >= 0xd0 && c <= 0xd3) { // negative fixint, int8..int64
-		v, err := d.d.DecodeInt64()
-		if err != nil {
-			return 0, d.wrap(what, err)
-		}
-		if v < 0 {
-			return 0, badMeta("%s %d is negative", what, v)
-		}
-		return d.checkUint(what, uint64(v), max)
-	}
-	v, err := d.d.DecodeUint64()
-	if err != nil {
-		return 0, d.wrap(what, err)
-	}
-	return d.checkUint(what, v, max)
-}
-
-func (d *metaDecoder) checkUint(what string, v, max uint64) (uint64, error) {
-	if v > max {
-		return 0, badMeta("%s %d, limit %d", what, v, max)
-	}
-	return v, nil
-}
-
-func (d *metaDecoder) bool(what string) (bool, error) {
-	v, err := d.d.DecodeBool()
-	if err != nil {
-		return false, d.wrap(what, err)
-	}
-	return v, nil
-}
-
-func (d *metaDecoder) bytes(what string, max int) ([]byte, error) {
-	n, err := d.d.DecodeBytesLen()
-	if err != nil {
-		return nil, d.wrap(what, err)
-	}
-	if n == -1 {
-		return nil, nil
-	}
-	if n > max || n > d.r.Len() {
-		return nil, badMeta("%s of %d bytes (limit %d, %d bytes left)", what, n, max, d.r.Len())
-	}
-	b := make([]byte, n)
-	if err := d.d.ReadFull(b); err != nil {
-		return nil, d.wrap(what, err)
-	}
-	return b, nil
-}
-
-func (d *metaDecoder) str(what string, max int) (string, error) {
-	b, err := d.bytes(what, max)
-	return string(b), err
-}
-
-func (d *metaDecoder) endpoint() (Endpoint, error) {
+func (d *decoder) endpoint() (Endpoint, error) {
 	var e Endpoint
 	if _, err := d.fixedArray("endpoint", 3, false); err != nil {
 		return e, err
@@ -615,7 +531,7 @@ func (d *metaDecoder) endpoint() (Endpoint, error) {
 		return e, err
 	}
 	if gid != nil && len(gid) != len(e.GID) {
-		return e, badMeta("GID of %d bytes, want %d", len(gid), len(e.GID))
+		return e, d.fail("GID of %d bytes, want %d", len(gid), len(e.GID))
 	}
 	copy(e.GID[:], gid)
 	lid, err := d.uint("LID", 1<<16-1)
@@ -623,7 +539,7 @@ func (d *metaDecoder) endpoint() (Endpoint, error) {
 	return e, err
 }
 
-func (d *metaDecoder) index() (*IndexRegion, error) {
+func (d *decoder) index() (*IndexRegion, error) {
 	if isNil, err := d.fixedArray("index", 5, true); err != nil || isNil {
 		return nil, err
 	}
@@ -651,13 +567,13 @@ func (d *metaDecoder) index() (*IndexRegion, error) {
 	return &x, nil
 }
 
-func (d *metaDecoder) arenas() ([]ArenaRegion, error) {
+func (d *decoder) arenas() ([]ArenaRegion, error) {
 	n, err := d.arrayLen("arenas", MaxArenas)
 	if err != nil {
 		return nil, err
 	}
 	if n == -1 {
-		return nil, badMeta("arenas: nil, want an array")
+		return nil, d.fail("arenas: nil, want an array")
 	}
 	if n == 0 {
 		return nil, nil
@@ -691,7 +607,7 @@ func (d *metaDecoder) arenas() ([]ArenaRegion, error) {
 	return arenas, nil
 }
 
-func (d *metaDecoder) arenaSet() (ArenaSet, error) {
+func (d *decoder) arenaSet() (ArenaSet, error) {
 	var s ArenaSet
 	if isNil, err := d.fixedArray("arena set", 2, true); err != nil || isNil {
 		return s, err
@@ -701,7 +617,7 @@ func (d *metaDecoder) arenaSet() (ArenaSet, error) {
 		return s, err
 	}
 	if count == 0 {
-		return s, badMeta("arena set of 0 arenas: should be nil")
+		return s, d.fail("arena set of 0 arenas: should be nil")
 	}
 	s.Count = int(count)
 	s.Digest, err = d.uint("arena digest", 1<<64-1)

@@ -151,7 +151,7 @@ func TestHostileFrames(t *testing.T) {
 	noLeaks(t)
 	s := startServer(t, nil)
 	cl := newClient(t, s, "", nil)
-	hello := []any{proto.ControlVersion, uint8(proto.MsgHello), 1, []any{"c", []byte{}}}
+	hello := []any{proto.ControlVersion, uint8(proto.MsgHello), 1, []any{"c", []byte{}, 0, ""}}
 	stats := []any{proto.ControlVersion, uint8(proto.MsgStats), 2, []any{}}
 	huge := []byte{0x00, 0x10, 0x00, 0x00} // MaxFrame: too large for a Hello, not for a request
 	for _, c := range []struct {
@@ -173,14 +173,14 @@ func TestHostileFrames(t *testing.T) {
 			pre: "frame of 4 elements (limit 4, 1 bytes left)", post: "frame of 4 elements (limit 4, 1 bytes left)"},
 		{name: "bytes that are not msgpack", raw: func([]any) []byte { return framed([]byte{0xc1, 0xc1, 0xc1, 0xc1}) },
 			pre: "frame: msgpack", post: "frame: msgpack"},
-		{name: "an unknown protocol version", raw: func(f []any) []byte { f[0] = 2; return framed(mp(t, f)) },
-			pre: "control version 2; this side speaks 1", post: "control version 2; this side speaks 1"},
+		{name: "an unknown protocol version", raw: func(f []any) []byte { f[0] = 1; return framed(mp(t, f)) },
+			pre: "control version 1; this side speaks 2", post: "control version 1; this side speaks 2"},
 		{name: "an unknown message type", raw: func(f []any) []byte { f[1] = 99; return framed(mp(t, f)) },
 			pre: "unknown message type 99", post: "unknown message type 99"},
 		{name: "a payload with a field too many", raw: func(f []any) []byte {
 			f[3] = append(f[3].([]any), 7)
 			return framed(mp(t, f))
-		}, pre: "Hello of 3 elements (limit 2", post: "Stats of 1 elements (limit 0"},
+		}, pre: "Hello of 5 elements (limit 4", post: "Stats of 1 elements (limit 0"},
 		{name: "trailing bytes after the message", raw: func(f []any) []byte { return framed(append(mp(t, f), 0)) },
 			pre: "1 bytes after the end of Hello", post: "1 bytes after the end of Stats"},
 		{name: "a negative request id", raw: func(f []any) []byte { f[2] = -1; return framed(mp(t, f)) },
