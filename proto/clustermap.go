@@ -18,13 +18,13 @@ import (
 //
 //	[ MapVersion, epoch, clusterID,
 //	  [[name, id, state, added], ...],             // servers, sorted by name
-//	  [[[owner, ...], since, move | nil], ...] ]   // NumShards shards, or none
-//	move: [to, phase]
+//	  [[[owner, ...], since, origin, move | nil], ...] ]   // NumShards shards, or none
+//	move: [to, phase, started]
 //
 // where owners and to are indexes into the server list. A map with no
 // shards is the empty map of a cluster not yet bootstrapped. Commands (the
 // Raft log's entries) are [MapVersion, op, [name, id], force, [[shard,
-// from, to], ...], [shard, ...]]. Decoders refuse anything inconsistent:
+// from, to, started], ...]]. Decoders refuse anything inconsistent:
 // an owner or target that is not a server, a shard count other than 0 or
 // NumShards, unsorted or duplicate servers.
 const (
@@ -106,13 +106,19 @@ type MapServer struct {
 type MapShard struct {
 	Owners []uint16 // indexes into Servers, primary first
 	Since  uint64   // the epoch that set Owners
+	// Origin is the epoch of the move whose copy the owner took the shard
+	// from (the move's Started), or 0 when the owner got it empty (the
+	// bootstrap, a forced removal of its previous owner). An owner checks
+	// it against the copy it holds, so a stale copy is never served.
+	Origin uint64
 	Move   *ShardMove
 }
 
 // ShardMove is a shard's move in progress.
 type ShardMove struct {
-	To    uint16 // index into Servers
-	Phase MovePhase
+	To      uint16 // index into Servers
+	Phase   MovePhase
+	Started uint64 // the epoch that started the move
 }
 
 // EncodeClusterMap encodes m. Errors wrap ErrBadMap.
@@ -136,18 +142,20 @@ func EncodeClusterMap(m *ClusterMap) ([]byte, error) {
 	}
 	_ = e.EncodeArrayLen(len(m.Shards))
 	for _, sh := range m.Shards {
-		_ = e.EncodeArrayLen(3)
+		_ = e.EncodeArrayLen(4)
 		_ = e.EncodeArrayLen(len(sh.Owners))
 		for _, o := range sh.Owners {
 			_ = e.EncodeUint(uint64(o))
 		}
 		_ = e.EncodeUint(sh.Since)
+		_ = e.EncodeUint(sh.Origin)
 		if sh.Move == nil {
 			_ = e.EncodeNil()
 		} else {
-			_ = e.EncodeArrayLen(2)
+			_ = e.EncodeArrayLen(3)
 			_ = e.EncodeUint(uint64(sh.Move.To))
 			_ = e.EncodeUint(uint64(sh.Move.Phase))
+			_ = e.EncodeUint(sh.Move.Started)
 		}
 	}
 	return buf.Bytes(), nil // writes to a bytes.Buffer cannot fail
@@ -198,12 +206,18 @@ func (m *ClusterMap) Validate() error {
 		if sh.Since == 0 || sh.Since > m.Epoch {
 			return badMap("shard %d: since epoch %d, map epoch %d", i, sh.Since, m.Epoch)
 		}
+		if sh.Origin >= sh.Since {
+			return badMap("shard %d: origin epoch %d not before since %d", i, sh.Origin, sh.Since)
+		}
 		if mv := sh.Move; mv != nil {
 			if int(mv.To) >= len(m.Servers) || slices.Contains(sh.Owners, mv.To) {
 				return badMap("shard %d: move to server %d (of %d, owners %v)", i, mv.To, len(m.Servers), sh.Owners)
 			}
 			if mv.Phase == 0 || mv.Phase >= movePhaseEnd {
 				return badMap("shard %d: move phase %d", i, mv.Phase)
+			}
+			if mv.Started < sh.Since || mv.Started > m.Epoch {
+				return badMap("shard %d: move started at epoch %d, owned since %d, map epoch %d", i, mv.Started, sh.Since, m.Epoch)
 			}
 		}
 	}
@@ -245,7 +259,7 @@ func DecodeClusterMap(b []byte) (*ClusterMap, error) {
 	}
 	for i := range m.Shards {
 		sh := &m.Shards[i]
-		if err := d.fields("shard", 3); err != nil {
+		if err := d.fields("shard", 4); err != nil {
 			return nil, err
 		}
 		k, err := d.list("owners", MaxShardOwners)
@@ -263,7 +277,10 @@ func DecodeClusterMap(b []byte) (*ClusterMap, error) {
 		if sh.Since, err = d.u64("since"); err != nil {
 			return nil, err
 		}
-		isNil, err := d.fixedArray("move", 2, true)
+		if sh.Origin, err = d.u64("origin"); err != nil {
+			return nil, err
+		}
+		isNil, err := d.fixedArray("move", 3, true)
 		if err != nil {
 			return nil, err
 		}
@@ -276,7 +293,11 @@ func DecodeClusterMap(b []byte) (*ClusterMap, error) {
 			if err != nil {
 				return nil, err
 			}
-			sh.Move = &ShardMove{To: uint16(to), Phase: MovePhase(ph)}
+			started, err := d.u64("move started")
+			if err != nil {
+				return nil, err
+			}
+			sh.Move = &ShardMove{To: uint16(to), Phase: MovePhase(ph), Started: started}
 		}
 	}
 	if err := d.end("cluster map"); err != nil {
@@ -340,9 +361,9 @@ const (
 	MapDrainServer                   // mark Server.Name draining
 	MapRemoveServer                  // remove Server.Name (Force: even while it owns shards)
 	MapStartMoves                    // start Moves
-	MapFreezeMoves                   // freeze the moves of Shards
-	MapFinishMoves                   // give Shards to their move targets
-	MapAbortMoves                    // cancel the moves of Shards
+	MapFreezeMoves                   // freeze Moves (they must be in progress as given)
+	MapFinishMoves                   // give the shards of Moves to their targets
+	MapAbortMoves                    // cancel Moves
 	mapOpEnd
 )
 
@@ -364,13 +385,16 @@ type MapCommand struct {
 	Server MapServer // Name and ID; State and Added are unused
 	Force  bool
 	Moves  []MoveCommand
-	Shards []Shard
 }
 
-// MoveCommand moves Shard from server From to server To (names).
+// MoveCommand names one move: Shard from server From to server To. In a
+// start, Started is unused (the command's epoch becomes it); in a freeze,
+// finish or abort it must match the move in progress, so a late command
+// about an earlier move of the same shard changes nothing.
 type MoveCommand struct {
 	Shard    Shard
 	From, To string
+	Started  uint64
 }
 
 // EncodeMapCommand encodes c. Errors wrap ErrBadMap.
@@ -380,7 +404,7 @@ func EncodeMapCommand(c *MapCommand) ([]byte, error) {
 	}
 	var buf bytes.Buffer
 	e := msgpack.NewEncoder(&buf)
-	_ = e.EncodeArrayLen(6)
+	_ = e.EncodeArrayLen(5)
 	_ = e.EncodeUint(MapVersion)
 	_ = e.EncodeUint(uint64(c.Op))
 	_ = e.EncodeArrayLen(2)
@@ -389,12 +413,12 @@ func EncodeMapCommand(c *MapCommand) ([]byte, error) {
 	_ = e.EncodeBool(c.Force)
 	_ = e.EncodeArrayLen(len(c.Moves))
 	for _, m := range c.Moves {
-		_ = e.EncodeArrayLen(3)
+		_ = e.EncodeArrayLen(4)
 		_ = e.EncodeUint(uint64(m.Shard))
 		_ = e.EncodeString(m.From)
 		_ = e.EncodeString(m.To)
+		_ = e.EncodeUint(m.Started)
 	}
-	_ = encodeShards(e, c.Shards)
 	return buf.Bytes(), nil
 }
 
@@ -405,17 +429,12 @@ func (c *MapCommand) validate() error {
 	if len(c.Server.Name) > MaxMetaNodeNameLen || len(c.Server.ID) > MaxServerIDLen {
 		return badMap("server name of %d bytes or ID of %d", len(c.Server.Name), len(c.Server.ID))
 	}
-	if len(c.Moves) > NumShards || len(c.Shards) > NumShards {
-		return badMap("%d moves, %d shards: limit %d", len(c.Moves), len(c.Shards), NumShards)
+	if len(c.Moves) > NumShards {
+		return badMap("%d moves, limit %d", len(c.Moves), NumShards)
 	}
 	for _, m := range c.Moves {
 		if m.Shard >= NumShards || len(m.From) > MaxMetaNodeNameLen || len(m.To) > MaxMetaNodeNameLen {
 			return badMap("move of shard %d from %d-byte name to %d-byte name", m.Shard, len(m.From), len(m.To))
-		}
-	}
-	for _, s := range c.Shards {
-		if s >= NumShards {
-			return badMap("shard %d, limit %d", s, NumShards-1)
 		}
 	}
 	return nil
@@ -425,7 +444,7 @@ func (c *MapCommand) validate() error {
 // nothing of b. Errors wrap ErrBadMap.
 func DecodeMapCommand(b []byte) (*MapCommand, error) {
 	d := newDecoder(b, ErrBadMap)
-	if err := d.mapVersion("map command", 6); err != nil {
+	if err := d.mapVersion("map command", 5); err != nil {
 		return nil, err
 	}
 	c := &MapCommand{}
@@ -455,7 +474,7 @@ func DecodeMapCommand(b []byte) (*MapCommand, error) {
 	}
 	for i := range c.Moves {
 		m := &c.Moves[i]
-		if err := d.fields("move", 3); err != nil {
+		if err := d.fields("move", 4); err != nil {
 			return nil, err
 		}
 		s, err := d.uint("move shard", NumShards-1)
@@ -469,9 +488,9 @@ func DecodeMapCommand(b []byte) (*MapCommand, error) {
 		if m.To, err = d.str("move to", MaxMetaNodeNameLen); err != nil {
 			return nil, err
 		}
-	}
-	if c.Shards, err = d.shards("shards", NumShards); err != nil {
-		return nil, err
+		if m.Started, err = d.u64("move started"); err != nil {
+			return nil, err
+		}
 	}
 	if err := d.end("map command"); err != nil {
 		return nil, err

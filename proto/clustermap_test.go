@@ -20,10 +20,10 @@ func testMap() *ClusterMap {
 		Shards: make([]MapShard, NumShards),
 	}
 	for i := range m.Shards {
-		m.Shards[i] = MapShard{Owners: []uint16{uint16(i % 3)}, Since: uint64(1 + i%9)}
+		m.Shards[i] = MapShard{Owners: []uint16{uint16(i % 3)}, Since: uint64(1 + i%9), Origin: uint64(i % 9)}
 	}
-	m.Shards[5].Move = &ShardMove{To: 0, Phase: MoveFrozen}
-	m.Shards[6].Move = &ShardMove{To: 1, Phase: MoveCopying}
+	m.Shards[5].Move = &ShardMove{To: 0, Phase: MoveFrozen, Started: 8}
+	m.Shards[6].Move = &ShardMove{To: 1, Phase: MoveCopying, Started: 9}
 	return m
 }
 
@@ -50,21 +50,23 @@ func TestClusterMapRoundTrip(t *testing.T) {
 
 func TestClusterMapValidate(t *testing.T) {
 	for name, mutate := range map[string]func(m *ClusterMap){
-		"unsorted servers":  func(m *ClusterMap) { m.Servers[0], m.Servers[1] = m.Servers[1], m.Servers[0] },
-		"duplicate server":  func(m *ClusterMap) { m.Servers[1].Name = "node1" },
-		"empty name":        func(m *ClusterMap) { m.Servers[0].Name = "" },
-		"empty ID":          func(m *ClusterMap) { m.Servers[0].ID = "" },
-		"state 0":           func(m *ClusterMap) { m.Servers[0].State = 0 },
-		"few shards":        func(m *ClusterMap) { m.Shards = m.Shards[:10] },
-		"no owner":          func(m *ClusterMap) { m.Shards[3].Owners = nil },
-		"owner out of list": func(m *ClusterMap) { m.Shards[3].Owners = []uint16{3} },
-		"owner twice":       func(m *ClusterMap) { m.Shards[3].Owners = []uint16{1, 1} },
-		"since 0":           func(m *ClusterMap) { m.Shards[3].Since = 0 },
-		"since future":      func(m *ClusterMap) { m.Shards[3].Since = m.Epoch + 1 },
-		"move to owner":     func(m *ClusterMap) { m.Shards[0].Move = &ShardMove{To: 0, Phase: MoveCopying} },
-		"move nowhere":      func(m *ClusterMap) { m.Shards[0].Move = &ShardMove{To: 7, Phase: MoveCopying} },
-		"move phase 0":      func(m *ClusterMap) { m.Shards[0].Move = &ShardMove{To: 1} },
-		"shards, no server": func(m *ClusterMap) { m.Servers = nil },
+		"unsorted servers":   func(m *ClusterMap) { m.Servers[0], m.Servers[1] = m.Servers[1], m.Servers[0] },
+		"duplicate server":   func(m *ClusterMap) { m.Servers[1].Name = "node1" },
+		"empty name":         func(m *ClusterMap) { m.Servers[0].Name = "" },
+		"empty ID":           func(m *ClusterMap) { m.Servers[0].ID = "" },
+		"state 0":            func(m *ClusterMap) { m.Servers[0].State = 0 },
+		"few shards":         func(m *ClusterMap) { m.Shards = m.Shards[:10] },
+		"no owner":           func(m *ClusterMap) { m.Shards[3].Owners = nil },
+		"owner out of list":  func(m *ClusterMap) { m.Shards[3].Owners = []uint16{3} },
+		"owner twice":        func(m *ClusterMap) { m.Shards[3].Owners = []uint16{1, 1} },
+		"since 0":            func(m *ClusterMap) { m.Shards[3].Since = 0 },
+		"since future":       func(m *ClusterMap) { m.Shards[3].Since = m.Epoch + 1 },
+		"move to owner":      func(m *ClusterMap) { m.Shards[0].Move = &ShardMove{To: 0, Phase: MoveCopying, Started: 9} },
+		"move nowhere":       func(m *ClusterMap) { m.Shards[0].Move = &ShardMove{To: 7, Phase: MoveCopying, Started: 9} },
+		"move phase 0":       func(m *ClusterMap) { m.Shards[0].Move = &ShardMove{To: 1, Started: 9} },
+		"move before since":  func(m *ClusterMap) { m.Shards[8].Move = &ShardMove{To: 1, Phase: MoveCopying, Started: 1} },
+		"origin after since": func(m *ClusterMap) { m.Shards[3].Origin = m.Shards[3].Since },
+		"shards, no server":  func(m *ClusterMap) { m.Servers = nil },
 	} {
 		m := testMap()
 		mutate(m)
@@ -96,7 +98,7 @@ func testCommands() []*MapCommand {
 		{Op: MapAddServer, Server: MapServer{Name: "node4", ID: "dddddddddddddddd"}},
 		{Op: MapRemoveServer, Server: MapServer{Name: "node3"}, Force: true},
 		{Op: MapStartMoves, Moves: []MoveCommand{{Shard: 1, From: "node1", To: "node4"}, {Shard: NumShards - 1, From: "node2", To: "node4"}}},
-		{Op: MapFreezeMoves, Shards: []Shard{1, NumShards - 1}},
+		{Op: MapFreezeMoves, Moves: []MoveCommand{{Shard: 1, From: "node1", To: "node4", Started: 12}}},
 		{Op: MapAbortMoves},
 	}
 }
@@ -115,12 +117,12 @@ func TestMapCommandRoundTrip(t *testing.T) {
 			t.Fatalf("round trip:\n got %+v\nwant %+v", got, c)
 		}
 	}
-	for _, c := range []*MapCommand{{}, {Op: 99}, {Op: MapFreezeMoves, Shards: []Shard{NumShards}}} {
+	for _, c := range []*MapCommand{{}, {Op: 99}, {Op: MapFreezeMoves, Moves: []MoveCommand{{Shard: NumShards}}}} {
 		if _, err := EncodeMapCommand(c); !errors.Is(err, ErrBadMap) {
 			t.Errorf("%+v: %v", c, err)
 		}
 	}
-	if _, err := DecodeMapCommand(body(t, MapVersion, 1, []any{"a", "b"}, nil, []any{}, []any{})); !errors.Is(err, ErrBadMap) {
+	if _, err := DecodeMapCommand(body(t, MapVersion, 1, []any{"a", "b"}, nil, []any{})); !errors.Is(err, ErrBadMap) {
 		t.Errorf("nil force: %v", err)
 	}
 }

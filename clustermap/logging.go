@@ -1,0 +1,89 @@
+// Raft's and Pebble's logs, routed into the node's slog.Logger.
+
+package clustermap
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"sort"
+
+	"github.com/hashicorp/go-hclog"
+)
+
+// newRaftLogger returns an hclog.Logger (what hashicorp/raft logs through)
+// whose lines go to log: hclog writes JSON, and each line becomes one slog
+// record with raft's level, message and fields. Raft's errors about a
+// peer it cannot reach repeat with backoff while that peer is down; they
+// are logged at Warn.
+func newRaftLogger(log *slog.Logger) hclog.Logger {
+	return hclog.New(&hclog.LoggerOptions{
+		Name:       "raft",
+		Level:      hclog.Debug,
+		JSONFormat: true,
+		Output:     &slogWriter{log: log},
+	})
+}
+
+// slogWriter turns hclog's JSON lines into slog records.
+type slogWriter struct{ log *slog.Logger }
+
+func (w *slogWriter) Write(p []byte) (int, error) {
+	for _, line := range bytes.Split(bytes.TrimSpace(p), []byte("\n")) {
+		var fields map[string]any
+		if err := json.Unmarshal(line, &fields); err != nil {
+			w.log.Info(string(line))
+			continue
+		}
+		level := slog.LevelInfo
+		switch fields["@level"] {
+		case "trace", "debug":
+			level = slog.LevelDebug
+		case "warn", "error":
+			level = slog.LevelWarn
+		}
+		if !w.log.Enabled(context.Background(), level) {
+			continue
+		}
+		msg, _ := fields["@message"].(string)
+		keys := make([]string, 0, len(fields))
+		for k := range fields {
+			if k[0] != '@' {
+				keys = append(keys, k)
+			}
+		}
+		sort.Strings(keys)
+		args := make([]any, 0, 2*len(keys)+2)
+		if mod, ok := fields["@module"].(string); ok {
+			args = append(args, "module", mod)
+		}
+		for _, k := range keys {
+			args = append(args, k, fields[k])
+		}
+		w.log.Log(context.Background(), level, msg, args...)
+	}
+	return len(p), nil
+}
+
+// pebbleLogger routes Pebble's logs to slog: its informational chatter at
+// Debug, its errors at Error. Pebble calls Fatalf only where it cannot go
+// on (a failed manifest write, corruption) and expects it not to return:
+// this one logs through slog and panics with the message, rather than
+// exiting the process behind the logger's back.
+type pebbleLogger struct{ log *slog.Logger }
+
+func (l pebbleLogger) Infof(format string, args ...any) {
+	l.log.Debug("pebble: " + fmt.Sprintf(format, args...))
+}
+
+func (l pebbleLogger) Errorf(format string, args ...any) {
+	l.log.Error("pebble: " + fmt.Sprintf(format, args...))
+}
+
+func (l pebbleLogger) Fatalf(format string, args ...any) {
+	msg := "pebble: " + fmt.Sprintf(format, args...)
+	l.log.Error(msg)
+	panic(msg)
+}
