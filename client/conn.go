@@ -1,4 +1,4 @@
-// One server's connection: control TCP, a QP, a registered buffer, a lease.
+// One server's connection: a control session, its QP, a registered buffer, a write lease.
 
 package client
 
@@ -6,9 +6,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"time"
 
+	"github.com/rkv-io/rkv/internal/session"
 	"github.com/rkv-io/rkv/membership"
 	"github.com/rkv-io/rkv/proto"
 	"github.com/rkv-io/rkv/rdma"
@@ -22,19 +22,17 @@ type serverConn struct {
 
 	mu     chanMutex
 	closed bool
-	// The buffer lives as long as the serverConn: only the connection is
+	// The buffer lives as long as the serverConn: only the session is
 	// rebuilt.
 	mem *rdma.Memory
 	mr  rdma.MR
-	// The connection, nil while down.
-	nc     net.Conn
-	cq     rdma.CQ
-	qp     rdma.QP
-	gen    uint64 // the server's generation, from its HelloReply
-	nextID uint64
-	rbuf   []byte
-	wc     [1]rdma.Completion
-	lease  *clientLease
+	s   *session.Conn // nil while down
+	gen uint64        // the server's generation, from its HelloReply
+	wc  [1]rdma.Completion
+	// Scratch for posts of READs.
+	wrs   []rdma.SendWR
+	sges  []rdma.SGE
+	lease *clientLease
 }
 
 // chanMutex is a mutex whose Lock respects a context.
@@ -56,7 +54,7 @@ func (sc *serverConn) lock(ctx context.Context) error {
 		}
 		return nil
 	case <-ctx.Done():
-		return retry("waiting for the connection to %s: %w", sc.name, ctx.Err())
+		return retry(sc.name, "waiting for the connection to %s: %w", sc.name, ctx.Err())
 	}
 }
 
@@ -77,36 +75,31 @@ func (sc *serverConn) close() error {
 	return errors.Join(errs...)
 }
 
-// drop tears the connection down; the next request redials.
+// drop tears the session down (the server ends its leases); the next
+// request redials.
 func (sc *serverConn) drop() {
-	if sc.nc != nil {
-		sc.nc.Close() // the server ends our leases
+	if sc.s != nil {
+		_ = sc.s.Close()
 	}
-	if sc.qp != nil {
-		_ = sc.qp.Close()
-	}
-	if sc.cq != nil {
-		_ = sc.cq.Close()
-	}
-	sc.nc, sc.qp, sc.cq, sc.lease = nil, nil, nil, nil
+	sc.s, sc.lease = nil, nil
 }
 
-// ready makes sure a connection to the server of generation m.Meta.Generation
-// is up.
-func (sc *serverConn) ready(ctx context.Context, m membership.Member) error {
-	if m.Meta.Index == nil {
-		return retry("server %s has not advertised its index yet", sc.name)
+// ready makes sure a session to the server of generation
+// mb.Meta.Generation is up.
+func (sc *serverConn) ready(ctx context.Context, mb membership.Member) error {
+	if mb.Meta.Index == nil {
+		return retry(sc.name, "server %s has not advertised its index yet", sc.name)
 	}
-	if sc.nc != nil && sc.gen != m.Meta.Generation {
-		if sc.gen > m.Meta.Generation {
+	if sc.s != nil && sc.gen != mb.Meta.Generation {
+		if sc.gen > mb.Meta.Generation {
 			// The server restarted and our view has not caught up:
 			// its rkeys are not known yet.
-			return retry("server %s is at generation %d, the view still shows %d", sc.name, sc.gen, m.Meta.Generation)
+			return retry(sc.name, "server %s is at generation %d, the view still shows %d", sc.name, sc.gen, mb.Meta.Generation)
 		}
-		sc.c.log.Info("server restarted: reconnecting", "server", sc.name, "old_generation", sc.gen, "generation", m.Meta.Generation)
+		sc.c.log.Info("server restarted: reconnecting", "server", sc.name, "old_generation", sc.gen, "generation", mb.Meta.Generation)
 		sc.drop()
 	}
-	if sc.nc != nil {
+	if sc.s != nil {
 		return nil
 	}
 	c := sc.c
@@ -121,121 +114,73 @@ func (sc *serverConn) ready(ctx context.Context, m membership.Member) error {
 			return fmt.Errorf("rkv: registering the client buffer: %w", err)
 		}
 	}
-	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	nc, err := c.dialControl(dctx, m.Meta.ControlAddr)
-	if err != nil {
-		if refused := tlsRefusal(sc.name, err); refused != err {
-			return refused
-		}
-		return retry("dialing %s at %s: %w", sc.name, m.Meta.ControlAddr, err)
+	s, err := session.Dial(ctx, mb.Meta.ControlAddr, mb.Meta.ServerID, session.Config{
+		Name: c.ml.Name(), Token: []byte(c.cfg.AuthToken), Kind: proto.SessionClient, TLS: c.cfg.TLS,
+		Device: c.dev, PD: c.pd, QP: rdma.QPConfig{AckTimeout: c.cfg.AckTimeout, RetryCount: c.cfg.RetryCount},
+		CQSize: 2 * maxReadBatch,
+	})
+	switch {
+	case errors.Is(err, session.ErrRefused):
+		return fmt.Errorf("%w: %w", ErrUnauthenticated, err)
+	case err != nil:
+		return retry(sc.name, "connecting to %s at %s: %w", sc.name, mb.Meta.ControlAddr, err)
 	}
-	sc.nc = nc
-	// Hello first: the server creates a QP on its PD only for a client
-	// that has authenticated.
-	sc.gen = 0
-	r, err := sc.rpc(ctx, &proto.Hello{Client: c.ml.Name(), Token: []byte(c.cfg.AuthToken)})
-	if err != nil {
-		sc.drop()
-		return tlsRefusal(sc.name, err)
-	}
-	sc.gen = r.(*proto.HelloReply).Generation
-	qcfg := c.cfg.QP
-	if sc.cq, err = c.dev.CreateCQ(2 * multiGetBatch); err != nil {
-		sc.drop()
-		return err
-	}
-	qcfg.SendCQ, qcfg.RecvCQ = sc.cq, sc.cq
-	if sc.qp, err = c.pd.CreateQP(qcfg); err != nil {
-		sc.drop()
-		return err
-	}
-	if _, err := rdma.ConnectQP(dctx, nc, sc.qp); err != nil {
-		sc.drop()
-		return retry("connecting a QP to %s: %w", sc.name, err)
-	}
+	sc.s, sc.gen = s, s.Hello.Generation
 	c.log.Debug("connected", "server", sc.name, "generation", sc.gen)
-	if sc.gen != m.Meta.Generation {
-		return retry("server %s answered with generation %d, the view shows %d", sc.name, sc.gen, m.Meta.Generation)
+	if sc.gen != mb.Meta.Generation {
+		return retry(sc.name, "server %s answered with generation %d, the view shows %d", sc.name, sc.gen, mb.Meta.Generation)
 	}
 	return nil
 }
 
 // call runs one control request on the server's connection.
-func (sc *serverConn) call(ctx context.Context, m membership.Member, req proto.Message) (proto.Message, error) {
+func (sc *serverConn) call(ctx context.Context, mb membership.Member, req proto.Message) (proto.Message, error) {
 	if err := sc.lock(ctx); err != nil {
 		return nil, err
 	}
 	defer sc.unlock()
-	if err := sc.ready(ctx, m); err != nil {
+	if err := sc.ready(ctx, mb); err != nil {
 		return nil, err
 	}
 	return sc.rpc(ctx, req)
 }
 
-// rpc sends req and reads its reply; a server Error becomes a typed error.
+// rpc sends req and reads its reply on the session; a server Error becomes
+// a typed error, a broken session is dropped and retried.
 func (sc *serverConn) rpc(ctx context.Context, req proto.Message) (proto.Message, error) {
-	sc.nextID++
-	id := sc.nextID
-	if d, ok := ctx.Deadline(); ok {
-		_ = sc.nc.SetDeadline(d)
-	} else {
-		_ = sc.nc.SetDeadline(time.Now().Add(30 * time.Second))
+	r, err := sc.s.Call(ctx, req)
+	if err == nil {
+		return r, nil
 	}
-	if err := proto.WriteFrame(sc.nc, id, req); err != nil {
+	var pe *proto.Error
+	if errors.Is(err, session.ErrBroken) {
 		sc.drop()
-		return nil, retry("%v to %s: %w", req.Type(), sc.name, err)
+		if errors.As(err, &pe) {
+			return nil, serverError(sc.name, req.Type(), pe) // the server refused the session, saying why
+		}
+		return nil, retry(sc.name, "%w", err)
 	}
-	rid, reply, b, err := proto.ReadFrame(sc.nc, sc.rbuf)
-	sc.rbuf = b
-	if err != nil {
-		sc.drop()
-		return nil, retry("%v to %s: reading the reply: %w", req.Type(), sc.name, err)
+	if errors.As(err, &pe) {
+		return nil, serverError(sc.name, req.Type(), pe)
 	}
-	if e, ok := reply.(*proto.Error); ok && rid == 0 {
-		sc.drop() // the server refused the connection, saying why
-		return nil, serverError(sc.name, req.Type(), e)
-	}
-	if rid != id {
-		sc.drop()
-		return nil, retry("%v to %s: reply to request %d, want %d", req.Type(), sc.name, rid, id)
-	}
-	if e, ok := reply.(*proto.Error); ok {
-		return nil, serverError(sc.name, req.Type(), e)
-	}
-	if !replyMatches(req.Type(), reply.Type()) {
-		sc.drop()
-		return nil, fmt.Errorf("rkv: %v to %s answered with %v", req.Type(), sc.name, reply.Type())
-	}
-	return reply, nil
+	return nil, err
 }
 
-func replyMatches(req, reply proto.MsgType) bool {
-	switch req {
-	case proto.MsgHello:
-		return reply == proto.MsgHelloReply
-	case proto.MsgGrantLease:
-		return reply == proto.MsgLeaseReply
-	case proto.MsgCommit:
-		return reply == proto.MsgCommitReply
-	case proto.MsgDelete, proto.MsgEndLease:
-		return reply == proto.MsgAck
-	case proto.MsgScan:
-		return reply == proto.MsgScanReply
-	case proto.MsgStats:
-		return reply == proto.MsgStatsReply
-	}
-	return false
-}
-
+// serverError is a server's Error as the client's error for it.
 func serverError(node string, req proto.MsgType, e *proto.Error) error {
 	var kind error
 	switch e.Code {
 	case proto.CodeNotFound:
 		kind = ErrNotFound
 	case proto.CodeLeaseInvalid:
-		return retry("%v on %s: %w", req, node, e) // a new lease, from a fresh view
-	case proto.CodeRecordInvalid, proto.CodeBadRequest:
+		return retry(node, "%v on %s: %w", req, node, e) // a new lease, from a fresh view
+	case proto.CodeNotOwner, proto.CodeShardMoving:
+		// The server's map is newer than ours, or a move of the shard is
+		// in its last copy: refresh, and retry in a moment.
+		return retryWithMap(node, newerMap, "%v on %s: %w", req, node, e)
+	case proto.CodeUnavailable:
+		return retry(node, "%v on %s: %w", req, node, e)
+	case proto.CodeRecordInvalid, proto.CodeBadRequest, proto.CodeSuperseded:
 		kind = ErrInvalid
 	case proto.CodeFull, proto.CodeIndexFull:
 		kind = ErrFull
@@ -247,109 +192,13 @@ func serverError(node string, req proto.MsgType, e *proto.Error) error {
 	return fmt.Errorf("%w: %v on %s: %w", kind, req, node, e)
 }
 
-// post runs one signaled work request on [off, off+n) of the buffer and
-// waits for it. A failure drops the connection (the QP is in ERR).
-func (sc *serverConn) post(ctx context.Context, op rdma.Opcode, off, n int, raddr uint64, rkey uint32) error {
-	wr := [1]rdma.SendWR{{Op: op, Flags: rdma.Signaled, SGL: []rdma.SGE{{MR: sc.mr, Offset: off, Length: n}}, RemoteAddr: raddr, RKey: rkey}}
-	if op == rdma.OpRead {
-		sc.c.reads.Add(1)
-	}
-	if err := sc.qp.PostSend(wr[:]); err != nil {
-		sc.drop()
-		return retry("%v to %s: %w", op, sc.name, err)
-	}
-	if _, err := sc.cq.Wait(ctx, sc.wc[:]); err != nil {
-		sc.drop() // the buffer may still be the NIC's: the QP goes
-		return retry("%v to %s: %w", op, sc.name, err)
-	}
-	if err := sc.wc[0].Err(); err != nil {
-		sc.drop()
-		what := "connection lost"
-		if sc.wc[0].Status == rdma.StatusRemAccessErr {
-			what = "rkey refused (server restarted or lease revoked)"
-		}
-		return retry("%v to %s: %s: %w", op, sc.name, what, err)
-	}
-	return nil
-}
-
-// get reads key one-sidedly.
-func (sc *serverConn) get(ctx context.Context, m membership.Member, key []byte) ([]byte, error) {
-	if err := sc.lock(ctx); err != nil {
-		return nil, err
-	}
-	defer sc.unlock()
-	if err := sc.ready(ctx, m); err != nil {
-		return nil, err
-	}
-	meta := &m.Meta
-	buf := sc.mem.Bytes()
-	geo := meta.Index.Geometry
-	nb := geo.NeighborhoodBytes()
-	readRecord := func(loc proto.Location) ([]byte, error) {
-		a, ok := arenaOf(meta, loc.Arena)
-		if !ok {
-			return nil, retry("arena %d of %s is not in the view yet", loc.Arena, sc.name)
-		}
-		if int(loc.Length) > len(buf)-nb || loc.Offset+uint64(loc.Length) > a.Length {
-			return nil, retry("record at %+v does not fit the buffer or arena", loc)
-		}
-		if err := sc.post(ctx, rdma.OpRead, nb, int(loc.Length), a.Addr+loc.Offset, a.RKey); err != nil {
-			return nil, err
-		}
-		r, err := proto.VerifyRecord(buf[nb:nb+int(loc.Length)], key, 0)
-		if err != nil {
-			return nil, err
-		}
-		return append([]byte(nil), r.Value...), nil
-	}
-	// A cache hit is one READ.
-	if cl, ok := sc.c.cacheGet(key); ok {
-		if cl.node == sc.name && cl.gen == sc.gen {
-			v, err := readRecord(cl.loc)
-			if err == nil {
-				return v, nil
-			}
-			var r *retryable
-			if errors.As(err, &r) && sc.nc == nil {
-				return nil, err // the connection broke
-			}
-		}
-		sc.c.cacheDrop(key)
-	}
-	h := geo.Hash(key)
-	if err := sc.post(ctx, rdma.OpRead, 0, nb, meta.Index.Addr+uint64(geo.NeighborhoodOffset(geo.Home(h))), meta.Index.RKey); err != nil {
-		return nil, err
-	}
-	var locs [4]proto.Location
-	found, err := proto.FindInNeighborhood(buf[:nb], h, locs[:0])
-	if err != nil {
-		return nil, retry("torn index neighborhood: %w", err)
-	}
-	for _, loc := range found {
-		v, err := readRecord(loc)
-		if errors.Is(err, proto.ErrStaleRecord) && len(found) > 1 {
-			continue // a fingerprint collision with another key
-		}
-		if errors.Is(err, proto.ErrBadRecord) || errors.Is(err, proto.ErrStaleRecord) {
-			return nil, retry("record of %q at %+v: %w", key, loc, err)
-		}
-		if err != nil {
-			return nil, err
-		}
-		sc.c.cachePut(key, cachedLoc{node: sc.name, gen: sc.gen, loc: loc})
-		return v, nil
-	}
-	return nil, ErrNotFound
-}
-
 // put writes the record into the lease and commits it.
-func (sc *serverConn) put(ctx context.Context, m membership.Member, key, value []byte) error {
+func (sc *serverConn) put(ctx context.Context, t target, key, value []byte, w proto.Write) error {
 	if err := sc.lock(ctx); err != nil {
 		return err
 	}
 	defer sc.unlock()
-	if err := sc.ready(ctx, m); err != nil {
+	if err := sc.ready(ctx, t.member); err != nil {
 		return err
 	}
 	size := uint64(proto.RecordSize(len(key), len(value)))
@@ -357,12 +206,12 @@ func (sc *serverConn) put(ctx context.Context, m membership.Member, key, value [
 	if l != nil && (time.Now().After(l.expires) || l.off+size > l.Size || l.version >= l.VersionBase+l.VersionCount) {
 		_, _ = sc.rpc(ctx, &proto.EndLease{ID: l.ID})
 		sc.lease, l = nil, nil
-		if sc.nc == nil {
-			return retry("ending a lease on %s: connection lost", sc.name)
+		if sc.s == nil {
+			return retry(sc.name, "ending a lease on %s: connection lost", sc.name)
 		}
 	}
 	if l == nil {
-		r, err := sc.rpc(ctx, &proto.GrantLease{})
+		r, err := sc.rpc(ctx, &proto.GrantLease{Epoch: t.epoch})
 		if err != nil {
 			return err
 		}
@@ -383,143 +232,58 @@ func (sc *serverConn) put(ctx context.Context, m membership.Member, key, value [
 	off := l.off
 	l.off += uint64(n)
 	l.version++
-	r, err := sc.rpc(ctx, &proto.Commit{LeaseID: l.ID, Offset: off, Length: uint64(n)})
+	r, err := sc.rpc(ctx, &proto.Commit{LeaseID: l.ID, Offset: off, Length: uint64(n), Epoch: t.epoch, Write: w})
 	if err != nil {
 		sc.lease = nil // whatever happened, start a fresh lease
 		return err
 	}
-	cr := r.(*proto.CommitReply)
-	sc.c.cachePut(key, cachedLoc{node: sc.name, gen: sc.gen, loc: proto.Location{Arena: cr.Arena, Offset: cr.Offset, Length: cr.Length}})
+	if cr := r.(*proto.CommitReply); cr.Length != 0 {
+		sc.c.cachePut(key, cachedLoc{node: sc.name, gen: sc.gen, loc: proto.Location{Arena: cr.Arena, Offset: cr.Offset, Length: cr.Length}})
+	} else {
+		sc.c.cacheDrop(key) // a retry answered from the first attempt, since superseded
+	}
 	return nil
 }
 
-// postBatch posts wrs (reads into the buffer) with only the last one
-// signaled and waits for it: on an RC QP its completion means every
-// earlier request has completed too. A failure drops the connection.
-func (sc *serverConn) postBatch(ctx context.Context, wrs []rdma.SendWR) error {
+// post runs one signaled work request on [off, off+n) of the buffer and
+// waits for it.
+func (sc *serverConn) post(ctx context.Context, op rdma.Opcode, off, n int, raddr uint64, rkey uint32) error {
+	sc.wrs = append(sc.wrs[:0], rdma.SendWR{Op: op, SGL: []rdma.SGE{{MR: sc.mr, Offset: off, Length: n}}, RemoteAddr: raddr, RKey: rkey})
+	return sc.postAll(ctx)
+}
+
+// postAll posts sc.wrs with only the last one signaled and waits for it:
+// on an RC QP its completion means every earlier request has completed
+// too, so the buffers of the unsignaled ones are free as well. A failure
+// drops the session (the QP is in ERR, and the buffer may still be the
+// NIC's until the QP is gone).
+func (sc *serverConn) postAll(ctx context.Context) error {
+	wrs := sc.wrs
+	reads := 0
 	for i := range wrs {
 		wrs[i].ID, wrs[i].Flags = uint64(i), 0
+		if wrs[i].Op == rdma.OpRead {
+			reads++
+		}
 	}
 	wrs[len(wrs)-1].Flags = rdma.Signaled
-	sc.c.reads.Add(uint64(len(wrs)))
-	if err := sc.qp.PostSend(wrs); err != nil {
+	sc.c.reads.Add(uint64(reads))
+	fail := func(what string, err error) error {
 		sc.drop()
-		return retry("batch of %d READs to %s: %w", len(wrs), sc.name, err)
+		return retry(sc.name, "%d %v to %s: %s: %w", len(wrs), wrs[0].Op, sc.name, what, err)
 	}
-	if _, err := sc.cq.Wait(ctx, sc.wc[:]); err != nil {
-		sc.drop()
-		return retry("batch of %d READs to %s: %w", len(wrs), sc.name, err)
+	if err := sc.s.QP.PostSend(wrs); err != nil {
+		return fail("posting", err)
+	}
+	if _, err := sc.s.CQ.Wait(ctx, sc.wc[:]); err != nil {
+		return fail("waiting", err)
 	}
 	if err := sc.wc[0].Err(); err != nil {
-		sc.drop()
-		return retry("batch of %d READs to %s: %w", len(wrs), sc.name, err)
+		what := "connection lost"
+		if sc.wc[0].Status == rdma.StatusRemAccessErr {
+			what = "rkey refused (server restarted or lease revoked)"
+		}
+		return fail(what, err)
 	}
 	return nil
-}
-
-// multiGet resolves keys on this server in batches: one post of index
-// neighborhood READs, then one of record READs. It returns the values
-// (nil for absent keys) and the positions of the keys it could not settle
-// in a batch (torn or stale reads, fingerprint collisions, records too
-// large for the buffer), which the caller resolves one by one.
-func (sc *serverConn) multiGet(ctx context.Context, m membership.Member, keys [][]byte) (vals [][]byte, single []int, err error) {
-	if err := sc.lock(ctx); err != nil {
-		return nil, nil, err
-	}
-	defer sc.unlock()
-	if err := sc.ready(ctx, m); err != nil {
-		return nil, nil, err
-	}
-	meta := &m.Meta
-	geo := meta.Index.Geometry
-	nb := geo.NeighborhoodBytes()
-	buf := sc.mem.Bytes()
-	batch := min(multiGetBatch, len(buf)/2/nb)
-	vals = make([][]byte, len(keys))
-	wrs := make([]rdma.SendWR, 0, batch)
-	sges := make([]rdma.SGE, batch)
-	locs := make([]proto.Location, batch)
-	var scratch [4]proto.Location
-	for start := 0; start < len(keys); start += batch {
-		chunk := keys[start:min(start+batch, len(keys))]
-		wrs = wrs[:0]
-		hashes := make([]uint64, len(chunk))
-		cached := make([]bool, len(chunk))
-		for i, k := range chunk {
-			// A cached location skips the index, as in get.
-			if cl, ok := sc.c.cacheGet(k); ok && cl.node == sc.name && cl.gen == sc.gen {
-				locs[i], cached[i] = cl.loc, true
-				continue
-			}
-			hashes[i] = geo.Hash(k)
-			sges[i] = rdma.SGE{MR: sc.mr, Offset: i * nb, Length: nb}
-			wrs = append(wrs, rdma.SendWR{Op: rdma.OpRead, SGL: sges[i : i+1],
-				RemoteAddr: meta.Index.Addr + uint64(geo.NeighborhoodOffset(geo.Home(hashes[i]))), RKey: meta.Index.RKey})
-		}
-		if len(wrs) > 0 {
-			if err := sc.postBatch(ctx, wrs); err != nil {
-				return nil, nil, err
-			}
-		}
-		// Records go after the neighborhoods, as long as they fit.
-		wrs = wrs[:0]
-		var pending []int // chunk positions with a record READ posted
-		off := len(chunk) * nb
-		for i := range chunk {
-			loc := locs[i]
-			if !cached[i] {
-				found, err := proto.FindInNeighborhood(buf[i*nb:(i+1)*nb], hashes[i], scratch[:0])
-				switch {
-				case err != nil || len(found) > 1:
-					single = append(single, start+i)
-					continue
-				case len(found) == 0:
-					continue // absent
-				}
-				loc = found[0]
-			}
-			a, ok := arenaOf(meta, loc.Arena)
-			if !ok || off+int(loc.Length) > len(buf) || loc.Offset+uint64(loc.Length) > a.Length {
-				single = append(single, start+i)
-				continue
-			}
-			locs[i] = loc
-			sges[i] = rdma.SGE{MR: sc.mr, Offset: off, Length: int(loc.Length)}
-			wrs = append(wrs, rdma.SendWR{Op: rdma.OpRead, SGL: sges[i : i+1], RemoteAddr: a.Addr + loc.Offset, RKey: a.RKey})
-			pending = append(pending, i)
-			off += int(loc.Length)
-		}
-		if len(wrs) == 0 {
-			continue
-		}
-		if err := sc.postBatch(ctx, wrs); err != nil {
-			return nil, nil, err
-		}
-		for _, i := range pending {
-			r, err := proto.VerifyRecord(buf[sges[i].Offset:sges[i].Offset+sges[i].Length], chunk[i], 0)
-			if err != nil {
-				if cached[i] {
-					sc.c.cacheDrop(chunk[i]) // superseded or deleted: get reads the index
-				}
-				single = append(single, start+i)
-				continue
-			}
-			vals[start+i] = append([]byte{}, r.Value...) // non-nil: present, maybe empty
-			sc.c.cachePut(chunk[i], cachedLoc{node: sc.name, gen: sc.gen, loc: locs[i]})
-		}
-	}
-	return vals, single, nil
-}
-
-// multiGetBatch is how many keys share one post: well within the QP's
-// send queue and the CQ.
-const multiGetBatch = 64
-
-func arenaOf(meta *proto.NodeMeta, id uint16) (proto.ArenaRegion, bool) {
-	for _, a := range meta.Arenas {
-		if a.ID == id {
-			return a, true
-		}
-	}
-	return proto.ArenaRegion{}, false
 }

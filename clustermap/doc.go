@@ -9,16 +9,13 @@
 // changes the owner only once the new owner holds everything (see Apply
 // and docs/ARCHITECTURE.md, "The cluster map").
 //
-// The package has three parts:
+// The package is what clients need too:
 //
-//   - Map: an immutable map and its queries (Owner, Since, Move, ...).
+//   - Map: an immutable map and its queries (Owner, Shard, Moves, ...).
 //   - Apply: the deterministic transition a map command makes, which
 //     every replica of the Raft log computes alike; and Plan, the moves a
 //     leader proposes to balance the shards over the servers.
-//   - Node: the Raft replica of the map on one server: its log in a Pebble
-//     database, snapshots, Propose for the leader, and the current map
-//     for everyone, applied as the log commits. The data path never waits
-//     on it: readers and writers use the map they already hold.
 //
-// The map's wire format and its commands are proto's (proto/clustermap.go).
+// Package clustermap/replica is the servers' Raft replica of the map. The
+// map's wire format and its commands are proto's (proto/clustermap.go).
 package clustermap

@@ -139,6 +139,11 @@ var (
 	// for: another key, another version, or superseded. A one-sided
 	// reader retries from the index.
 	ErrStaleRecord = errors.New("proto: stale record")
+	// ErrOtherKey (which is also an ErrStaleRecord) means an intact record
+	// of another key: an index slot whose fingerprint collided, or space
+	// reused since a location was cached. Unlike a superseded record of
+	// the key itself, it says nothing about the key.
+	ErrOtherKey = fmt.Errorf("%w: record of another key", ErrStaleRecord)
 )
 
 // Record is a verified record; Key and Value alias the buffer it was
@@ -153,7 +158,8 @@ func (r *Record) Tombstone() bool { return r.Flags&RecordTombstone != 0 }
 
 // VerifyRecord checks that b starts with an intact, live record for key
 // (and, if version is not zero, of that version). Errors wrap ErrBadRecord
-// or ErrStaleRecord.
+// or ErrStaleRecord; an intact record of another key is ErrOtherKey,
+// whatever its state.
 func VerifyRecord(b []byte, key []byte, version uint64) (Record, error) {
 	h, err := DecodeRecordHeader(b)
 	if err != nil {
@@ -168,10 +174,10 @@ func VerifyRecord(b []byte, key []byte, version uint64) (Record, error) {
 		return Record{}, fmt.Errorf("%w: CRC %#x, header says %#x", ErrBadRecord, c, h.CRC)
 	}
 	switch {
+	case key != nil && string(rk) != string(key):
+		return Record{}, ErrOtherKey
 	case h.State != RecordLive:
 		return Record{}, fmt.Errorf("%w: state %d", ErrStaleRecord, h.State)
-	case key != nil && string(rk) != string(key):
-		return Record{}, fmt.Errorf("%w: record of another key", ErrStaleRecord)
 	case version != 0 && h.Version != version:
 		return Record{}, fmt.Errorf("%w: version %d, want %d", ErrStaleRecord, h.Version, version)
 	}

@@ -61,9 +61,17 @@ func TestRecordStaleness(t *testing.T) {
 	if _, err := VerifyRecord(b, []byte("key"), 10); !errors.Is(err, ErrStaleRecord) {
 		t.Errorf("other version: %v", err)
 	}
+	if _, err := VerifyRecord(b, []byte("key"), 10); errors.Is(err, ErrOtherKey) {
+		t.Errorf("another version of the key taken for another key: %v", err)
+	}
 	binary.LittleEndian.PutUint32(b[RecordStateOffset:], RecordDead)
-	if _, err := VerifyRecord(b, []byte("key"), 9); !errors.Is(err, ErrStaleRecord) {
+	if _, err := VerifyRecord(b, []byte("key"), 9); !errors.Is(err, ErrStaleRecord) || errors.Is(err, ErrOtherKey) {
 		t.Errorf("dead record: %v", err)
+	}
+	// Another key's record is that whatever its state: an index
+	// candidate of another key says nothing about this one.
+	if _, err := VerifyRecord(b, []byte("other"), 0); !errors.Is(err, ErrOtherKey) || !errors.Is(err, ErrStaleRecord) {
+		t.Errorf("dead record of another key: %v", err)
 	}
 }
 

@@ -1,33 +1,41 @@
 // Package server wires one rkv server: an RDMA device, the store on it, the
-// membership that advertises the store's regions, and the control RPC
-// listener (proto/control.go).
+// cluster map's Raft replica, the membership that advertises the store's
+// regions, and the control RPC listener (proto/control.go).
 //
 // The server's code is on the control path only. A client connects to the
 // control address, the two sides connect a QP pair over that connection
 // (rdma.ConnectQP), and from then on the client READs the hash index and
 // records and WRITEs records into its leases one-sidedly; the connection
-// carries only Hello, GrantLease, Commit, Delete, Scan, EndLease and Stats.
-// A GET never reaches this package: Stats.Handled proves it in the tests.
+// carries only leases, commits, deletes, scans, the map and stats. A GET
+// never reaches this package: Stats.Handled proves it in the tests.
+//
+// The server serves the shards the cluster map gives it, and only those:
+// the store refuses writes to any other shard (fencing), and the server
+// publishes the epoch since which it owns each shard in its index region,
+// so a one-sided reader can tell a miss from a server that does not own
+// the key. Moving a shard is a copy the new owner pulls with RDMA_READ from
+// the old owner's arenas, then a brief freeze of writes for the last
+// changes, then the map's flip (migrate.go).
 package server
 
 import (
 	"context"
-	"crypto/sha256"
-	"crypto/subtle"
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/rkv-io/rkv/clustermap"
+	"github.com/rkv-io/rkv/clustermap/replica"
+	"github.com/rkv-io/rkv/internal/session"
 	"github.com/rkv-io/rkv/membership"
 	"github.com/rkv-io/rkv/proto"
 	"github.com/rkv-io/rkv/rdma"
-	_ "github.com/rkv-io/rkv/rdma/soft" // the default provider
 	"github.com/rkv-io/rkv/store"
 )
 
@@ -35,29 +43,47 @@ import (
 // each.
 type Config struct {
 	// Name is the server's cluster name. Required, and it must stay the
-	// same across restarts: placement hashes it.
+	// same across restarts: the cluster map knows the server by it (and
+	// by its data directory's ID, recorded in Store.Dir).
 	Name string
+	// Device is the RDMA device to serve on. Required; the server does
+	// not close it.
+	Device rdma.Device
 	// ControlAddr is where the control RPC listens. Default
-	// "127.0.0.1:0".
+	// "127.0.0.1:0". Raft's traffic runs over it too.
 	ControlAddr string
-	// Provider and Device select the RDMA device (rdma.Open). Defaults
-	// "soft" and "" (the provider's first device).
-	Provider, Device string
-	// DataAddr is the soft provider's data endpoint (rdma.Options.
-	// ListenAddr). Default "127.0.0.1:0".
-	DataAddr string
-	// RDMA holds the remaining device options (verbs Port, GID);
-	// ListenAddr is taken from DataAddr.
-	RDMA rdma.Options
 	// Store configures the store; Store.Dir is required. Store.Logger
-	// defaults to Logger.
+	// defaults to Logger. The cluster map's Raft state lives in
+	// Store.Dir/raft.
 	Store store.Options
 	// Membership configures gossip: BindAddr/BindPort, Seeds, SecretKey,
 	// Tuning... Its Name, Role and Meta are set by the server; its Logger
 	// defaults to Logger.
 	Membership membership.Config
-	// AuthToken, when set, must be presented by every client in its Hello
-	// (compared in constant time). Default: none.
+	// Bootstrap starts a new cluster of this server alone when its data
+	// directory holds no cluster state; it is ignored on a restart.
+	// Without it, a server with no state joins the cluster its
+	// Membership.Seeds belong to and waits for the map's leader to add it.
+	Bootstrap bool
+	// Voters is how many servers vote in the map's Raft group: the
+	// leader keeps the largest odd number of voters up to Voters among the
+	// map's servers (so 1 with one or two servers, 3 from three on); the
+	// others receive the log without voting. Default 3.
+	Voters int
+	// Raft tunes the map's Raft timing.
+	Raft replica.Tuning
+	// MaxMoves bounds the shard moves in progress at once. Default 32.
+	MaxMoves int
+	// MoveTimeout: a move whose source or target has been out of the
+	// gossip view (dead or left) this long is aborted. Default 30s.
+	MoveTimeout time.Duration
+	// DeadServerTimeout, when positive, removes a server that has been
+	// dead this long from the map, its shards given to the others empty:
+	// with one copy of each key, its keys are lost. Default 0: servers
+	// leave the map only by `rkv-client forget`.
+	DeadServerTimeout time.Duration
+	// AuthToken, when set, must be presented by every client and peer in
+	// its Hello (compared in constant time). Default: none.
 	AuthToken string
 	// TLS, when set, makes the control listener speak TLS only, with its
 	// Certificates; set ClientCAs and ClientAuth to
@@ -65,6 +91,11 @@ type Config struct {
 	// (mTLS). The QP handshake runs inside the tunnel; the RDMA data path
 	// is not encrypted. Default: plaintext TCP.
 	TLS *tls.Config
+	// PeerTLS is the TLS configuration of the connections this server
+	// opens to other servers (Raft, map changes, migration): RootCAs
+	// verify them, Certificates is this server's for their mTLS.
+	// Required with TLS.
+	PeerTLS *tls.Config
 	// HandshakeTimeout bounds a new connection's QP handshake and Hello.
 	// Default 10s.
 	HandshakeTimeout time.Duration
@@ -82,20 +113,32 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Name == "" {
 		return c, errors.New("server: Config.Name is required")
 	}
+	if c.Device == nil {
+		return c, errors.New("server: Config.Device is required (rdma.Open)")
+	}
 	if c.Store.Dir == "" {
 		return c, errors.New("server: Config.Store.Dir is required")
 	}
 	if c.TLS != nil && len(c.TLS.Certificates) == 0 && c.TLS.GetCertificate == nil && c.TLS.GetConfigForClient == nil {
 		return c, errors.New("server: Config.TLS has no certificate")
 	}
+	if c.TLS != nil && c.PeerTLS == nil {
+		return c, errors.New("server: Config.TLS needs Config.PeerTLS, for the connections to other servers")
+	}
+	if c.Bootstrap && len(c.Membership.Seeds) > 0 {
+		return c, errors.New("server: Bootstrap starts a new cluster and Membership.Seeds join an existing one: give one")
+	}
 	if c.ControlAddr == "" {
 		c.ControlAddr = "127.0.0.1:0"
 	}
-	if c.Provider == "" {
-		c.Provider = "soft"
+	if c.Voters <= 0 {
+		c.Voters = 3
 	}
-	if c.DataAddr == "" {
-		c.DataAddr = "127.0.0.1:0"
+	if c.MaxMoves <= 0 {
+		c.MaxMoves = 32
+	}
+	if c.MoveTimeout <= 0 {
+		c.MoveTimeout = 30 * time.Second
 	}
 	if c.HandshakeTimeout <= 0 {
 		c.HandshakeTimeout = 10 * time.Second
@@ -120,6 +163,7 @@ func (c Config) withDefaults() (Config, error) {
 type Server struct {
 	cfg   Config
 	log   *slog.Logger
+	id    string // the data directory's server ID
 	dev   rdma.Device
 	pd    rdma.PD
 	cq    rdma.CQ
@@ -127,9 +171,23 @@ type Server struct {
 	st    *store.Store
 	ln    net.Listener
 	ml    *membership.Membership
+	node  *replica.Node
+	raft  *raftStream
+	peers *peers
 	gen   uint64
-	meta  proto.NodeMeta // guarded by metaMu
-	metaM sync.Mutex
+
+	metaMu sync.Mutex
+	meta   proto.NodeMeta // guarded by metaMu
+
+	// shardMu serializes what changes the store's shard states against
+	// the map: reconcile, FenceShards, ReleaseShards.
+	shardMu sync.Mutex
+
+	mapCache   atomic.Pointer[encodedMap]
+	mlReady    atomic.Pointer[membership.Membership] // ml, once made: Raft asks it for addresses from the start
+	reconciled uint64                                // the newest map epoch applied to the store; guarded by shardMu
+	moves      *mover
+	errs       chan error // fatal conditions after the start (Err)
 
 	mu     sync.Mutex
 	closed bool
@@ -141,14 +199,16 @@ type Server struct {
 	connections atomic.Int64
 }
 
-// New starts a server: it opens the device, the store and the control
-// listener, joins the cluster as a server, and advertises the index and
-// each arena as its registration completes. ctx bounds the start only.
+// New starts a server: it opens the store and the control listener, the
+// map's Raft replica (bootstrapping a new cluster, restarting from disk,
+// or waiting to be added), joins the cluster's gossip as a server, and
+// advertises the index and each arena as its registration completes. ctx
+// bounds the start only.
 func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	if cfg, err = cfg.withDefaults(); err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, conns: map[*conn]struct{}{}, stop: make(chan struct{})}
+	s := &Server{cfg: cfg, log: cfg.Logger, dev: cfg.Device, conns: map[*conn]struct{}{}, stop: make(chan struct{}), errs: make(chan error, 1)}
 	var undo []func() error
 	defer func() {
 		if err != nil {
@@ -157,18 +217,18 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 			}
 		}
 	}()
-	opts := cfg.RDMA
-	opts.ListenAddr = cfg.DataAddr
-	if s.dev, err = rdma.Open(cfg.Provider, cfg.Device, opts); err != nil {
-		return nil, fmt.Errorf("server: opening RDMA device: %w", err)
+	if s.id, err = loadIdentity(cfg.Store.Dir, cfg.Name); err != nil {
+		return nil, err
 	}
-	undo = append(undo, s.dev.Close)
+	if s.reconciled, err = s.loadReconciled(); err != nil {
+		return nil, err
+	}
 	if s.pd, err = s.dev.AllocPD(); err != nil {
 		return nil, fmt.Errorf("server: %w", err)
 	}
 	undo = append(undo, s.pd.Close)
-	// One CQ for every connection's QP: the server posts nothing, so only
-	// flushes of nothing could ever land in it.
+	// One CQ for every connection's QP: the server posts nothing on
+	// client connections, so only flushes of nothing could land in it.
 	if s.cq, err = s.dev.CreateCQ(1024); err != nil {
 		return nil, fmt.Errorf("server: %w", err)
 	}
@@ -195,27 +255,61 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		s.ln = tls.NewListener(s.ln, cfg.TLS.Clone())
 	}
 	undo = append(undo, s.ln.Close)
+	controlAddr := s.ln.Addr().String()
+	s.peers = newPeers(s.peerConfig())
+	undo = append(undo, func() error { s.peers.close(); return nil })
+	s.raft = newRaftStream(raftAddr(s.id, controlAddr), s.peerConfig())
+	if s.node, err = replica.Open(replica.Config{
+		Dir:       filepath.Join(cfg.Store.Dir, "raft"),
+		ID:        s.id,
+		Addr:      raftAddr(s.id, controlAddr),
+		Bootstrap: cfg.Bootstrap,
+		Stream:    s.raft,
+		AddrOf:    s.raftAddrOf,
+		Tuning:    cfg.Raft,
+		Logger:    s.log,
+	}); err != nil {
+		s.raft.Close()
+		return nil, fmt.Errorf("server: %w", err)
+	}
+	undo = append(undo, s.node.Close)
+	m := s.node.Map()
+	if !s.node.HasState() && !cfg.Bootstrap && len(cfg.Membership.Seeds) == 0 {
+		return nil, fmt.Errorf("server: %s holds no cluster state and there is nothing to join: start the first server of a new cluster with Bootstrap (--bootstrap), the others with Membership.Seeds (--join)", cfg.Store.Dir)
+	}
 	s.meta = proto.NodeMeta{
 		Role:        proto.RoleServer,
 		RKVVersion:  "dev",
-		ControlAddr: s.ln.Addr().String(),
+		ControlAddr: controlAddr,
 		Provider:    s.dev.Provider(),
 		Endpoint:    endpoint,
 		Generation:  s.gen,
 		Index:       &proto.IndexRegion{Addr: idx.Addr, RKey: idx.RKey, Geometry: idx.Geometry},
 		Arenas:      arenaRegions(s.st.Arenas()),
+		ServerID:    s.id,
+		ClusterID:   m.ClusterID(),
+		MapEpoch:    m.Epoch(),
 	}
 	mc := cfg.Membership
 	mc.Name, mc.Role, mc.Meta = cfg.Name, proto.RoleServer, s.meta
 	if s.ml, err = membership.Create(mc); err != nil {
 		return nil, fmt.Errorf("server: %w", err)
 	}
-	s.log.Info("server started", "control", s.meta.ControlAddr, "data", endpoint.String(), "generation", s.gen,
-		"gossip", s.ml.LocalNode().Addr.String())
-	s.wg.Add(2)
+	s.mlReady.Store(s.ml)
+	s.moves = newMover(s)
+	s.log.Info("server started", "id", s.id, "control", controlAddr, "data", endpoint.String(), "generation", s.gen,
+		"gossip", s.ml.LocalNode().Addr.String(), "map", m.String())
+	s.wg.Add(4)
 	go s.advertise()
 	go s.acceptLoop()
+	go s.watchMap()
+	go s.lead()
 	return s, nil
+}
+
+// peerConfig is how this server opens sessions to other servers.
+func (s *Server) peerConfig() session.Config {
+	return session.Config{Name: s.cfg.Name, Token: []byte(s.cfg.AuthToken), Kind: proto.SessionPeer, TLS: s.cfg.PeerTLS}
 }
 
 // endpoint reads the device's data endpoint from a throwaway QP's info,
@@ -240,14 +334,23 @@ func arenaRegions(infos []store.ArenaInfo) []proto.ArenaRegion {
 	return proto.SortArenas(out)
 }
 
+// setMeta changes the advertised metadata and gossips it.
+func (s *Server) setMeta(change func(*proto.NodeMeta)) error {
+	s.metaMu.Lock()
+	change(&s.meta)
+	meta := s.meta
+	s.metaMu.Unlock()
+	return s.ml.SetMeta(meta)
+}
+
 // advertise republishes the metadata as each arena becomes ready.
 func (s *Server) advertise() {
 	defer s.wg.Done()
 	want := s.st.Options().ArenaCount
 	for {
-		s.metaM.Lock()
+		s.metaMu.Lock()
 		have := len(s.meta.Arenas)
-		s.metaM.Unlock()
+		s.metaMu.Unlock()
 		if have >= want {
 			return
 		}
@@ -256,20 +359,18 @@ func (s *Server) advertise() {
 			return
 		case <-s.st.Ready():
 		}
-		s.metaM.Lock()
-		s.meta.Arenas = arenaRegions(s.st.Arenas())
-		meta := s.meta
-		s.metaM.Unlock()
-		if err := s.ml.SetMeta(meta); err != nil {
+		if err := s.setMeta(func(m *proto.NodeMeta) { m.Arenas = arenaRegions(s.st.Arenas()) }); err != nil {
 			s.log.Error("advertising arenas", "err", err)
 			return
 		}
-		s.log.Debug("advertised arenas", "count", len(meta.Arenas))
 	}
 }
 
 // Name is the server's cluster name.
 func (s *Server) Name() string { return s.cfg.Name }
+
+// ID is the server's data directory ID.
+func (s *Server) ID() string { return s.id }
 
 // ControlAddr is the control listener's address.
 func (s *Server) ControlAddr() string { return s.ln.Addr().String() }
@@ -287,17 +388,35 @@ func (s *Server) Store() *store.Store { return s.st }
 // Membership is the server's membership.
 func (s *Server) Membership() *membership.Membership { return s.ml }
 
+// Map is the cluster map this server holds now.
+func (s *Server) Map() *clustermap.Map { return s.node.Map() }
+
+// MapNode is the server's replica of the map (tests, status).
+func (s *Server) MapNode() *replica.Node { return s.node }
+
+// Err delivers a condition that stops the server from serving after New
+// returned (this server's name is taken in the map by another data
+// directory). The command exits on it; the server is not closed.
+func (s *Server) Err() <-chan error { return s.errs }
+
+func (s *Server) fatal(err error) {
+	select {
+	case s.errs <- err:
+	default:
+	}
+}
+
 // Meta is the metadata the server advertises now.
 func (s *Server) Meta() proto.NodeMeta {
-	s.metaM.Lock()
-	defer s.metaM.Unlock()
+	s.metaMu.Lock()
+	defer s.metaMu.Unlock()
 	return s.meta
 }
 
 // Stats counts the control requests a server handled.
 type Stats struct {
 	// Handled[t] is the number of requests of type t handled (answered
-	// or failed), proto.MsgHello through proto.MsgStats.
+	// or failed).
 	Handled     [proto.NumMsgTypes]uint64
 	Connections int64 // open control connections
 }
@@ -329,9 +448,10 @@ func (s *Server) Stats() Stats {
 	return st
 }
 
-// Close stops accepting connections, leaves the cluster, closes the
-// connections (ending their leases), then the store, the registrar, the PD
-// and the device.
+// Close stops accepting connections, leaves gossip, stops the map's
+// replica and the migrations in progress, closes the connections (ending
+// their leases), then the store, the registrar and the PD. A closed server
+// stays in the map: restarting it brings its shards back.
 func (s *Server) Close() error {
 	s.mu.Lock()
 	if s.closed {
@@ -343,6 +463,7 @@ func (s *Server) Close() error {
 	close(s.stop)
 	var errs []error
 	errs = append(errs, ignoreClosed(s.ln.Close()))
+	s.moves.stop()
 	if err := s.ml.Leave(s.cfg.LeaveTimeout); err != nil {
 		s.log.Warn("leaving the cluster", "err", err)
 	}
@@ -353,7 +474,9 @@ func (s *Server) Close() error {
 	}
 	s.mu.Unlock()
 	s.wg.Wait()
-	errs = append(errs, s.st.Close(), s.reg.Close(), s.cq.Close(), s.pd.Close(), s.dev.Close())
+	errs = append(errs, s.node.Close())
+	s.peers.close()
+	errs = append(errs, s.st.Close(), s.reg.Close(), s.cq.Close(), s.pd.Close())
 	s.log.Info("server closed")
 	return errors.Join(errs...)
 }
@@ -363,251 +486,4 @@ func ignoreClosed(err error) error {
 		return nil
 	}
 	return err
-}
-
-func (s *Server) acceptLoop() {
-	defer s.wg.Done()
-	for {
-		nc, err := s.ln.Accept()
-		if err != nil {
-			select {
-			case <-s.stop:
-			default:
-				s.log.Error("control listener failed", "err", err)
-			}
-			return
-		}
-		c := &conn{s: s, nc: nc, leases: map[uint64]struct{}{}}
-		s.mu.Lock()
-		if s.closed {
-			s.mu.Unlock()
-			nc.Close()
-			return
-		}
-		s.conns[c] = struct{}{}
-		s.wg.Add(1)
-		s.mu.Unlock()
-		s.connections.Add(1)
-		go c.serve()
-	}
-}
-
-// conn is one client's control connection and its QP.
-type conn struct {
-	s      *Server
-	nc     net.Conn
-	qp     rdma.QP
-	client string
-	leases map[uint64]struct{} // granted on this connection, not yet ended
-}
-
-func (c *conn) serve() {
-	s := c.s
-	defer func() {
-		for id := range c.leases {
-			_ = s.st.EndLease(id) // revokes the write rkey
-		}
-		c.nc.Close()
-		if c.qp != nil {
-			_ = c.qp.Close()
-		}
-		s.connections.Add(-1)
-		s.mu.Lock()
-		delete(s.conns, c)
-		s.mu.Unlock()
-		s.wg.Done()
-	}()
-	log := s.log.With("remote", c.nc.RemoteAddr().String())
-	if err := c.handshake(); err != nil {
-		log.Warn("control connection refused", "err", err)
-		return
-	}
-	log = log.With("client", c.client)
-	var buf []byte
-	for {
-		id, m, b, err := proto.ReadFrame(c.nc, buf)
-		buf = b
-		if err != nil {
-			if badFrame(err) {
-				log.Warn("bad control frame: closing", "err", err)
-				c.refuse(err)
-			}
-			return
-		}
-		reply := c.handle(m)
-		s.handled[m.Type()].Add(1)
-		if err := proto.WriteFrame(c.nc, id, reply); err != nil {
-			log.Debug("writing reply", "err", err)
-			return
-		}
-	}
-}
-
-// handshake takes the Hello, then connects the QP pair.
-func (c *conn) handshake() error {
-	s := c.s
-	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.HandshakeTimeout)
-	defer cancel()
-	stop := context.AfterFunc(ctx, func() { _ = c.nc.SetDeadline(time.Unix(1, 0)) })
-	defer stop()
-	select {
-	case <-s.stop:
-		return errors.New("server closing")
-	default:
-	}
-	// Hello first: only an authenticated client gets a QP on the PD that
-	// holds the arenas.
-	id, m, _, err := proto.ReadFrameMax(c.nc, nil, proto.MaxHelloFrame)
-	if err != nil {
-		var plain tls.RecordHeaderError
-		switch {
-		case badFrame(err):
-			c.refuse(err)
-		case errors.As(err, &plain) && plain.Conn != nil:
-			// A plaintext peer: tell it in plaintext.
-			_ = plain.Conn.SetWriteDeadline(time.Now().Add(time.Second))
-			_ = proto.WriteFrame(plain.Conn, 0, &proto.Error{Code: proto.CodeUnauthenticated, Message: "this control port speaks TLS only"})
-		}
-		return err
-	}
-	s.handled[m.Type()].Add(1)
-	h, ok := m.(*proto.Hello)
-	if !ok {
-		_ = proto.WriteFrame(c.nc, id, &proto.Error{Code: proto.CodeUnauthenticated, Message: "the first request must be Hello"})
-		return fmt.Errorf("first request %v, not Hello", m.Type())
-	}
-	if tok := s.cfg.AuthToken; tok != "" && !tokenMatches(tok, h.Token) {
-		_ = proto.WriteFrame(c.nc, id, &proto.Error{Code: proto.CodeUnauthenticated, Message: "wrong auth token"})
-		return fmt.Errorf("client %q: wrong auth token", h.Client)
-	}
-	c.client = h.Client
-	if err := proto.WriteFrame(c.nc, id, &proto.HelloReply{Server: s.cfg.Name, Generation: s.gen}); err != nil {
-		return err
-	}
-	qp, err := s.pd.CreateQP(rdma.QPConfig{SendCQ: s.cq, RecvCQ: s.cq})
-	if err != nil {
-		return err
-	}
-	c.qp = qp
-	if _, err := rdma.ConnectQP(ctx, c.nc, qp); err != nil {
-		return err
-	}
-	_ = c.nc.SetDeadline(time.Time{})
-	return nil
-}
-
-// tokenMatches compares a presented token with the server's in time that
-// depends on neither: subtle.ConstantTimeCompare alone returns at once on
-// a length mismatch, which would tell a prober the token's length.
-func tokenMatches(want string, got []byte) bool {
-	w, g := sha256.Sum256([]byte(want)), sha256.Sum256(got)
-	return subtle.ConstantTimeCompare(w[:], g[:]) == 1
-}
-
-// badFrame reports whether a ReadFrame error is the peer's fault: a
-// malformed or oversized frame, or one cut off by the peer's close.
-func badFrame(err error) bool {
-	return errors.Is(err, proto.ErrBadMessage) || errors.Is(err, io.ErrUnexpectedEOF)
-}
-
-// refuse tells the peer, before it is disconnected, which of its frames was
-// refused and why: an Error with request id 0, since the frame's own id
-// could not be trusted. A peer that does not read is not waited for long.
-func (c *conn) refuse(err error) {
-	_ = c.nc.SetWriteDeadline(time.Now().Add(time.Second))
-	_ = proto.WriteFrame(c.nc, 0, &proto.Error{Code: proto.CodeBadRequest, Message: "bad frame: " + err.Error()})
-}
-
-func (c *conn) handle(m proto.Message) proto.Message {
-	s := c.s
-	ctx := context.Background()
-	switch m := m.(type) {
-	case *proto.GrantLease:
-		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-		l, err := s.st.GrantLease(ctx)
-		if err != nil {
-			return errorReply(err)
-		}
-		c.leases[l.ID] = struct{}{}
-		return &proto.LeaseReply{ID: l.ID, Arena: l.Arena, Addr: l.Addr, Size: uint64(l.Size), RKey: l.RKey,
-			TTL: max(time.Until(l.Expires), 0), VersionBase: l.VersionBase, VersionCount: l.VersionCount}
-	case *proto.Commit:
-		if _, ok := c.leases[m.LeaseID]; !ok {
-			return &proto.Error{Code: proto.CodeLeaseInvalid, Message: fmt.Sprintf("lease %d was not granted on this connection", m.LeaseID)}
-		}
-		if m.Offset > 1<<62 || m.Length > 1<<62 {
-			return &proto.Error{Code: proto.CodeLeaseInvalid, Message: fmt.Sprintf("commit of %d bytes at offset %d in lease %d: out of range", m.Length, m.Offset, m.LeaseID)}
-		}
-		r, err := s.st.Commit(ctx, m.LeaseID, int64(m.Offset), int64(m.Length))
-		if err != nil {
-			return errorReply(err)
-		}
-		return &proto.CommitReply{Arena: r.Location.Arena, Offset: r.Location.Offset, Length: r.Location.Length, Version: r.Version}
-	case *proto.Delete:
-		if err := s.st.Delete(ctx, m.Key); err != nil {
-			return errorReply(err)
-		}
-		return &proto.Ack{}
-	case *proto.Scan:
-		return c.scan(m)
-	case *proto.EndLease:
-		if _, ok := c.leases[m.ID]; !ok {
-			return &proto.Error{Code: proto.CodeLeaseInvalid, Message: fmt.Sprintf("lease %d was not granted on this connection", m.ID)}
-		}
-		delete(c.leases, m.ID)
-		if err := s.st.EndLease(m.ID); err != nil {
-			return errorReply(err)
-		}
-		return &proto.Ack{}
-	case *proto.Stats:
-		st := s.st.Stats()
-		return &proto.StatsReply{Generation: s.gen, Keys: uint64(max(st.Keys, 0)), Commits: st.Commits, Deletes: st.Deletes,
-			LeasesActive: uint64(st.LeasesActive), Connections: uint64(max(s.connections.Load(), 0)), Handled: s.Stats().Total()}
-	}
-	return &proto.Error{Code: proto.CodeBadRequest, Message: fmt.Sprintf("%v is not a request this server takes", m.Type())}
-}
-
-// scanBudget keeps a scan reply under proto.MaxFrame: an entry costs its
-// key and at most 30 bytes of framing.
-const scanBudget = proto.MaxFrame - 64
-
-func (c *conn) scan(m *proto.Scan) proto.Message {
-	limit := int(m.Limit)
-	if limit == 0 || limit > proto.MaxScanEntries {
-		limit = proto.MaxScanEntries
-	}
-	entries, err := c.s.st.Scan(m.Start, m.End, limit)
-	if err != nil {
-		return errorReply(err)
-	}
-	out := &proto.ScanReply{Entries: make([]proto.ScanEntry, 0, len(entries))}
-	size := 0
-	for _, e := range entries {
-		size += len(e.Key) + 30
-		if size > scanBudget {
-			out.More = true
-			break
-		}
-		out.Entries = append(out.Entries, proto.ScanEntry{Key: e.Key, Arena: e.Location.Arena, Offset: e.Location.Offset, Length: e.Location.Length, Version: e.Version})
-	}
-	return out
-}
-
-// errorReply maps a store error to a control Error.
-func errorReply(err error) *proto.Error {
-	code := proto.CodeInternal
-	switch {
-	case errors.Is(err, store.ErrNotFound):
-		code = proto.CodeNotFound
-	case errors.Is(err, store.ErrLease):
-		code = proto.CodeLeaseInvalid
-	case errors.Is(err, store.ErrRecord):
-		code = proto.CodeRecordInvalid
-	case errors.Is(err, store.ErrFull):
-		code = proto.CodeFull
-	case errors.Is(err, store.ErrIndexFull):
-		code = proto.CodeIndexFull
-	}
-	return &proto.Error{Code: code, Message: err.Error()}
 }

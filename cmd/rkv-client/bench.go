@@ -242,9 +242,8 @@ func benchClassify(err error) string {
 	if k := loadgen.DefaultClassify(err); k != loadgen.ErrKindOther {
 		return k
 	}
-	var un *client.ErrUnavailable
 	switch {
-	case errors.As(err, &un), errors.Is(err, client.ErrClosed):
+	case errors.Is(err, client.ErrUnavailable), errors.Is(err, client.ErrClosed):
 		return errKindUnavailable
 	case errors.Is(err, client.ErrFull):
 		return errKindFull

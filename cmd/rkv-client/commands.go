@@ -18,7 +18,6 @@ import (
 	"github.com/rkv-io/rkv/client"
 	"github.com/rkv-io/rkv/membership"
 	"github.com/rkv-io/rkv/proto"
-	"github.com/rkv-io/rkv/store"
 )
 
 func writeJSON(w io.Writer, v any) error {
@@ -140,7 +139,7 @@ func scanCmd(g *globals) *cobra.Command {
 			}
 			var s, e []byte
 			if prefix != "" {
-				s, e = []byte(prefix), store.PrefixEnd([]byte(prefix))
+				s, e = []byte(prefix), client.PrefixEnd([]byte(prefix))
 			} else {
 				s = []byte(start)
 				if end != "" {
@@ -202,21 +201,35 @@ func printable(v []byte) string {
 func ownerCmd(g *globals) *cobra.Command {
 	return &cobra.Command{
 		Use:   "owner KEY",
-		Short: "show which server holds KEY (rendezvous placement over the view)",
+		Short: "show which server holds KEY in the cluster map, and its shard",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return g.withClient(cmd, func(ctx context.Context, c *client.Client) error {
-				m, ok := membership.Owner(c.Membership().View(), []byte(args[0]))
-				if !ok {
-					return &client.ErrUnavailable{Node: "(none)", Reason: "no server in the cluster view"}
+				key := []byte(args[0])
+				name, err := c.Owner(key)
+				if err != nil {
+					return err
 				}
+				shard := proto.ShardOf(key)
+				m := c.Map()
+				_, since := m.Owner(shard)
+				mb, inView := c.Membership().View().Member(name)
+				state := "not in the gossip view"
+				if inView {
+					state = mb.State.String()
+				}
+				out := cmd.OutOrStdout()
 				if g.output == "json" {
-					return writeJSON(cmd.OutOrStdout(), map[string]any{"key": args[0], "owner": m.Name, "state": m.State.String(),
-						"control_addr": m.Meta.ControlAddr, "gossip_addr": m.Addr.String()})
+					if err := writeJSON(out, map[string]any{"key": args[0], "owner": name, "shard": shard, "since_epoch": since,
+						"map_epoch": m.Epoch(), "state": state, "control_addr": mb.Meta.ControlAddr, "gossip_addr": mb.Addr.String()}); err != nil {
+						return err
+					}
+				} else {
+					fmt.Fprintf(out, "%s\t%s (shard %d since epoch %d, map epoch %d; %s, control %s, gossip %s)\n",
+						args[0], name, shard, since, m.Epoch(), state, dash(mb.Meta.ControlAddr), mb.Addr)
 				}
-				fmt.Fprintf(cmd.OutOrStdout(), "%s\t%s (control %s, gossip %s)\n", args[0], m.Name, m.Meta.ControlAddr, m.Addr)
-				if m.State != membership.StateAlive {
-					return &client.ErrUnavailable{Node: m.Name, Reason: "the key's server is " + m.State.String()}
+				if !inView || mb.State != membership.StateAlive {
+					return &client.UnavailableError{Node: name, Reason: "the key's server is " + state}
 				}
 				return nil
 			})
@@ -240,6 +253,8 @@ type memberJSON struct {
 	Index         *indexJSON  `json:"index,omitempty"`
 	Arenas        []arenaJSON `json:"arenas"`
 	ArenasPending bool        `json:"arenas_pending,omitempty"`
+	ServerID      string      `json:"server_id,omitempty"`
+	MapEpoch      uint64      `json:"map_epoch,omitempty"`
 	Error         string      `json:"error,omitempty"`
 }
 
@@ -262,7 +277,7 @@ func toMemberJSON(m membership.Member) memberJSON {
 	j := memberJSON{Name: m.Name, State: m.State.String(), Role: m.Meta.Role.String(), GossipAddr: m.Addr.String(),
 		ControlAddr: m.Meta.ControlAddr, Provider: m.Meta.Provider, Endpoint: m.Meta.Endpoint.String(),
 		Generation: m.Meta.Generation, Leaving: m.Meta.Leaving, Version: m.Meta.RKVVersion,
-		ArenasPending: m.ArenasPending, Arenas: []arenaJSON{}}
+		ArenasPending: m.ArenasPending, Arenas: []arenaJSON{}, ServerID: m.Meta.ServerID, MapEpoch: m.Meta.MapEpoch}
 	if m.MetaErr != nil {
 		j.Error = m.MetaErr.Error()
 	}
@@ -337,7 +352,7 @@ exits 3 if they never are: scripts use it to wait for a cluster to converge.`,
 					return writeJSON(out, list)
 				}
 				tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-				fmt.Fprintln(tw, "NAME\tSTATE\tROLE\tCONTROL\tPROVIDER\tENDPOINT\tGEN\tINDEX ADDR\tINDEX RKEY\tSLOTSxNBHD\tARENAS")
+				fmt.Fprintln(tw, "NAME\tSTATE\tROLE\tCONTROL\tPROVIDER\tENDPOINT\tGEN\tMAP\tINDEX ADDR\tINDEX RKEY\tSLOTSxNBHD\tARENAS")
 				var arenas [][]string
 				for _, m := range ms {
 					j := toMemberJSON(m)
@@ -353,8 +368,8 @@ exits 3 if they never are: scripts use it to wait for a cluster to converge.`,
 					if j.Leaving {
 						state += " (leaving)"
 					}
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", j.Name, state, j.Role, dash(j.ControlAddr), dash(j.Provider),
-						dash(j.Endpoint), j.Generation, idx, narenas)
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", j.Name, state, j.Role, dash(j.ControlAddr), dash(j.Provider),
+						dash(j.Endpoint), j.Generation, j.MapEpoch, idx, narenas)
 					for _, a := range j.Arenas {
 						arenas = append(arenas, []string{j.Name, fmt.Sprint(a.ID), a.Addr, human(a.Length), a.RKey})
 					}
@@ -407,16 +422,28 @@ type statusJSON struct {
 	LeasesActive uint64 `json:"leases_active"`
 	Connections  uint64 `json:"connections"`
 	Handled      uint64 `json:"control_requests"`
-	Error        string `json:"error,omitempty"`
+	MapEpoch     uint64 `json:"map_epoch"`
+	Shards       uint64 `json:"shards_owned"`
+	// The moves into the server: shards copying now, shards moved in since
+	// it started, what they copied and how fast.
+	ShardsIncoming uint64  `json:"shards_incoming"`
+	ShardsMovedIn  uint64  `json:"shards_moved_in"`
+	CopiedKeys     uint64  `json:"copied_keys"`
+	CopiedBytes    uint64  `json:"copied_bytes"`
+	CopyMiBPerSec  float64 `json:"copy_mib_per_s,omitempty"`
+	Error          string  `json:"error,omitempty"`
 }
 
 func statusCmd(g *globals) *cobra.Command {
 	return &cobra.Command{
 		Use:   "status",
-		Short: "per server: keys, commits, deletes, leases, arenas registered (Stats RPC and gossip)",
+		Short: "per server: keys, shards, moves in progress, commits, leases (Stats RPC and gossip)",
 		Long: `status asks every server of the view for its counters (the control RPC's
-Stats) and adds what gossip says (state, arenas registered). A server that
-does not answer is listed with its error, and the exit code is then 3.`,
+Stats) and adds what gossip says (state, arenas registered): keys, the map
+epoch it holds and the shards it owns, shard moves into it (shards copying
+now, moved in since it started, keys and bytes copied, MiB/s), commits,
+deletes, leases, connections and control requests. A server that does not
+answer is listed with its error, and the exit code is then 3.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return g.withClient(cmd, func(ctx context.Context, c *client.Client) error {
@@ -440,6 +467,11 @@ does not answer is listed with its error, and the exit code is then 3.`,
 					} else {
 						r.Generation, r.Keys, r.Commits, r.Deletes = st.Generation, st.Keys, st.Commits, st.Deletes
 						r.LeasesActive, r.Connections, r.Handled = st.LeasesActive, st.Connections, st.Handled
+						r.MapEpoch, r.Shards, r.ShardsIncoming, r.ShardsMovedIn = st.MapEpoch, st.ShardsOwned, st.ShardsIncoming, st.ShardsMovedIn
+						r.CopiedKeys, r.CopiedBytes = st.CopiedKeys, st.CopiedBytes
+						if st.CopyTime > 0 {
+							r.CopyMiBPerSec = float64(st.CopiedBytes) / (1 << 20) / st.CopyTime.Seconds()
+						}
 					}
 					rows = append(rows, r)
 				}
@@ -451,14 +483,14 @@ does not answer is listed with its error, and the exit code is then 3.`,
 					}
 				} else {
 					tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-					fmt.Fprintln(tw, "NAME\tSTATE\tCONTROL\tGEN\tARENAS\tKEYS\tCOMMITS\tDELETES\tLEASES\tCONNS\tREQUESTS")
+					fmt.Fprintln(tw, "NAME\tSTATE\tCONTROL\tGEN\tARENAS\tKEYS\tMAP\tSHARDS\tMOVING IN\tCOMMITS\tDELETES\tLEASES\tCONNS\tREQUESTS")
 					for _, r := range rows {
 						if r.Error != "" {
 							fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\terror: %s\n", r.Name, r.State, r.ControlAddr, r.Generation, r.Arenas, r.Error)
 							continue
 						}
-						fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\n", r.Name, r.State, r.ControlAddr, r.Generation, r.Arenas,
-							r.Keys, r.Commits, r.Deletes, r.LeasesActive, r.Connections, r.Handled)
+						fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%s\t%d\t%d\t%d\t%d\t%d\n", r.Name, r.State, r.ControlAddr, r.Generation, r.Arenas,
+							r.Keys, r.MapEpoch, r.Shards, moving(r), r.Commits, r.Deletes, r.LeasesActive, r.Connections, r.Handled)
 					}
 					if err := tw.Flush(); err != nil {
 						return err
@@ -471,4 +503,145 @@ does not answer is listed with its error, and the exit code is then 3.`,
 			})
 		},
 	}
+}
+
+// moving summarizes a server's moves in: "-" when it never had any.
+func moving(r statusJSON) string {
+	if r.ShardsIncoming == 0 && r.ShardsMovedIn == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%d now, %d done, %d keys, %s at %.1f MiB/s", r.ShardsIncoming, r.ShardsMovedIn, r.CopiedKeys, human(r.CopiedBytes), r.CopyMiBPerSec)
+}
+
+type mapServerJSON struct {
+	Name   string `json:"name"`
+	ID     string `json:"id"`
+	State  string `json:"state"`
+	Added  uint64 `json:"added_epoch"`
+	Shards int    `json:"shards"`
+	Alive  bool   `json:"alive"`
+}
+
+type mapMoveJSON struct {
+	Shard   proto.Shard `json:"shard"`
+	From    string      `json:"from"`
+	To      string      `json:"to"`
+	Phase   string      `json:"phase"`
+	Started uint64      `json:"started_epoch"`
+}
+
+func mapCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "map",
+		Short: "show the cluster map: its epoch, the servers and their shards, the moves in progress",
+		Long: `map prints the cluster map as a server holds it (the freshest this client
+can get): the epoch, each server with its state in the map (active or
+draining), the shards it owns and whether gossip sees it alive, and the shard
+moves in progress (copying, or frozen for their last copy).`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return g.withClient(cmd, func(ctx context.Context, c *client.Client) error {
+				m := c.Map()
+				counts := m.Counts()
+				view := c.Membership().View()
+				var servers []mapServerJSON
+				for _, s := range m.Servers() {
+					mb, ok := view.Member(s.Name)
+					servers = append(servers, mapServerJSON{Name: s.Name, ID: s.ID, State: s.State.String(), Added: s.Added, Shards: counts[s.Name],
+						Alive: ok && mb.IsServer() && mb.Meta.ServerID == s.ID})
+				}
+				moves := []mapMoveJSON{}
+				for _, mv := range m.Moves() {
+					moves = append(moves, mapMoveJSON{Shard: mv.Shard, From: mv.From, To: mv.To, Phase: mv.Phase.String(), Started: mv.Started})
+				}
+				out := cmd.OutOrStdout()
+				if g.output == "json" {
+					return writeJSON(out, map[string]any{"epoch": m.Epoch(), "cluster_id": fmt.Sprintf("%016x", m.ClusterID()), "servers": servers, "moves": moves})
+				}
+				fmt.Fprintf(out, "epoch %d, cluster %016x, %d shards\n", m.Epoch(), m.ClusterID(), proto.NumShards)
+				tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+				fmt.Fprintln(tw, "SERVER\tID\tSTATE\tALIVE\tSHARDS\tADDED")
+				for _, s := range servers {
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%v\t%d\t%d\n", s.Name, s.ID, s.State, s.Alive, s.Shards, s.Added)
+				}
+				if err := tw.Flush(); err != nil {
+					return err
+				}
+				if len(moves) > 0 {
+					fmt.Fprintf(out, "%d moves in progress:\n", len(moves))
+					tw = tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+					fmt.Fprintln(tw, "SHARD\tFROM\tTO\tPHASE\tSTARTED")
+					for _, mv := range moves {
+						fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\n", mv.Shard, mv.From, mv.To, mv.Phase, mv.Started)
+					}
+					return tw.Flush()
+				}
+				return nil
+			})
+		},
+	}
+}
+
+func forgetCmd(g *globals) *cobra.Command {
+	var force, noWait bool
+	cmd := &cobra.Command{
+		Use:   "forget NODE",
+		Short: "remove a server from the cluster: its shards move to the others first (--force: drop a dead one's)",
+		Long: `forget removes server NODE from the cluster map. A live server is drained:
+its shards move to the other servers (reads and writes go on), then it is
+removed; forget shows the progress and returns when NODE is gone (or at once
+with --no-wait). Stop the server afterwards.
+
+A dead server's shards cannot be copied. forget refuses it unless --force, which
+removes it at once and gives its shards to the others empty: with one copy of
+each key, its keys are lost. Restarting a forgotten server with its old data
+directory makes it drop that data.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			node := args[0]
+			return g.withClient(cmd, func(ctx context.Context, c *client.Client) error {
+				epoch, err := c.Forget(ctx, node, force)
+				if err != nil {
+					return err
+				}
+				out := cmd.OutOrStdout()
+				if force || noWait {
+					fmt.Fprintf(out, "%s: removal committed at map epoch %d\n", node, epoch)
+					return nil
+				}
+				// The drain outlives the operation timeout: wait without it.
+				wait := context.WithoutCancel(ctx)
+				last := ""
+				for {
+					m := c.Map()
+					if _, ok := m.Server(node); !ok {
+						fmt.Fprintf(out, "%s: removed from the map (epoch %d)\n", node, m.Epoch())
+						return nil
+					}
+					moving := 0
+					for _, mv := range m.Moves() {
+						if mv.From == node {
+							moving++
+						}
+					}
+					line := fmt.Sprintf("%s: draining, %d shards left, %d moving (map epoch %d)", node, m.Counts()[node], moving, m.Epoch())
+					if line != last {
+						fmt.Fprintln(out, line)
+						last = line
+					}
+					select {
+					case <-cmd.Context().Done():
+						return &exitError{exitOther, fmt.Errorf("interrupted: the drain of %s goes on without this command", node)}
+					case <-time.After(250 * time.Millisecond):
+					}
+					if err := c.WaitMap(wait, m.Epoch()+1, time.Second); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+						return err
+					}
+				}
+			})
+		},
+	}
+	cmd.Flags().BoolVar(&force, "force", false, "remove a dead server at once, giving its shards to the others empty (its keys are lost)")
+	cmd.Flags().BoolVar(&noWait, "no-wait", false, "return once the drain has started")
+	return cmd
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/rkv-io/rkv/client"
 	"github.com/rkv-io/rkv/internal/tlsfiles"
 	"github.com/rkv-io/rkv/membership"
+	"github.com/rkv-io/rkv/rdma"
 )
 
 // errNoCluster wraps failures to join the cluster or to find a server in it.
@@ -45,7 +46,8 @@ type globals struct {
 	conns         int
 	cpuProfile    string
 
-	profile *os.File // open while --cpuprofile records
+	profile *os.File    // open while --cpuprofile records
+	dev     rdma.Device // opened by the first connect, closed by run
 
 	key   []byte
 	level slog.Level
@@ -174,16 +176,21 @@ func (g *globals) connect(cmd *cobra.Command) (*client.Client, error) {
 		return nil, &exitError{exitUsage, fmt.Errorf("--bind %q: %w", g.bind, err)}
 	}
 	log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: g.level}))
+	if g.dev == nil {
+		dev, err := rdma.Open(g.provider, g.device, rdma.Options{ListenAddr: g.dataAddr})
+		if err != nil {
+			return nil, &exitError{exitOther, fmt.Errorf("opening the RDMA device (--provider %s): %w", g.provider, err)}
+		}
+		g.dev = dev
+	}
 	ctx, cancel := context.WithTimeout(cmd.Context(), g.timeout)
 	defer cancel()
 	c, err := client.New(ctx, client.Config{
 		Seeds:          g.join,
+		Device:         g.dev,
 		SecretKey:      g.key,
 		AuthToken:      g.authToken,
 		TLS:            g.tls,
-		Provider:       g.provider,
-		Device:         g.device,
-		DataAddr:       g.dataAddr,
 		RetryTimeout:   min(g.timeout, 2*time.Second),
 		ConnsPerServer: g.conns,
 		Membership:     membership.Config{BindAddr: host, BindPort: port},
@@ -193,6 +200,15 @@ func (g *globals) connect(cmd *cobra.Command) (*client.Client, error) {
 		return nil, &exitError{exitUnavailable, fmt.Errorf("%w: joining through %s: %w", errNoCluster, strings.Join(g.join, ","), err)}
 	}
 	return c, nil
+}
+
+// closeDevice closes the RDMA device the clients used, once they are
+// closed.
+func (g *globals) closeDevice() {
+	if g.dev != nil {
+		_ = g.dev.Close()
+		g.dev = nil
+	}
 }
 
 // withClient runs fn with a connected client and an operation context,

@@ -16,7 +16,7 @@ import (
 
 	"github.com/rkv-io/rkv/client"
 	"github.com/rkv-io/rkv/rdma"
-	_ "github.com/rkv-io/rkv/rdma/soft"
+	_ "github.com/rkv-io/rkv/rdma/soft" // the pure-Go provider; verbs.go adds libibverbs under -tags verbs
 )
 
 // Exit codes.
@@ -55,11 +55,10 @@ func classify(err error) error {
 	if errors.As(err, &ee) {
 		return err
 	}
-	var un *client.ErrUnavailable
 	switch {
 	case errors.Is(err, client.ErrNotFound):
 		return &exitError{exitNotFound, err}
-	case errors.As(err, &un), errors.Is(err, errNoCluster):
+	case errors.Is(err, client.ErrUnavailable), errors.Is(err, errNoCluster):
 		return &exitError{exitUnavailable, err}
 	}
 	return &exitError{exitOther, err}
@@ -80,6 +79,7 @@ func run(args []string, getenv func(string) string, stdin io.Reader, stdout, std
 	if perr := g.stopProfile(); perr != nil && err == nil {
 		err = &exitError{exitOther, perr}
 	}
+	g.closeDevice()
 	if err == nil {
 		return exitOK
 	}
@@ -123,7 +123,7 @@ RKV_GOSSIP_KEY_FILE, RKV_AUTH_TOKEN, RKV_OUTPUT, RKV_TIMEOUT, RKV_PROVIDER...
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return err })
 	root.SetUsageTemplate(root.UsageTemplate() + "\n" + exitCodesHelp + "\n")
 	g.register(root.PersistentFlags())
-	root.AddCommand(getCmd(g), putCmd(g), delCmd(g), scanCmd(g), ownerCmd(g), membersCmd(g), statusCmd(g),
+	root.AddCommand(getCmd(g), putCmd(g), delCmd(g), scanCmd(g), ownerCmd(g), membersCmd(g), statusCmd(g), mapCmd(g), forgetCmd(g),
 		benchCmd(g), devicesCmd())
 	return root
 }

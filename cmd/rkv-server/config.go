@@ -10,6 +10,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/spf13/pflag"
 
@@ -36,6 +37,10 @@ type options struct {
 	ControlAddr         string
 	GossipAddr          string
 	Join                []string
+	Bootstrap           bool
+	RaftVoters          int
+	MoveTimeout         time.Duration
+	DeadServerTimeout   time.Duration
 	GossipProfile       string
 	GossipKey           string
 	GossipKeyFile       string
@@ -44,6 +49,7 @@ type options struct {
 	TLSCert             string
 	TLSKey              string
 	TLSClientCA         string
+	TLSPeerCA           string
 	MetricsAddr         string
 	LogLevel            string
 	LogFormat           string
@@ -55,6 +61,7 @@ type options struct {
 	gossipIP  string
 	gossipPrt int
 	tls       *tls.Config // nil without --tls-cert
+	peerTLS   *tls.Config // for connections to other servers; nil without --tls-cert
 }
 
 const usageHeader = `rkv-server runs one rkv server: it opens an RDMA device, the store (arenas
@@ -62,7 +69,9 @@ registered for one-sided access, hash index, Pebble), the control RPC
 listener, and joins the cluster's gossip.
 
 Usage:
-  rkv-server --name NAME [flags]
+  rkv-server --name NAME --bootstrap [flags]        the first server of a new cluster
+  rkv-server --name NAME --join HOST:PORT [flags]   another server: joins, and takes its share of the shards
+  (a restart is the same command: the data directory holds the cluster state)
 
 Every flag can also be given as an environment variable RKV_<FLAG> in upper
 snake case (--data-dir: RKV_DATA_DIR), or as a line "flag-name = value" in the
@@ -112,7 +121,11 @@ func newFlagSet(o *options) *pflag.FlagSet {
 	fs.StringVar(&o.DataAddr, "data-addr", "127.0.0.1:0", "soft provider's data endpoint host:port")
 	fs.StringVar(&o.ControlAddr, "control-addr", "127.0.0.1:0", "control RPC listener host:port (advertised by gossip)")
 	fs.StringVar(&o.GossipAddr, "gossip-addr", "127.0.0.1:7946", "gossip host:port, UDP and TCP; what others pass to --join")
-	fs.StringSliceVar(&o.Join, "join", nil, "gossip addresses of members to join, comma separated (none: start a new cluster)")
+	fs.StringSliceVar(&o.Join, "join", nil, "gossip addresses of members to join, comma separated")
+	fs.BoolVar(&o.Bootstrap, "bootstrap", false, "start a new cluster of this server alone, if the data directory holds no cluster state yet (ignored on a restart)")
+	fs.IntVar(&o.RaftVoters, "raft-voters", 3, "servers voting in the cluster map's Raft group (an odd number is kept: 1 with one or two servers); the others follow without voting")
+	fs.DurationVar(&o.MoveTimeout, "move-timeout", 30*time.Second, "abort a shard move whose source or target has been down this long")
+	fs.DurationVar(&o.DeadServerTimeout, "dead-server-timeout", 0, "remove a server dead this long from the map, its shards given to the others empty (its keys are lost); 0: never (use rkv-client forget)")
 	fs.StringVar(&o.GossipProfile, "gossip-profile", "local", "gossip timing: local (loopback, fast failure detection), lan or wan (memberlist's profiles)")
 	fs.StringVar(&o.GossipKey, "gossip-key", "", "gossip encryption key, base64 or hex, 16/24/32 bytes")
 	fs.StringVar(&o.GossipKeyFile, "gossip-key-file", "", "file holding the gossip key (base64 or hex)")
@@ -121,6 +134,7 @@ func newFlagSet(o *options) *pflag.FlagSet {
 	fs.StringVar(&o.TLSCert, "tls-cert", "", "PEM certificate `file` (chain first to last) for TLS on the control port; needs --tls-key")
 	fs.StringVar(&o.TLSKey, "tls-key", "", "PEM private key `file` of --tls-cert")
 	fs.StringVar(&o.TLSClientCA, "tls-client-ca", "", "PEM CA certificate(s) `file`: require client certificates signed by them (mTLS); needs --tls-cert")
+	fs.StringVar(&o.TLSPeerCA, "tls-peer-ca", "", "PEM CA certificate(s) `file` verifying the other servers' certificates (default: --tls-client-ca, else the system's roots); this server presents --tls-cert to them")
 	fs.StringVar(&o.MetricsAddr, "metrics-addr", "", "serve Prometheus /metrics and Go profiles (/debug/pprof/) on host:port (empty: off)")
 	fs.StringVar(&o.LogLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&o.LogFormat, "log-format", "text", "text or json")
@@ -297,6 +311,18 @@ func (o *options) validate() error {
 			return fmt.Errorf("--join %q: %w", j, err)
 		}
 	}
+	if o.Bootstrap && len(o.Join) > 0 {
+		return errors.New("--bootstrap starts a new cluster and --join joins an existing one: give one")
+	}
+	if o.RaftVoters < 1 {
+		return fmt.Errorf("--raft-voters %d: must be at least 1", o.RaftVoters)
+	}
+	if o.MoveTimeout <= 0 {
+		return fmt.Errorf("--move-timeout %v: must be positive", o.MoveTimeout)
+	}
+	if o.DeadServerTimeout < 0 {
+		return fmt.Errorf("--dead-server-timeout %v: must be 0 (never) or positive", o.DeadServerTimeout)
+	}
 	switch o.GossipProfile {
 	case "local", "lan", "wan":
 	default:
@@ -330,7 +356,7 @@ func (o *options) validate() error {
 		}
 		o.AuthToken = strings.TrimSpace(string(b))
 	}
-	if o.tls, err = o.tlsConfig(); err != nil {
+	if o.tls, o.peerTLS, err = o.tlsConfig(); err != nil {
 		return err
 	}
 	if o.MetricsAddr != "" {
@@ -350,29 +376,41 @@ func (o *options) validate() error {
 }
 
 // tlsConfig loads --tls-cert, --tls-key and --tls-client-ca into the
-// control listener's TLS configuration; nil when none is given.
-func (o *options) tlsConfig() (*tls.Config, error) {
+// control listener's TLS configuration, and --tls-peer-ca with the same
+// certificate into that of the connections to other servers; nil, nil
+// when none is given.
+func (o *options) tlsConfig() (listener, peer *tls.Config, err error) {
 	if o.TLSCert == "" && o.TLSKey == "" {
-		if o.TLSClientCA != "" {
-			return nil, errors.New("--tls-client-ca needs --tls-cert and --tls-key (client certificates are asked for in the TLS handshake)")
+		if o.TLSClientCA != "" || o.TLSPeerCA != "" {
+			return nil, nil, errors.New("--tls-client-ca and --tls-peer-ca need --tls-cert and --tls-key")
 		}
-		return nil, nil
+		return nil, nil, nil
 	}
 	if o.TLSCert == "" || o.TLSKey == "" {
-		return nil, errors.New("--tls-cert and --tls-key: give both or neither")
+		return nil, nil, errors.New("--tls-cert and --tls-key: give both or neither")
 	}
 	cert, err := tlsfiles.KeyPair(tlsfiles.Flag{Name: "--tls-cert", Path: o.TLSCert}, tlsfiles.Flag{Name: "--tls-key", Path: o.TLSKey})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	c := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS13}
+	listener = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS13}
 	if o.TLSClientCA != "" {
-		if c.ClientCAs, err = tlsfiles.CertPool(tlsfiles.Flag{Name: "--tls-client-ca", Path: o.TLSClientCA}); err != nil {
-			return nil, err
+		if listener.ClientCAs, err = tlsfiles.CertPool(tlsfiles.Flag{Name: "--tls-client-ca", Path: o.TLSClientCA}); err != nil {
+			return nil, nil, err
 		}
-		c.ClientAuth = tls.RequireAndVerifyClientCert
+		listener.ClientAuth = tls.RequireAndVerifyClientCert
 	}
-	return c, nil
+	peer = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS13}
+	peerCA := tlsfiles.Flag{Name: "--tls-peer-ca", Path: o.TLSPeerCA}
+	if peerCA.Path == "" {
+		peerCA = tlsfiles.Flag{Name: "--tls-client-ca", Path: o.TLSClientCA}
+	}
+	if peerCA.Path != "" {
+		if peer.RootCAs, err = tlsfiles.CertPool(peerCA); err != nil {
+			return nil, nil, err
+		}
+	}
+	return listener, peer, nil
 }
 
 func splitHostPort(s string) (string, int, error) {

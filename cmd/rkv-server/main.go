@@ -65,12 +65,16 @@ func run(args []string, getenv func(string) string, stderr io.Writer, sigs <-cha
 		log.Error("creating the data directory", "dir", o.DataDir, "err", err)
 		return exitError
 	}
+	dev, err := rdma.Open(o.Provider, o.Device, rdma.Options{ListenAddr: o.DataAddr})
+	if err != nil {
+		log.Error("opening the RDMA device", "provider", o.Provider, "device", o.Device, "err", err)
+		return exitError
+	}
+	defer dev.Close()
 	cfg := server.Config{
 		Name:        o.Name,
+		Device:      dev,
 		ControlAddr: o.ControlAddr,
-		Provider:    o.Provider,
-		Device:      o.Device,
-		DataAddr:    o.DataAddr,
 		Store: store.Options{
 			Dir:        o.DataDir,
 			ArenaSize:  o.ArenaSize,
@@ -86,10 +90,15 @@ func run(args []string, getenv func(string) string, stderr io.Writer, sigs <-cha
 			SecretKey: o.gossipKey,
 			Tuning:    membership.Tuning{Profile: membership.Profile(o.GossipProfile)},
 		},
-		AuthToken: o.AuthToken,
-		TLS:       o.tls,
-		Logger:    log,
-		Registrar: rdma.RegistrarOptions{Workers: o.RegistrationWorkers},
+		Bootstrap:         o.Bootstrap,
+		Voters:            o.RaftVoters,
+		MoveTimeout:       o.MoveTimeout,
+		DeadServerTimeout: o.DeadServerTimeout,
+		AuthToken:         o.AuthToken,
+		TLS:               o.tls,
+		PeerTLS:           o.peerTLS,
+		Logger:            log,
+		Registrar:         rdma.RegistrarOptions{Workers: o.RegistrationWorkers},
 	}
 
 	// A signal during the start cancels it.
@@ -173,6 +182,8 @@ func run(args []string, getenv func(string) string, stderr io.Writer, sigs <-cha
 	case sig = <-sigs:
 	case err := <-metricsErr:
 		log.Error("metrics server failed", "err", err)
+	case err := <-srv.Err():
+		log.Error("cannot serve", "err", err)
 	}
 	close(arenasDone)
 	log.Info("shutting down: no new leases, finishing commits, deregistering memory, leaving the cluster", "signal", fmt.Sprint(sig))

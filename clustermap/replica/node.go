@@ -1,6 +1,9 @@
-// Node: one server's replica of the map, kept by hashicorp/raft.
-
-package clustermap
+// Package replica is one server's replica of the cluster map, kept by
+// hashicorp/raft: the log in a Pebble database of its own, file snapshots,
+// Propose for the leader, and for everyone the current map, applied as the
+// log commits. The data path never waits on it: readers and writers use
+// the map they already hold.
+package replica
 
 import (
 	"context"
@@ -16,6 +19,7 @@ import (
 
 	"github.com/hashicorp/raft"
 
+	"github.com/rkv-io/rkv/clustermap"
 	"github.com/rkv-io/rkv/proto"
 )
 
@@ -115,6 +119,7 @@ type Node struct {
 	store *logStore
 	trans raft.Transport
 	fsm   *fsm
+	state bool // Dir held Raft state at Open
 
 	closeOnce sync.Once
 	closeErr  error
@@ -170,6 +175,7 @@ func Open(cfg Config) (*Node, error) {
 		n.store.Close()
 		return nil, fmt.Errorf("clustermap: reading the Raft state in %s: %w", cfg.Dir, err)
 	}
+	n.state = existing
 	if n.raft, err = raft.NewRaft(rc, n.fsm, n.store, n.store, snaps, n.trans); err != nil {
 		n.closeTransport()
 		n.store.Close()
@@ -200,9 +206,13 @@ func (p addrProvider) ServerAddr(id raft.ServerID) (raft.ServerAddress, error) {
 	return "", fmt.Errorf("clustermap: no address known for server %s", id)
 }
 
-// Map returns the latest map this node applied; Empty before the first.
+// HasState reports whether Dir held Raft state when the node opened: a
+// restart, rather than a bootstrap or a first join.
+func (n *Node) HasState() bool { return n.state }
+
+// Map returns the latest map this node applied; clustermap.Empty before the first.
 // It never blocks.
-func (n *Node) Map() *Map { return n.fsm.current() }
+func (n *Node) Map() *clustermap.Map { return n.fsm.current() }
 
 // Changed returns a channel closed at the next change of Map.
 func (n *Node) Changed() <-chan struct{} { return n.fsm.changed() }
@@ -211,7 +221,7 @@ func (n *Node) Changed() <-chan struct{} { return n.fsm.changed() }
 // it produced (the same map when the command changed nothing), or Apply's
 // error, or ErrNotLeader (a *NotLeaderError) on a node that does not lead.
 // It blocks until the command is committed and applied here, or ctx ends.
-func (n *Node) Propose(ctx context.Context, c *proto.MapCommand) (*Map, error) {
+func (n *Node) Propose(ctx context.Context, c *proto.MapCommand) (*clustermap.Map, error) {
 	b, err := proto.EncodeMapCommand(c)
 	if err != nil {
 		return nil, err
@@ -248,6 +258,10 @@ func (n *Node) futureErr(f raft.Future) error {
 	}
 	return fmt.Errorf("clustermap: %w", err)
 }
+
+// Barrier waits until this node has applied every entry committed before
+// the call (leader only): a new leader calls it before acting on its map.
+func (n *Node) Barrier(ctx context.Context) error { return n.futureErr(n.raft.Barrier(timeoutOf(ctx))) }
 
 // IsLeader reports whether this node leads the Raft group now.
 func (n *Node) IsLeader() bool { return n.raft.State() == raft.Leader }
@@ -335,7 +349,7 @@ func (n *Node) closeTransport() error {
 // fsm is the Raft state machine: the current map.
 type fsm struct {
 	log *slog.Logger
-	m   atomic.Pointer[Map]
+	m   atomic.Pointer[clustermap.Map]
 
 	mu sync.Mutex
 	ch chan struct{} // closed at the next change
@@ -343,11 +357,11 @@ type fsm struct {
 
 func newFSM(log *slog.Logger) *fsm {
 	f := &fsm{log: log, ch: make(chan struct{})}
-	f.m.Store(Empty)
+	f.m.Store(clustermap.Empty)
 	return f
 }
 
-func (f *fsm) current() *Map { return f.m.Load() }
+func (f *fsm) current() *clustermap.Map { return f.m.Load() }
 
 func (f *fsm) changed() <-chan struct{} {
 	f.mu.Lock()
@@ -355,7 +369,7 @@ func (f *fsm) changed() <-chan struct{} {
 	return f.ch
 }
 
-func (f *fsm) set(m *Map) {
+func (f *fsm) set(m *clustermap.Map) {
 	f.m.Store(m)
 	f.mu.Lock()
 	close(f.ch)
@@ -364,7 +378,7 @@ func (f *fsm) set(m *Map) {
 }
 
 type applyResult struct {
-	m   *Map
+	m   *clustermap.Map
 	err error
 }
 
@@ -378,7 +392,7 @@ func (f *fsm) Apply(l *raft.Log) any {
 		return applyResult{m: f.current(), err: err}
 	}
 	old := f.current()
-	m, err := Apply(old, c)
+	m, err := clustermap.Apply(old, c)
 	if err != nil {
 		f.log.Debug("cluster map: command refused", "op", c.Op.String(), "index", l.Index, "err", err)
 		return applyResult{m: old, err: err}
@@ -400,9 +414,9 @@ func (f *fsm) Restore(r io.ReadCloser) error {
 	if err != nil {
 		return fmt.Errorf("clustermap: reading a snapshot: %w", err)
 	}
-	m := Empty
+	m := clustermap.Empty
 	if len(b) > 0 {
-		if m, err = Decode(b); err != nil {
+		if m, err = clustermap.Decode(b); err != nil {
 			return fmt.Errorf("clustermap: snapshot: %w", err)
 		}
 	}
@@ -410,7 +424,7 @@ func (f *fsm) Restore(r io.ReadCloser) error {
 	return nil
 }
 
-type mapSnapshot struct{ m *Map }
+type mapSnapshot struct{ m *clustermap.Map }
 
 func (s mapSnapshot) Persist(sink raft.SnapshotSink) error {
 	var b []byte

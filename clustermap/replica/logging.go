@@ -1,6 +1,6 @@
 // Raft's and Pebble's logs, routed into the node's slog.Logger.
 
-package clustermap
+package replica
 
 import (
 	"bytes"

@@ -1,6 +1,6 @@
 // The Raft log and stable store in a Pebble database of their own.
 
-package clustermap
+package replica
 
 import (
 	"encoding/binary"

@@ -1,4 +1,4 @@
-package clustermap
+package replica
 
 import (
 	"context"
@@ -15,10 +15,17 @@ import (
 	"github.com/hashicorp/raft"
 	"go.uber.org/goleak"
 
+	"github.com/rkv-io/rkv/clustermap"
 	"github.com/rkv-io/rkv/proto"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func add(name string) *proto.MapCommand {
+	return &proto.MapCommand{Op: proto.MapAddServer, Server: proto.MapServer{Name: name, ID: "id-" + name}}
+}
+
+func alwaysLive(string) bool { return true }
 
 var fast = Tuning{HeartbeatTimeout: 150 * time.Millisecond, ElectionTimeout: 150 * time.Millisecond, LeaderLeaseTimeout: 100 * time.Millisecond, CommitTimeout: 5 * time.Millisecond}
 
@@ -152,7 +159,7 @@ func leaderOf(t *testing.T, nodes []*testNode) *testNode {
 	return l
 }
 
-func propose(t *testing.T, n *testNode, c *proto.MapCommand) *Map {
+func propose(t *testing.T, n *testNode, c *proto.MapCommand) *clustermap.Map {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -187,7 +194,7 @@ func TestNodeReplicatesTheMap(t *testing.T) {
 	nodes := newTestNodes(t, 3, false)
 	cluster3(t, nodes)
 	l := leaderOf(t, nodes)
-	m := propose(t, l, &proto.MapCommand{Op: proto.MapStartMoves, Moves: Plan(l.Map(), alwaysLive, 8)})
+	m := propose(t, l, &proto.MapCommand{Op: proto.MapStartMoves, Moves: clustermap.Plan(l.Map(), alwaysLive, 8)})
 	if len(m.Moves()) != 8 {
 		t.Fatalf("started %d moves", len(m.Moves()))
 	}
@@ -208,7 +215,7 @@ func TestNodeReplicatesTheMap(t *testing.T) {
 		t.Fatalf("a follower's proposal: %v", err)
 	}
 	// A refused command comes back as Apply's error, everywhere the same.
-	if _, err := l.Propose(context.Background(), &proto.MapCommand{Op: proto.MapAddServer, Server: proto.MapServer{Name: "n2", ID: "other"}}); !errors.Is(err, ErrIDMismatch) {
+	if _, err := l.Propose(context.Background(), &proto.MapCommand{Op: proto.MapAddServer, Server: proto.MapServer{Name: "n2", ID: "other"}}); !errors.Is(err, clustermap.ErrIDMismatch) {
 		t.Fatalf("adding n2 under another ID: %v", err)
 	}
 	if got := l.Map().Epoch(); got != m.Epoch() {
@@ -312,7 +319,7 @@ func TestRestartKeepsTheMap(t *testing.T) {
 	propose(t, l, add("n2"))
 	m := l.Map()
 	for range 3 { // enough moves to cross a snapshot
-		plan := Plan(m, alwaysLive, 200)
+		plan := clustermap.Plan(m, alwaysLive, 200)
 		m = propose(t, l, &proto.MapCommand{Op: proto.MapStartMoves, Moves: plan})
 		var cmds []proto.MoveCommand
 		for _, mv := range m.Moves() {

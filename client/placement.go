@@ -1,0 +1,222 @@
+// Where a key lives: the cluster map the client holds, refreshed from the servers, and the owner it names.
+
+package client
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rkv-io/rkv/clustermap"
+	"github.com/rkv-io/rkv/membership"
+	"github.com/rkv-io/rkv/proto"
+)
+
+// mapHolder is the client's cluster map: replaced whole, read without a
+// lock, refreshed by one fetch at a time.
+type mapHolder struct {
+	cur atomic.Pointer[clustermap.Map]
+
+	mu       sync.Mutex
+	fetching chan struct{} // closed when the fetch in flight ends; nil when none
+}
+
+func (h *mapHolder) init()                     { h.cur.Store(clustermap.Empty) }
+func (h *mapHolder) load() *clustermap.Map     { return h.cur.Load() }
+func (h *mapHolder) epoch() uint64             { return h.cur.Load().Epoch() }
+func (h *mapHolder) install(m *clustermap.Map) { h.cur.Store(m) }
+
+// refreshMap fetches the map until the client holds epoch atLeast or later
+// (1: any bootstrapped map), from the servers that gossip the highest
+// epochs first. Concurrent callers share one fetch.
+func (c *Client) refreshMap(ctx context.Context, atLeast uint64) error {
+	for {
+		if c.maps.epoch() >= atLeast {
+			return nil
+		}
+		c.maps.mu.Lock()
+		if ch := c.maps.fetching; ch != nil {
+			c.maps.mu.Unlock()
+			select {
+			case <-ch:
+				continue
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		ch := make(chan struct{})
+		c.maps.fetching = ch
+		c.maps.mu.Unlock()
+		err := c.fetchMap(ctx, atLeast)
+		c.maps.mu.Lock()
+		c.maps.fetching = nil
+		close(ch)
+		c.maps.mu.Unlock()
+		return err
+	}
+}
+
+func (c *Client) fetchMap(ctx context.Context, atLeast uint64) error {
+	var servers []membership.Member
+	for _, mb := range c.ml.View().Servers() {
+		if mb.Meta.Index != nil && mb.Meta.MapEpoch > 0 {
+			servers = append(servers, mb)
+		}
+	}
+	if len(servers) == 0 {
+		return errors.New("no server with a map in the gossip view yet")
+	}
+	slices.SortFunc(servers, func(a, b membership.Member) int { return cmp.Compare(b.Meta.MapEpoch, a.Meta.MapEpoch) })
+	var last error
+	for _, mb := range servers[:min(3, len(servers))] {
+		have := c.maps.load()
+		var reply *proto.MapReply
+		err := c.withConn(ctx, mb.Name, func(sc *serverConn) error {
+			r, err := sc.call(ctx, mb, &proto.GetMap{Have: have.Epoch()})
+			if err == nil {
+				reply = r.(*proto.MapReply)
+			}
+			return err
+		})
+		if err != nil {
+			last = err
+			continue
+		}
+		if len(reply.Map) > 0 {
+			m, err := clustermap.Decode(reply.Map)
+			if err != nil {
+				last = fmt.Errorf("the map from %s: %w", mb.Name, err)
+				continue
+			}
+			if have.Epoch() > 0 && m.ClusterID() != have.ClusterID() {
+				last = fmt.Errorf("%s belongs to another cluster (%x, this client's is %x)", mb.Name, m.ClusterID(), have.ClusterID())
+				continue
+			}
+			if m.Epoch() > c.maps.epoch() {
+				c.maps.install(m)
+				c.log.Debug("cluster map", "epoch", m.Epoch(), "from", mb.Name)
+			}
+		}
+		if c.maps.epoch() >= atLeast {
+			return nil
+		}
+		last = fmt.Errorf("%s holds map epoch %d, want %d", mb.Name, reply.Epoch, atLeast)
+	}
+	return last
+}
+
+// target is the server a key's request goes to, as of one map.
+type target struct {
+	m      *clustermap.Map
+	name   string
+	member membership.Member
+	epoch  uint64
+}
+
+// since is the epoch since which the target owns shard s in the map, or 0
+// when it does not.
+func (t target) since(s proto.Shard) uint64 {
+	o, since := t.m.Owner(s)
+	if o != t.name {
+		return 0
+	}
+	return since
+}
+
+// targetOf is server name as the map and the gossip view know it: alive,
+// with the data directory the map knows, its index registered. A server
+// that is down is unavailable: with one copy, no other server has its
+// keys, and the client never asks one that would answer "not found".
+func (c *Client) targetOf(m *clustermap.Map, name string) (target, error) {
+	srv, ok := m.Server(name)
+	if !ok {
+		return target{}, &UnavailableError{Node: name, Reason: fmt.Sprintf("not in the cluster map (epoch %d)", m.Epoch())}
+	}
+	mb, in := c.ml.View().Member(name)
+	switch {
+	case !in:
+		return target{}, &UnavailableError{Node: name, Reason: "not in the gossip view"}
+	case mb.MetaErr != nil:
+		return target{}, &UnavailableError{Node: name, Reason: "its metadata cannot be read", Err: mb.MetaErr}
+	case mb.State != membership.StateAlive:
+		return target{}, &UnavailableError{Node: name, Reason: fmt.Sprintf("the key's server is %s (since %v)", mb.State, mb.Since.Format(time.RFC3339Nano))}
+	case mb.Meta.ServerID != srv.ID:
+		return target{}, &UnavailableError{Node: name, Reason: fmt.Sprintf("it runs on data directory %s, the map knows %s (it lost its data?)", mb.Meta.ServerID, srv.ID)}
+	}
+	if mb.Meta.MapEpoch > m.Epoch() {
+		// The server knows a newer map: fetch it, without holding this
+		// request up (the server refuses what it no longer owns).
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), c.cfg.RetryTimeout)
+			defer cancel()
+			_ = c.refreshMap(ctx, mb.Meta.MapEpoch)
+		}()
+	}
+	return target{m: m, name: name, member: mb, epoch: m.Epoch()}, nil
+}
+
+// targetFor is the owner of key's shard in the client's map.
+func (c *Client) targetFor(key []byte) (target, error) {
+	m := c.maps.load()
+	name, _ := m.Owner(proto.ShardOf(key))
+	if name == "" {
+		return target{}, &UnavailableError{Node: "(none)", Reason: "the cluster map is not bootstrapped"}
+	}
+	return c.targetOf(m, name)
+}
+
+// keyGroup is the keys (positions) one owner holds.
+type keyGroup struct {
+	t   target
+	idx []int
+}
+
+// groupByOwner splits the keys at positions idx by owner, as of the
+// client's map.
+func (c *Client) groupByOwner(keys [][]byte, idx []int) ([]keyGroup, error) {
+	m := c.maps.load()
+	byName := map[string]*keyGroup{}
+	var out []*keyGroup
+	for _, i := range idx {
+		name, _ := m.Owner(proto.ShardOf(keys[i]))
+		g := byName[name]
+		if g == nil {
+			t, err := c.targetOf(m, name)
+			if err != nil {
+				return nil, err
+			}
+			g = &keyGroup{t: t}
+			byName[name] = g
+			out = append(out, g)
+		}
+		g.idx = append(g.idx, i)
+	}
+	groups := make([]keyGroup, len(out))
+	for i, g := range out {
+		groups[i] = *g
+	}
+	return groups, nil
+}
+
+// WaitMap fetches the cluster map until the client holds epoch or later,
+// for at most timeout (and within ctx); it then fails with an error
+// wrapping context.DeadlineExceeded.
+func (c *Client) WaitMap(ctx context.Context, epoch uint64, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	for {
+		if c.refreshMap(ctx, epoch) == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("rkv: waiting for map epoch %d (holding %d): %w", epoch, c.maps.epoch(), ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}

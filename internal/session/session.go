@@ -1,0 +1,214 @@
+// Package session is one control connection to an rkv server: the dial
+// (TCP or TLS), the Hello, a QP connected over it, and request/reply RPCs.
+// The client library and the servers' own peer connections (migration,
+// map changes, Raft) all open sessions this way.
+package session
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/rkv-io/rkv/proto"
+	"github.com/rkv-io/rkv/rdma"
+)
+
+// Config says who opens a session and how.
+type Config struct {
+	// Name goes in the Hello (Hello.Client).
+	Name string
+	// Token is the cluster's auth token, if it has one.
+	Token []byte
+	// Kind is the session's kind; SessionRaft sessions carry no QP.
+	Kind proto.SessionKind
+	// TLS, when set, secures the connection; the handshake completes
+	// before the Hello, so a server that fails verification never sees
+	// the token.
+	TLS *tls.Config
+	// PD and Device, when set, get a QP connected over the connection
+	// after the Hello (rdma.ConnectQP); QP gives its AckTimeout and
+	// RetryCount, CQSize the depth of its CQ (default 128).
+	Device rdma.Device
+	PD     rdma.PD
+	QP     rdma.QPConfig
+	CQSize int
+	// DialTimeout bounds the dial, the TLS handshake, the Hello and the
+	// QP handshake together, within the ctx given to Dial. Default 5s.
+	DialTimeout time.Duration
+}
+
+// Errors.
+var (
+	// ErrBroken: the connection is unusable (an I/O error, a reply out of
+	// step, the server refusing the session); Close it and dial again.
+	ErrBroken = errors.New("session: connection broken")
+	// ErrRefused: the server or its TLS refused this client for good: a
+	// certificate one side rejected, a wrong token. A retry cannot fix it.
+	ErrRefused = errors.New("session: refused")
+)
+
+// Conn is one session. It carries one request at a time: Call is not safe
+// for concurrent use, and neither are the QP and CQ (the caller owns
+// them). Close is safe to call once the caller is done.
+type Conn struct {
+	NC    net.Conn
+	QP    rdma.QP // nil without Config.PD
+	CQ    rdma.CQ
+	Hello proto.HelloReply
+
+	addr   string
+	nextID uint64
+	rbuf   []byte
+	broken bool
+}
+
+// Dial connects to a server's control address, says Hello (with target,
+// the server ID meant, "" for any), and connects a QP when cfg has a PD.
+// A Hello the server refuses, a TLS failure or a wrong token fails with an
+// error wrapping ErrRefused; anything else that fails is worth a retry.
+func Dial(ctx context.Context, addr, target string, cfg Config) (_ *Conn, err error) {
+	timeout := cfg.DialTimeout
+	if timeout <= 0 {
+		timeout = 5 * time.Second
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var nc net.Conn
+	if cfg.TLS == nil {
+		var d net.Dialer
+		nc, err = d.DialContext(ctx, "tcp", addr)
+	} else {
+		d := tls.Dialer{Config: cfg.TLS}
+		nc, err = d.DialContext(ctx, "tcp", addr)
+	}
+	if err != nil {
+		return nil, refusal(addr, fmt.Errorf("dialing %s: %w", addr, err))
+	}
+	c := &Conn{NC: nc, addr: addr}
+	defer func() {
+		if err != nil {
+			c.Close()
+		}
+	}()
+	r, err := c.Call(ctx, &proto.Hello{Client: cfg.Name, Token: cfg.Token, Kind: cfg.Kind, Target: target})
+	if err != nil {
+		var pe *proto.Error
+		if errors.As(err, &pe) && (pe.Code == proto.CodeUnauthenticated || pe.Code == proto.CodeBadRequest) {
+			return nil, fmt.Errorf("%w: %s: %w", ErrRefused, addr, err)
+		}
+		return nil, refusal(addr, err)
+	}
+	c.Hello = *r.(*proto.HelloReply)
+	if cfg.PD == nil {
+		return c, nil
+	}
+	size := cfg.CQSize
+	if size <= 0 {
+		size = 128
+	}
+	if c.CQ, err = cfg.Device.CreateCQ(size); err != nil {
+		return nil, err
+	}
+	qcfg := rdma.QPConfig{SendCQ: c.CQ, RecvCQ: c.CQ, AckTimeout: cfg.QP.AckTimeout, RetryCount: cfg.QP.RetryCount}
+	if c.QP, err = cfg.PD.CreateQP(qcfg); err != nil {
+		return nil, err
+	}
+	if _, err := rdma.ConnectQP(ctx, nc, c.QP); err != nil {
+		return nil, fmt.Errorf("%w: connecting a QP to %s: %w", ErrBroken, addr, err)
+	}
+	return c, nil
+}
+
+// refusal marks a TLS failure that no retry can fix (a certificate one
+// side refused) as ErrRefused; any other error is returned as it is.
+// With TLS 1.3 a server refusing the client's certificate is only seen at
+// the first read after the handshake, so the Hello's error comes here too.
+func refusal(addr string, err error) error {
+	var (
+		verify  *tls.CertificateVerificationError
+		unknown x509.UnknownAuthorityError
+		host    x509.HostnameError
+		invalid x509.CertificateInvalidError
+		op      *net.OpError
+	)
+	switch {
+	case errors.As(err, &verify), errors.As(err, &unknown), errors.As(err, &host), errors.As(err, &invalid):
+		return fmt.Errorf("%w: the certificate of %s: %w", ErrRefused, addr, err)
+	case errors.As(err, &op) && op.Op == "remote error": // a TLS alert from the server
+		return fmt.Errorf("%w: %s refused the TLS session: %w", ErrRefused, addr, err)
+	}
+	return err
+}
+
+// Call sends req and waits for its reply. It returns the reply (of the
+// type req.Type().Reply()), or the server's *proto.Error for this request,
+// or an error wrapping ErrBroken after which the connection must be
+// closed. ctx bounds the call, its cancellation included (the error then
+// wraps ctx's, for errors.Is).
+func (c *Conn) Call(ctx context.Context, req proto.Message) (proto.Message, error) {
+	if c.broken {
+		return nil, fmt.Errorf("%w: %s", ErrBroken, c.addr)
+	}
+	c.nextID++
+	id := c.nextID
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		deadline = time.Now().Add(30 * time.Second)
+	}
+	_ = c.NC.SetDeadline(deadline)
+	stop := context.AfterFunc(ctx, func() { _ = c.NC.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	fail := func(format string, args ...any) (proto.Message, error) {
+		c.broken = true
+		err := fmt.Errorf(format, args...)
+		if ctx.Err() != nil {
+			err = fmt.Errorf("%w (%w)", err, ctx.Err())
+		}
+		return nil, fmt.Errorf("%w: %w", ErrBroken, err)
+	}
+	if err := proto.WriteFrame(c.NC, id, req); err != nil {
+		return fail("%v to %s: %w", req.Type(), c.addr, err)
+	}
+	rid, reply, b, err := proto.ReadFrame(c.NC, c.rbuf)
+	c.rbuf = b
+	if err != nil {
+		return fail("%v to %s: reading the reply: %w", req.Type(), c.addr, err)
+	}
+	if e, ok := reply.(*proto.Error); ok && rid == 0 {
+		// The server refused the connection itself, saying why.
+		c.broken = true
+		return nil, fmt.Errorf("%w: %v to %s: %w", ErrBroken, req.Type(), c.addr, e)
+	}
+	if rid != id {
+		return fail("%v to %s: reply to request %d, want %d", req.Type(), c.addr, rid, id)
+	}
+	if e, ok := reply.(*proto.Error); ok {
+		return nil, e
+	}
+	if reply.Type() != req.Type().Reply() {
+		return fail("%v to %s answered with %v", req.Type(), c.addr, reply.Type())
+	}
+	return reply, nil
+}
+
+// Broken reports whether a call failed in a way that left the connection
+// unusable.
+func (c *Conn) Broken() bool { return c.broken }
+
+// Close closes the connection (the server then ends the session's leases)
+// and the QP and CQ.
+func (c *Conn) Close() error {
+	c.broken = true
+	errs := []error{c.NC.Close()}
+	if c.QP != nil {
+		errs = append(errs, c.QP.Close())
+	}
+	if c.CQ != nil {
+		errs = append(errs, c.CQ.Close())
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,619 @@
+// The server's part in the cluster map: each new map applied to the store's shards, the leader's duties, changes proposed from any server.
+
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/rkv-io/rkv/clustermap"
+	"github.com/rkv-io/rkv/clustermap/replica"
+	"github.com/rkv-io/rkv/membership"
+	"github.com/rkv-io/rkv/proto"
+	"github.com/rkv-io/rkv/store"
+)
+
+// raftAddrOf tells Raft where the server with data directory ID id is now:
+// its control address as it gossips it. Servers whose control port
+// changes across restarts stay reachable.
+func (s *Server) raftAddrOf(id string) (string, bool) {
+	ml := s.mlReady.Load()
+	if ml == nil {
+		return "", false
+	}
+	for _, mb := range ml.View().Servers() {
+		if mb.Meta.ServerID == id && mb.Meta.ControlAddr != "" {
+			return raftAddr(id, mb.Meta.ControlAddr), true
+		}
+	}
+	return "", false
+}
+
+// watchMap applies every new map: to the store's shards (reconcile), to
+// the migrations into this server, and to the epoch it gossips.
+func (s *Server) watchMap() {
+	defer s.wg.Done()
+	gossiped := uint64(0)
+	for {
+		changed := s.node.Changed()
+		m := s.node.Map()
+		s.reconcile(m)
+		s.moves.sync(m)
+		if m.Epoch() != gossiped {
+			if err := s.setMeta(func(meta *proto.NodeMeta) { meta.MapEpoch, meta.ClusterID = m.Epoch(), m.ClusterID() }); err != nil {
+				s.log.Warn("gossiping the map epoch", "err", err)
+			} else {
+				gossiped = m.Epoch()
+			}
+			s.log.Info("cluster map", "epoch", m.Epoch(), "map", m.String())
+		}
+		select {
+		case <-s.stop:
+			return
+		case <-changed:
+		case <-time.After(time.Second): // retry what failed
+		}
+	}
+}
+
+// reconciledFile records the newest map epoch whose shard changes the store
+// has made: after a restart the replica's map may lag (the log is replayed
+// as the leader confirms it), and applying an older map than one already
+// acted on would undo a hand-over.
+const reconciledFile = "map-epoch"
+
+func (s *Server) loadReconciled() (uint64, error) {
+	b, err := os.ReadFile(filepath.Join(s.cfg.Store.Dir, reconciledFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	v, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("server: %s: %w", reconciledFile, err)
+	}
+	return v, nil
+}
+
+func (s *Server) saveReconciled(epoch uint64) error {
+	path := filepath.Join(s.cfg.Store.Dir, reconciledFile)
+	if err := writeSynced(path+".tmp", []byte(strconv.FormatUint(epoch, 10)+"\n")); err != nil {
+		return err
+	}
+	return os.Rename(path+".tmp", path)
+}
+
+// shardActions is what one reconcile asks of the store.
+type shardActions struct {
+	release, drop, unfreeze []proto.Shard
+	activate                map[uint64][]proto.Shard // by since
+	incoming                map[uint64][]proto.Shard // by the move's start
+}
+
+// reconcile brings the store's shard states to what map m says of this
+// server (see docs/ARCHITECTURE.md, "Shards on a server"):
+//
+//   - a shard it owns is served: from its own data (Owned), from the copy
+//     a finished move brought (Incoming whose move start is the shard's
+//     Origin), from its data again after a move away was aborted
+//     (Released with the same Since), or empty when the map gave it empty
+//     (Origin 0: the bootstrap, a forced removal);
+//   - a shard moving to it is Incoming, for that move;
+//   - any other shard it holds is released and dropped.
+//
+// It never applies a map older than one it applied before.
+func (s *Server) reconcile(m *clustermap.Map) {
+	s.shardMu.Lock()
+	defer s.shardMu.Unlock()
+	if !m.Bootstrapped() || m.Epoch() < s.reconciled {
+		return
+	}
+	me := s.cfg.Name
+	if srv, ok := m.Server(me); ok && srv.ID != s.id {
+		s.fatal(fmt.Errorf("server: the cluster map knows %s with data directory ID %s, and this data directory is %s: it was refused (a server that lost its data must be forgotten first: rkv-client forget %s --force)", me, srv.ID, s.id, me))
+		return
+	}
+	states := s.st.Shards()
+	a := shardActions{activate: map[uint64][]proto.Shard{}, incoming: map[uint64][]proto.Shard{}}
+	for i := range proto.NumShards {
+		sh, st := proto.Shard(i), states[i]
+		info := m.Shard(sh)
+		if info.Owner() == me {
+			s.ownShard(&a, sh, info, st)
+			continue
+		}
+		if mv := info.Move; mv != nil && mv.To == me {
+			switch {
+			case st.State == store.ShardIncoming && st.Started == mv.Started:
+			case st.State == store.ShardNone:
+				a.incoming[mv.Started] = append(a.incoming[mv.Started], sh)
+			default: // a stale copy, or data of an earlier ownership
+				a.dropFirst(sh, st)
+				a.incoming[mv.Started] = append(a.incoming[mv.Started], sh)
+			}
+			continue
+		}
+		if st.State != store.ShardNone {
+			if st.State == store.ShardOwned {
+				s.log.Warn("the map gives a shard this server serves to another: dropping it", "shard", i, "owner", info.Owner(), "since", info.Since)
+			}
+			a.dropFirst(sh, st)
+		}
+	}
+	failed := s.apply(&a)
+	if !failed && m.Epoch() > s.reconciled {
+		if err := s.saveReconciled(m.Epoch()); err != nil {
+			s.log.Error("recording the map epoch applied", "err", err)
+			return
+		}
+		s.reconciled = m.Epoch()
+	}
+}
+
+// ownShard decides what serving shard sh, which map entry info gives to
+// this server, takes from its state st.
+func (s *Server) ownShard(a *shardActions, sh proto.Shard, info clustermap.Shard, st store.ShardStatus) {
+	frozen := info.Move != nil && info.Move.Phase == proto.MoveFrozen
+	switch st.State {
+	case store.ShardOwned:
+		if st.Since == info.Since {
+			if st.Frozen && !frozen {
+				a.unfreeze = append(a.unfreeze, sh) // the move was aborted or restarted
+			}
+			return
+		}
+		// Owned under another Since: not a hand-over this server took part
+		// in. Start over from what the map says.
+		a.dropFirst(sh, st)
+	case store.ShardReleased:
+		if st.Since == info.Since {
+			if !frozen { // the move away was aborted: serve the data again
+				a.activate[info.Since] = append(a.activate[info.Since], sh)
+			}
+			return // frozen: the target is finishing
+		}
+		a.dropFirst(sh, st)
+	case store.ShardIncoming:
+		if info.Move == nil && info.Origin != 0 && st.Started == info.Origin {
+			a.activate[info.Since] = append(a.activate[info.Since], sh) // the move in finished
+			return
+		}
+		a.dropFirst(sh, st)
+	}
+	if info.Origin != 0 {
+		s.log.Error("the map gives this server a shard from a copy it does not hold: not serving it", "shard", sh, "origin", info.Origin)
+		return
+	}
+	a.activate[info.Since] = append(a.activate[info.Since], sh) // given empty
+}
+
+func (a *shardActions) dropFirst(sh proto.Shard, st store.ShardStatus) {
+	if st.State == store.ShardOwned {
+		a.release = append(a.release, sh)
+	}
+	if st.State != store.ShardNone {
+		a.drop = append(a.drop, sh)
+	}
+}
+
+// apply carries out a reconcile's actions; it reports whether any failed
+// (the next reconcile retries).
+func (s *Server) apply(a *shardActions) (failed bool) {
+	try := func(what string, shards []proto.Shard, f func([]proto.Shard) error) {
+		if len(shards) == 0 {
+			return
+		}
+		if err := f(shards); err != nil {
+			s.log.Error("applying the cluster map to the store", "action", what, "shards", len(shards), "err", err)
+			failed = true
+			return
+		}
+		s.log.Info("shards "+what, "count", len(shards), "shards", shardList(shards))
+	}
+	try("released", a.release, s.st.ReleaseShards)
+	try("dropped", a.drop, s.st.DropShards)
+	for started, shards := range a.incoming {
+		try("incoming", shards, func(sh []proto.Shard) error { return s.st.BeginIncoming(sh, started) })
+	}
+	for since, shards := range a.activate {
+		try("served", shards, func(sh []proto.Shard) error { return s.st.ActivateShards(sh, since) })
+	}
+	try("unfrozen", a.unfreeze, func(sh []proto.Shard) error { s.st.UnfreezeShards(sh); return nil })
+	return failed
+}
+
+// shardList abbreviates a shard list for a log line.
+func shardList(shards []proto.Shard) string {
+	var b strings.Builder
+	for i, sh := range shards {
+		if i == 8 {
+			fmt.Fprintf(&b, " ... (%d more)", len(shards)-i)
+			break
+		}
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		fmt.Fprint(&b, uint16(sh))
+	}
+	return b.String()
+}
+
+// lead does the map leader's duties while this server leads.
+func (s *Server) lead() {
+	defer s.wg.Done()
+	tick := time.NewTicker(250 * time.Millisecond)
+	defer tick.Stop()
+	l := &leader{s: s, down: map[string]time.Time{}, warned: map[string]time.Time{}}
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-tick.C:
+		}
+		if !s.node.IsLeader() {
+			l.active = false
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		if !l.active {
+			// A new leader's replica may lag the log it now leads.
+			if err := s.node.Barrier(ctx); err != nil {
+				cancel()
+				continue
+			}
+			l.active = true
+			s.log.Info("leading the cluster map", "map", s.node.Map().String())
+		}
+		l.duties(ctx)
+		cancel()
+	}
+}
+
+// leader is the state of the leader's duties.
+type leader struct {
+	s      *Server
+	active bool
+	down   map[string]time.Time // since when a map server has been out of the gossip view
+	warned map[string]time.Time // rate limit of repeated warnings
+}
+
+func (l *leader) warn(key, msg string, args ...any) {
+	if t, ok := l.warned[key]; ok && time.Since(t) < time.Minute {
+		return
+	}
+	l.warned[key] = time.Now()
+	l.s.log.Warn(msg, args...)
+}
+
+func (l *leader) propose(ctx context.Context, c *proto.MapCommand) *clustermap.Map {
+	m, err := l.s.node.Propose(ctx, c)
+	if err != nil {
+		l.s.log.Warn("map change refused", "op", c.Op.String(), "err", err)
+		return nil
+	}
+	return m
+}
+
+// duties: bootstrap the map, add servers that joined, keep the Raft
+// voters, abort stalled moves, plan moves, remove drained and long-dead
+// servers.
+func (l *leader) duties(ctx context.Context) {
+	s := l.s
+	m := s.node.Map()
+	if !m.Bootstrapped() {
+		l.propose(ctx, &proto.MapCommand{Op: proto.MapAddServer, Server: proto.MapServer{Name: s.cfg.Name, ID: s.id}})
+		return
+	}
+	view := s.ml.View()
+	alive := func(name string) bool {
+		srv, ok := m.Server(name)
+		mb, in := view.Member(name)
+		return ok && in && mb.IsServer() && mb.Meta.ServerID == srv.ID
+	}
+	now := time.Now()
+	for _, srv := range m.Servers() {
+		if alive(srv.Name) {
+			delete(l.down, srv.Name)
+		} else if _, ok := l.down[srv.Name]; !ok {
+			l.down[srv.Name] = now
+		}
+	}
+	for _, mb := range view.Servers() {
+		if mb.Meta.ServerID == "" {
+			continue
+		}
+		if mb.Meta.ClusterID != 0 && mb.Meta.ClusterID != m.ClusterID() {
+			l.warn("cluster/"+mb.Name, "a gossip member belongs to another cluster: ignored", "member", mb.Name, "its_cluster", fmt.Sprintf("%x", mb.Meta.ClusterID), "ours", fmt.Sprintf("%x", m.ClusterID()))
+			continue
+		}
+		switch srv, ok := m.Server(mb.Name); {
+		case !ok:
+			if next := l.propose(ctx, &proto.MapCommand{Op: proto.MapAddServer, Server: proto.MapServer{Name: mb.Name, ID: mb.Meta.ServerID}}); next != nil {
+				s.log.Info("server added to the cluster map", "server", mb.Name, "id", mb.Meta.ServerID, "epoch", next.Epoch())
+				m = next
+			}
+		case srv.ID != mb.Meta.ServerID:
+			l.warn("id/"+mb.Name, "refusing a server whose data directory is not the one the map knows (did it lose its data?); forget the old one first",
+				"server", mb.Name, "its_id", mb.Meta.ServerID, "map_id", srv.ID)
+		}
+	}
+	l.voters(ctx, m, alive)
+	m = l.abortStalled(ctx, s.node.Map())
+	if budget := s.cfg.MaxMoves - len(m.Moves()); budget > 0 {
+		if plan := clustermap.Plan(m, alive, budget); len(plan) > 0 {
+			if next := l.propose(ctx, &proto.MapCommand{Op: proto.MapStartMoves, Moves: plan}); next != nil {
+				s.log.Info("shard moves started", "moves", len(plan), "epoch", next.Epoch(), "map", next.String())
+				m = next
+			}
+		}
+	}
+	l.removeServers(ctx, m)
+}
+
+// desiredVoters is the largest odd number of voters up to want among n
+// servers.
+func desiredVoters(n, want int) int {
+	v := min(n, want)
+	if v%2 == 0 {
+		v--
+	}
+	return max(v, 1)
+}
+
+// voters adds the map's live servers to the Raft group, as voters while
+// there are fewer than desired, and removes those the map no longer has.
+func (l *leader) voters(ctx context.Context, m *clustermap.Map, alive func(string) bool) {
+	s := l.s
+	members, err := s.node.Members()
+	if err != nil {
+		return
+	}
+	in := map[string]replica.Member{}
+	voters := 0
+	for _, mem := range members {
+		in[mem.ID] = mem
+		if mem.Voter {
+			voters++
+		}
+	}
+	want := desiredVoters(len(m.Servers()), s.cfg.Voters)
+	for _, srv := range m.Servers() {
+		addr, ok := s.raftAddrOf(srv.ID)
+		if !ok || !alive(srv.Name) {
+			continue
+		}
+		mem, known := in[srv.ID]
+		switch {
+		case known && mem.Voter:
+		case voters < want:
+			if err := s.node.AddVoter(ctx, srv.ID, addr); err != nil {
+				s.log.Warn("adding a Raft voter", "server", srv.Name, "err", err)
+				continue
+			}
+			voters++
+			s.log.Info("Raft voter added", "server", srv.Name, "voters", voters)
+		case !known:
+			if err := s.node.AddNonvoter(ctx, srv.ID, addr); err != nil {
+				s.log.Warn("adding a Raft nonvoter", "server", srv.Name, "err", err)
+				continue
+			}
+			s.log.Info("Raft nonvoter added", "server", srv.Name)
+		}
+	}
+	for id := range in {
+		if _, ok := m.ServerByID(id); !ok && id != s.id {
+			if err := s.node.RemoveMember(ctx, id); err != nil {
+				s.log.Warn("removing a Raft member", "id", id, "err", err)
+			} else {
+				s.log.Info("Raft member removed", "id", id)
+			}
+		}
+	}
+}
+
+// abortStalled aborts moves whose source or target has been down longer
+// than MoveTimeout, and moves to servers being drained.
+func (l *leader) abortStalled(ctx context.Context, m *clustermap.Map) *clustermap.Map {
+	var stalled []proto.MoveCommand
+	for _, mv := range m.Moves() {
+		to, _ := m.Server(mv.To)
+		if to.State == proto.ServerDraining || l.downFor(mv.From) > l.s.cfg.MoveTimeout || l.downFor(mv.To) > l.s.cfg.MoveTimeout {
+			stalled = append(stalled, mv.Command())
+		}
+	}
+	if len(stalled) == 0 {
+		return m
+	}
+	next := l.propose(ctx, &proto.MapCommand{Op: proto.MapAbortMoves, Moves: stalled})
+	if next == nil {
+		return m
+	}
+	l.s.log.Warn("shard moves aborted: a server they need is down or draining", "moves", len(stalled), "epoch", next.Epoch())
+	return next
+}
+
+func (l *leader) downFor(name string) time.Duration {
+	if t, ok := l.down[name]; ok {
+		return time.Since(t)
+	}
+	return 0
+}
+
+// removeServers removes drained servers that hold nothing, and (with
+// DeadServerTimeout) servers dead that long.
+func (l *leader) removeServers(ctx context.Context, m *clustermap.Map) {
+	s := l.s
+	busy := map[string]bool{}
+	for _, mv := range m.Moves() {
+		busy[mv.From], busy[mv.To] = true, true
+	}
+	counts := m.Counts()
+	for _, srv := range m.Servers() {
+		switch {
+		case srv.State == proto.ServerDraining && counts[srv.Name] == 0 && !busy[srv.Name]:
+			if next := l.propose(ctx, &proto.MapCommand{Op: proto.MapRemoveServer, Server: proto.MapServer{Name: srv.Name}}); next != nil {
+				s.log.Info("drained server removed from the cluster map", "server", srv.Name, "epoch", next.Epoch())
+			}
+		case s.cfg.DeadServerTimeout > 0 && srv.Name != s.cfg.Name && l.downFor(srv.Name) > s.cfg.DeadServerTimeout:
+			if next := l.propose(ctx, &proto.MapCommand{Op: proto.MapRemoveServer, Server: proto.MapServer{Name: srv.Name}, Force: true}); next != nil {
+				s.log.Warn("server dead longer than DeadServerTimeout removed from the cluster map: its shards start empty elsewhere",
+					"server", srv.Name, "shards", counts[srv.Name], "down_for", l.downFor(srv.Name).Round(time.Second), "epoch", next.Epoch())
+			}
+		}
+	}
+}
+
+// propose commits a map change from any server: on the leader directly,
+// elsewhere forwarded to it. It returns this server's map once it holds
+// the change.
+func (s *Server) propose(ctx context.Context, c *proto.MapCommand) (*clustermap.Map, error) {
+	for {
+		m, err := s.node.Propose(ctx, c)
+		var nl *replica.NotLeaderError
+		if !errors.As(err, &nl) {
+			return m, err
+		}
+		if id, ctl, serr := splitRaftAddr(nl.LeaderAddr); serr == nil && id != s.id {
+			m, err := s.forward(ctx, id, ctl, c)
+			var pe *proto.Error
+			if !errors.As(err, &pe) || pe.Code != proto.CodeNotLeader {
+				return m, err
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("server: proposing %v: no leader reached: %w", c.Op, ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// errChangeRefused wraps the leader's refusal of a forwarded change.
+var errChangeRefused = errors.New("server: map change refused")
+
+func (s *Server) forward(ctx context.Context, id, ctl string, c *proto.MapCommand) (*clustermap.Map, error) {
+	b, err := proto.EncodeMapCommand(c)
+	if err != nil {
+		return nil, err
+	}
+	r, err := s.peers.call(ctx, id, ctl, &proto.MapChange{Command: b})
+	if err != nil {
+		var pe *proto.Error
+		if errors.As(err, &pe) && pe.Code == proto.CodeBadRequest {
+			return nil, fmt.Errorf("%w: %s", errChangeRefused, pe.Message)
+		}
+		return nil, err
+	}
+	return s.waitEpoch(ctx, r.(*proto.MapChangeReply).Epoch)
+}
+
+// waitEpoch waits until this server's map is at epoch or later.
+func (s *Server) waitEpoch(ctx context.Context, epoch uint64) (*clustermap.Map, error) {
+	for {
+		changed := s.node.Changed()
+		if m := s.node.Map(); m.Epoch() >= epoch {
+			return m, nil
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("server: waiting for map epoch %d (at %d): %w", epoch, s.node.Map().Epoch(), ctx.Err())
+		}
+	}
+}
+
+// mapChange is the leader's side of a forwarded change.
+func (s *Server) mapChange(req *proto.MapChange) proto.Message {
+	c, err := proto.DecodeMapCommand(req.Command)
+	if err != nil {
+		return &proto.Error{Code: proto.CodeBadRequest, Message: err.Error()}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	m, err := s.node.Propose(ctx, c)
+	switch {
+	case errors.Is(err, replica.ErrNotLeader):
+		return &proto.Error{Code: proto.CodeNotLeader, Message: err.Error()}
+	case err != nil:
+		return &proto.Error{Code: proto.CodeBadRequest, Message: err.Error()}
+	}
+	return &proto.MapChangeReply{Epoch: m.Epoch()}
+}
+
+// forget starts a server's removal: a live one is drained (the leader
+// removes it once its shards moved), a dead one with Force is dropped.
+func (s *Server) forget(req *proto.Forget) proto.Message {
+	m := s.node.Map()
+	srv, ok := m.Server(req.Node)
+	if !ok {
+		return &proto.Error{Code: proto.CodeNotFound, Message: fmt.Sprintf("no server %q in the cluster map (epoch %d)", req.Node, m.Epoch())}
+	}
+	mb, in := s.ml.View().Member(req.Node)
+	up := in && mb.State == membership.StateAlive && mb.Meta.ServerID == srv.ID
+	c := &proto.MapCommand{Op: proto.MapDrainServer, Server: proto.MapServer{Name: req.Node}}
+	switch {
+	case req.Force && up:
+		return &proto.Error{Code: proto.CodeBadRequest, Message: fmt.Sprintf("%s is alive: forget it without --force, which moves its shards to the other servers first", req.Node)}
+	case req.Force:
+		c = &proto.MapCommand{Op: proto.MapRemoveServer, Server: proto.MapServer{Name: req.Node}, Force: true}
+	case !up:
+		return &proto.Error{Code: proto.CodeUnavailable, Message: fmt.Sprintf("%s is down, so its %d shards cannot be copied: bring it back, or forget it with --force to drop them (with one copy of each key, their keys are lost)",
+			req.Node, m.Counts()[req.Node])}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	next, err := s.propose(ctx, c)
+	if err != nil {
+		return &proto.Error{Code: proto.CodeBadRequest, Message: err.Error()}
+	}
+	s.log.Info("forget requested", "server", req.Node, "force", req.Force, "epoch", next.Epoch())
+	return &proto.MapChangeReply{Epoch: next.Epoch()}
+}
+
+// encodedMap caches the current map's encoding for GetMap.
+type encodedMap struct {
+	epoch uint64
+	b     []byte
+}
+
+func (s *Server) mapReply(have uint64) proto.Message {
+	m := s.node.Map()
+	if m.Epoch() <= have {
+		return &proto.MapReply{Epoch: m.Epoch()}
+	}
+	if c := s.mapCache.Load(); c != nil && c.epoch == m.Epoch() {
+		return &proto.MapReply{Epoch: m.Epoch(), Map: c.b}
+	}
+	b, err := m.Encode()
+	if err != nil {
+		return &proto.Error{Code: proto.CodeInternal, Message: err.Error()}
+	}
+	s.mapCache.Store(&encodedMap{epoch: m.Epoch(), b: b})
+	return &proto.MapReply{Epoch: m.Epoch(), Map: b}
+}
+
+func (s *Server) statsReply() *proto.StatsReply {
+	st := s.st.Stats()
+	r := &proto.StatsReply{Generation: s.gen, Keys: uint64(max(st.Keys, 0)), Commits: st.Commits, Deletes: st.Deletes,
+		LeasesActive: uint64(st.LeasesActive), Connections: uint64(max(s.connections.Load(), 0)), Handled: s.Stats().Total(),
+		MapEpoch: s.node.Map().Epoch()}
+	for _, sh := range s.st.Shards() {
+		switch sh.State {
+		case store.ShardOwned:
+			r.ShardsOwned++
+		case store.ShardIncoming:
+			r.ShardsIncoming++
+		}
+	}
+	ms := s.moves.stats()
+	r.ShardsMovedIn, r.CopiedKeys, r.CopiedBytes, r.CopyTime = ms.shards, ms.keys, ms.bytes, ms.took
+	return r
+}

@@ -1,0 +1,334 @@
+// Control connections: the handshake (Hello, then a QP), and the requests each kind of session may make.
+
+package server
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"time"
+
+	"github.com/rkv-io/rkv/proto"
+	"github.com/rkv-io/rkv/rdma"
+	"github.com/rkv-io/rkv/store"
+)
+
+func (s *Server) acceptLoop() {
+	defer s.wg.Done()
+	for {
+		nc, err := s.ln.Accept()
+		if err != nil {
+			select {
+			case <-s.stop:
+			default:
+				s.log.Error("control listener failed", "err", err)
+			}
+			return
+		}
+		c := &conn{s: s, nc: nc, leases: map[uint64]struct{}{}}
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			nc.Close()
+			return
+		}
+		s.conns[c] = struct{}{}
+		s.wg.Add(1)
+		s.mu.Unlock()
+		s.connections.Add(1)
+		go c.serve()
+	}
+}
+
+// conn is one control connection and its QP.
+type conn struct {
+	s      *Server
+	nc     net.Conn
+	qp     rdma.QP
+	client string
+	kind   proto.SessionKind
+	leases map[uint64]struct{} // granted on this connection, not yet ended
+}
+
+func (c *conn) serve() {
+	s := c.s
+	handedOff := false
+	defer func() {
+		for id := range c.leases {
+			_ = s.st.EndLease(id) // revokes the write rkey
+		}
+		if !handedOff {
+			c.nc.Close()
+		}
+		if c.qp != nil {
+			_ = c.qp.Close()
+		}
+		s.connections.Add(-1)
+		s.mu.Lock()
+		delete(s.conns, c)
+		s.mu.Unlock()
+		s.wg.Done()
+	}()
+	log := s.log.With("remote", c.nc.RemoteAddr().String())
+	if err := c.handshake(); err != nil {
+		log.Warn("control connection refused", "err", err)
+		return
+	}
+	if c.kind == proto.SessionRaft {
+		// Raft's transport owns the connection from here on.
+		handedOff = s.raft.offer(c.nc)
+		return
+	}
+	log = log.With("client", c.client, "kind", c.kind.String())
+	var buf []byte
+	for {
+		id, m, b, err := proto.ReadFrame(c.nc, buf)
+		buf = b
+		if err != nil {
+			if badFrame(err) {
+				log.Warn("bad control frame: closing", "err", err)
+				c.refuse(err)
+			}
+			return
+		}
+		reply := c.handle(m)
+		s.handled[m.Type()].Add(1)
+		if err := proto.WriteFrame(c.nc, id, reply); err != nil {
+			log.Debug("writing reply", "err", err)
+			return
+		}
+	}
+}
+
+// handshake takes the Hello, then connects the QP pair (Raft sessions
+// have none).
+func (c *conn) handshake() error {
+	s := c.s
+	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.HandshakeTimeout)
+	defer cancel()
+	stop := context.AfterFunc(ctx, func() { _ = c.nc.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	select {
+	case <-s.stop:
+		return errors.New("server closing")
+	default:
+	}
+	// Hello first: only an authenticated client gets a QP on the PD that
+	// holds the arenas.
+	id, m, _, err := proto.ReadFrameMax(c.nc, nil, proto.MaxHelloFrame)
+	if err != nil {
+		var plain tls.RecordHeaderError
+		switch {
+		case badFrame(err):
+			c.refuse(err)
+		case errors.As(err, &plain) && plain.Conn != nil:
+			// A plaintext peer: tell it in plaintext.
+			_ = plain.Conn.SetWriteDeadline(time.Now().Add(time.Second))
+			_ = proto.WriteFrame(plain.Conn, 0, &proto.Error{Code: proto.CodeUnauthenticated, Message: "this control port speaks TLS only"})
+		}
+		return err
+	}
+	s.handled[m.Type()].Add(1)
+	h, ok := m.(*proto.Hello)
+	if !ok {
+		_ = proto.WriteFrame(c.nc, id, &proto.Error{Code: proto.CodeUnauthenticated, Message: "the first request must be Hello"})
+		return fmt.Errorf("first request %v, not Hello", m.Type())
+	}
+	if tok := s.cfg.AuthToken; tok != "" && !tokenMatches(tok, h.Token) {
+		_ = proto.WriteFrame(c.nc, id, &proto.Error{Code: proto.CodeUnauthenticated, Message: "wrong auth token"})
+		return fmt.Errorf("client %q: wrong auth token", h.Client)
+	}
+	if h.Target != "" && h.Target != s.id {
+		// A peer that means the server this address used to be.
+		_ = proto.WriteFrame(c.nc, id, &proto.Error{Code: proto.CodeBadRequest,
+			Message: fmt.Sprintf("this is server %s with data directory ID %s, not %s", s.cfg.Name, s.id, h.Target)})
+		return fmt.Errorf("%s session from %q for server ID %s, not this one", h.Kind, h.Client, h.Target)
+	}
+	c.client, c.kind = h.Client, h.Kind
+	if err := proto.WriteFrame(c.nc, id, &proto.HelloReply{Server: s.cfg.Name, Generation: s.gen, ServerID: s.id, MapEpoch: s.node.Map().Epoch()}); err != nil {
+		return err
+	}
+	if c.kind == proto.SessionRaft {
+		_ = c.nc.SetDeadline(time.Time{})
+		return nil
+	}
+	qp, err := s.pd.CreateQP(rdma.QPConfig{SendCQ: s.cq, RecvCQ: s.cq})
+	if err != nil {
+		return err
+	}
+	c.qp = qp
+	if _, err := rdma.ConnectQP(ctx, c.nc, qp); err != nil {
+		return err
+	}
+	_ = c.nc.SetDeadline(time.Time{})
+	return nil
+}
+
+// tokenMatches compares a presented token with the server's in time that
+// depends on neither: subtle.ConstantTimeCompare alone returns at once on
+// a length mismatch, which would tell a prober the token's length.
+func tokenMatches(want string, got []byte) bool {
+	w, g := sha256.Sum256([]byte(want)), sha256.Sum256(got)
+	return subtle.ConstantTimeCompare(w[:], g[:]) == 1
+}
+
+// badFrame reports whether a ReadFrame error is the peer's fault: a
+// malformed or oversized frame, or one cut off by the peer's close.
+func badFrame(err error) bool {
+	return errors.Is(err, proto.ErrBadMessage) || errors.Is(err, io.ErrUnexpectedEOF)
+}
+
+// refuse tells the peer, before it is disconnected, which of its frames was
+// refused and why: an Error with request id 0, since the frame's own id
+// could not be trusted. A peer that does not read is not waited for long.
+func (c *conn) refuse(err error) {
+	_ = c.nc.SetWriteDeadline(time.Now().Add(time.Second))
+	_ = proto.WriteFrame(c.nc, 0, &proto.Error{Code: proto.CodeBadRequest, Message: "bad frame: " + err.Error()})
+}
+
+// peerOnly answers requests that only other servers may make.
+func (c *conn) peerOnly(m proto.Message) *proto.Error {
+	if c.kind != proto.SessionPeer {
+		return &proto.Error{Code: proto.CodeBadRequest, Message: fmt.Sprintf("%v is a request between servers", m.Type())}
+	}
+	return nil
+}
+
+func (c *conn) handle(m proto.Message) proto.Message {
+	s := c.s
+	ctx := context.Background()
+	switch m := m.(type) {
+	case *proto.GrantLease:
+		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		l, err := s.st.GrantLease(ctx)
+		if err != nil {
+			return errorReply(err)
+		}
+		c.leases[l.ID] = struct{}{}
+		return &proto.LeaseReply{ID: l.ID, Arena: l.Arena, Addr: l.Addr, Size: uint64(l.Size), RKey: l.RKey,
+			TTL: max(time.Until(l.Expires), 0), VersionBase: l.VersionBase, VersionCount: l.VersionCount}
+	case *proto.Commit:
+		if _, ok := c.leases[m.LeaseID]; !ok {
+			return &proto.Error{Code: proto.CodeLeaseInvalid, Message: fmt.Sprintf("lease %d was not granted on this connection", m.LeaseID)}
+		}
+		if m.Offset > 1<<62 || m.Length > 1<<62 {
+			return &proto.Error{Code: proto.CodeLeaseInvalid, Message: fmt.Sprintf("commit of %d bytes at offset %d in lease %d: out of range", m.Length, m.Offset, m.LeaseID)}
+		}
+		r, err := s.st.Commit(ctx, m.LeaseID, int64(m.Offset), int64(m.Length), m.Write)
+		if err != nil {
+			return s.fenceReply(m.Epoch, err)
+		}
+		return &proto.CommitReply{Arena: r.Location.Arena, Offset: r.Location.Offset, Length: r.Location.Length, Version: r.Version}
+	case *proto.Delete:
+		if err := s.st.Delete(ctx, m.Key, m.Write); err != nil {
+			return s.fenceReply(m.Epoch, err)
+		}
+		return &proto.Ack{}
+	case *proto.Scan:
+		return c.scan(m)
+	case *proto.EndLease:
+		if _, ok := c.leases[m.ID]; !ok {
+			return &proto.Error{Code: proto.CodeLeaseInvalid, Message: fmt.Sprintf("lease %d was not granted on this connection", m.ID)}
+		}
+		delete(c.leases, m.ID)
+		if err := s.st.EndLease(m.ID); err != nil {
+			return errorReply(err)
+		}
+		return &proto.Ack{}
+	case *proto.Stats:
+		return s.statsReply()
+	case *proto.GetMap:
+		return s.mapReply(m.Have)
+	case *proto.Forget:
+		return s.forget(m)
+	case *proto.MapChange:
+		if e := c.peerOnly(m); e != nil {
+			return e
+		}
+		return s.mapChange(m)
+	case *proto.ShardScan:
+		if e := c.peerOnly(m); e != nil {
+			return e
+		}
+		return s.shardScan(m)
+	case *proto.FenceShards:
+		if e := c.peerOnly(m); e != nil {
+			return e
+		}
+		return s.fenceShards(m)
+	case *proto.ReleaseShards:
+		if e := c.peerOnly(m); e != nil {
+			return e
+		}
+		return s.releaseShards(m)
+	}
+	return &proto.Error{Code: proto.CodeBadRequest, Message: fmt.Sprintf("%v is not a request this server takes", m.Type())}
+}
+
+// fenceReply answers a write the store refused; a refusal for a shard this
+// server does not own (or that is moving) names the server's map epoch, so
+// that a client holding an older map knows to fetch this one.
+func (s *Server) fenceReply(clientEpoch uint64, err error) *proto.Error {
+	e := errorReply(err)
+	if e.Code == proto.CodeNotOwner || e.Code == proto.CodeShardMoving {
+		e.Message = fmt.Sprintf("%s (this server's map epoch %d, the request's %d)", e.Message, s.node.Map().Epoch(), clientEpoch)
+	}
+	return e
+}
+
+// scanBudget keeps a scan reply under proto.MaxFrame.
+const scanBudget = proto.MaxFrame - 64
+
+func (c *conn) scan(m *proto.Scan) proto.Message {
+	limit := int(m.Limit)
+	if limit == 0 || limit > proto.MaxScanEntries {
+		limit = proto.MaxScanEntries
+	}
+	if len(m.Shards) == 0 {
+		return &proto.ScanReply{}
+	}
+	entries, err := c.s.st.Scan(m.Shards, m.Start, m.End, limit)
+	if err != nil {
+		return c.s.fenceReply(m.Epoch, err)
+	}
+	out := &proto.ScanReply{Entries: make([]proto.ScanEntry, 0, len(entries)), More: len(entries) == limit}
+	size := 0
+	for _, e := range entries {
+		if size += proto.ScanEntrySize(len(e.Key)); size > scanBudget {
+			out.More = true
+			break
+		}
+		out.Entries = append(out.Entries, proto.ScanEntry{Key: e.Key, Arena: e.Location.Arena, Offset: e.Location.Offset, Length: e.Location.Length, Version: e.Version})
+	}
+	return out
+}
+
+// errorReply maps a store error to a control Error.
+func errorReply(err error) *proto.Error {
+	code := proto.CodeInternal
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		code = proto.CodeNotFound
+	case errors.Is(err, store.ErrLease):
+		code = proto.CodeLeaseInvalid
+	case errors.Is(err, store.ErrRecord):
+		code = proto.CodeRecordInvalid
+	case errors.Is(err, store.ErrFull):
+		code = proto.CodeFull
+	case errors.Is(err, store.ErrIndexFull):
+		code = proto.CodeIndexFull
+	case errors.Is(err, store.ErrNotOwner):
+		code = proto.CodeNotOwner
+	case errors.Is(err, store.ErrShardMoving):
+		code = proto.CodeShardMoving
+	case errors.Is(err, store.ErrSuperseded):
+		code = proto.CodeSuperseded
+	}
+	return &proto.Error{Code: code, Message: err.Error()}
+}

@@ -1,0 +1,605 @@
+// Shard moves into this server: the copy pulled with RDMA_READ from the owner's arenas, the freeze, the hand-over. And the owner's side.
+
+package server
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/rkv-io/rkv/clustermap"
+	"github.com/rkv-io/rkv/internal/session"
+	"github.com/rkv-io/rkv/proto"
+	"github.com/rkv-io/rkv/rdma"
+	"github.com/rkv-io/rkv/store"
+)
+
+// A move of shards from their owner A to this server B (docs/ARCHITECTURE.md,
+// "Migration") goes:
+//
+//  1. The leader starts the moves (phase copying); B's reconcile makes the
+//     shards Incoming here. A keeps serving reads and writes.
+//  2. B copies: it lists each shard's entries from A (ShardScan), READs the
+//     records that differ from its copy out of A's arenas one-sidedly,
+//     verifies each (key, CRC, version) and ingests them (not yet live
+//     here); keys B holds that A no longer lists are deleted. A second
+//     pass catches what changed meanwhile.
+//  3. B has the moves frozen in the map; B asks A to fence the shards
+//     (FenceShards: A waits until its map shows the freeze, then until
+//     every write it admitted is applied, and answers with its
+//     generation). A still serves reads.
+//  4. B copies once more, now of a shard nobody writes, with its
+//     idempotency sessions.
+//  5. B asks A to release the shards (ReleaseShards, with A's
+//     generation: a restarted A may have taken writes before its map
+//     caught up, and is fenced again). A stops serving them: their
+//     records dead, their keys out of its index, their shard words 0.
+//  6. B finishes the moves in the map; its reconcile then serves the
+//     shards (records live, indexed, shard words set), and A's drops its
+//     copy.
+//
+// Until step 6 commits, the moves can be aborted (a server down longer
+// than MoveTimeout): A serves its data again, B drops its copy. Writes to
+// a shard are refused only between steps 3 and 6, reads only between 5
+// and the readers' next map: milliseconds for a shard whose last pass is
+// small.
+
+// mover runs the moves into this server, one worker per group of moves
+// from one source started together.
+type mover struct {
+	s *Server
+
+	mu      sync.Mutex
+	stopped bool
+	running map[moveGroup]context.CancelFunc
+	wg      sync.WaitGroup
+	done    moveStats
+}
+
+// moveGroup names the moves one worker runs.
+type moveGroup struct {
+	from    string
+	started uint64
+}
+
+// moveStats is what the moves into this server copied.
+type moveStats struct {
+	shards, keys, bytes uint64
+	took                time.Duration
+}
+
+func newMover(s *Server) *mover { return &mover{s: s, running: map[moveGroup]context.CancelFunc{}} }
+
+// sync starts a worker for each group of moves into this server in m and
+// stops those whose moves ended.
+func (mv *mover) sync(m *clustermap.Map) {
+	want := map[moveGroup]bool{}
+	for _, x := range m.Moves() {
+		if x.To == mv.s.cfg.Name {
+			want[moveGroup{x.From, x.Started}] = true
+		}
+	}
+	mv.mu.Lock()
+	defer mv.mu.Unlock()
+	if mv.stopped {
+		return
+	}
+	for g, cancel := range mv.running {
+		if !want[g] {
+			cancel()
+			delete(mv.running, g)
+		}
+	}
+	for g := range want {
+		if _, ok := mv.running[g]; ok {
+			continue
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		mv.running[g] = cancel
+		mv.wg.Add(1)
+		go func() {
+			defer mv.wg.Done()
+			mv.run(ctx, g)
+			mv.mu.Lock()
+			delete(mv.running, g)
+			mv.mu.Unlock()
+		}()
+	}
+}
+
+// stop cancels every worker and waits for them.
+func (mv *mover) stop() {
+	mv.mu.Lock()
+	mv.stopped = true
+	for _, cancel := range mv.running {
+		cancel()
+	}
+	mv.mu.Unlock()
+	mv.wg.Wait()
+}
+
+func (mv *mover) stats() moveStats {
+	mv.mu.Lock()
+	defer mv.mu.Unlock()
+	return mv.done
+}
+
+func (mv *mover) add(d moveStats) {
+	mv.mu.Lock()
+	defer mv.mu.Unlock()
+	mv.done.shards += d.shards
+	mv.done.keys += d.keys
+	mv.done.bytes += d.bytes
+	mv.done.took += d.took
+}
+
+// errMoveGone: the group's moves are no longer in the map (finished or
+// aborted).
+var errMoveGone = errors.New("server: the moves are no longer in the map")
+
+// run retries the group's moves until they finish, are aborted, or the
+// server closes.
+func (mv *mover) run(ctx context.Context, g moveGroup) {
+	log := mv.s.log.With("from", g.from, "move_started", g.started)
+	backoff := 100 * time.Millisecond
+	for {
+		err := mv.attempt(ctx, g)
+		switch {
+		case err == nil, errors.Is(err, errMoveGone), ctx.Err() != nil:
+			return
+		}
+		log.Warn("shard move: retrying", "err", err, "in", backoff)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 2*time.Second)
+	}
+}
+
+// groupMoves returns the group's moves still in m, by shard.
+func (mv *mover) groupMoves(m *clustermap.Map, g moveGroup) []clustermap.Move {
+	var out []clustermap.Move
+	for _, x := range m.Moves() {
+		if x.To == mv.s.cfg.Name && x.From == g.from && x.Started == g.started {
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+func commands(moves []clustermap.Move) []proto.MoveCommand {
+	out := make([]proto.MoveCommand, len(moves))
+	for i, x := range moves {
+		out[i] = x.Command()
+	}
+	return out
+}
+
+func shardsOf(moves []clustermap.Move) []proto.Shard {
+	out := make([]proto.Shard, len(moves))
+	for i, x := range moves {
+		out[i] = x.Shard
+	}
+	return out
+}
+
+// attempt runs the protocol above from wherever the group's moves stand.
+func (mv *mover) attempt(ctx context.Context, g moveGroup) error {
+	s := mv.s
+	m := s.node.Map()
+	moves := mv.groupMoves(m, g)
+	if len(moves) == 0 {
+		return errMoveGone
+	}
+	shards := shardsOf(moves)
+	if err := mv.waitIncoming(ctx, shards, g.started); err != nil {
+		return err
+	}
+	src, err := s.dialPuller(ctx, m, g.from)
+	if err != nil {
+		return err
+	}
+	defer src.close()
+	log := s.log.With("from", g.from, "shards", len(shards))
+	start := time.Now()
+	var total moveStats
+	frozen := moves[0].Phase == proto.MoveFrozen
+	if !frozen {
+		log.Info("shard move: copying", "list", shardList(shards))
+		for pass := 1; pass <= 2; pass++ {
+			st, err := src.copyShards(ctx, shards, false)
+			if err != nil {
+				return err
+			}
+			total.keys, total.bytes = total.keys+st.keys, total.bytes+st.bytes
+			log.Info("shard move: copy pass done", "pass", pass, "keys", st.keys, "bytes", st.bytes, "took", st.took.Round(time.Millisecond),
+				"MiB_per_s", rate(st.bytes, st.took))
+			if st.keys == 0 {
+				break
+			}
+		}
+		if m, err = s.propose(ctx, &proto.MapCommand{Op: proto.MapFreezeMoves, Moves: commands(moves)}); err != nil {
+			return mv.gone(g, fmt.Errorf("freezing the moves: %w", err))
+		}
+	}
+	freezeAt := time.Now()
+	gen, err := src.fence(ctx, shards, m.Epoch())
+	if err != nil {
+		return mv.gone(g, err)
+	}
+	st, err := src.copyShards(ctx, shards, true)
+	if err != nil {
+		return err
+	}
+	total.keys, total.bytes = total.keys+st.keys, total.bytes+st.bytes
+	if err := src.release(ctx, shards, gen); err != nil {
+		return mv.gone(g, err)
+	}
+	if m, err = s.propose(ctx, &proto.MapCommand{Op: proto.MapFinishMoves, Moves: commands(moves)}); err != nil {
+		return mv.gone(g, fmt.Errorf("finishing the moves: %w", err))
+	}
+	total.shards, total.took = uint64(len(shards)), time.Since(start)
+	mv.add(total)
+	log.Info("shard move: done", "epoch", m.Epoch(), "keys", total.keys, "bytes", total.bytes, "took", total.took.Round(time.Millisecond),
+		"MiB_per_s", rate(total.bytes, total.took), "writes_frozen_for", time.Since(freezeAt).Round(time.Millisecond))
+	return nil
+}
+
+// gone is err, or errMoveGone when the moves ended meanwhile (an abort
+// makes the freeze, fence, release and finish fail).
+func (mv *mover) gone(g moveGroup, err error) error {
+	if len(mv.groupMoves(mv.s.node.Map(), g)) == 0 {
+		return errMoveGone
+	}
+	return err
+}
+
+// waitIncoming waits until reconcile has made the shards Incoming for this
+// move.
+func (mv *mover) waitIncoming(ctx context.Context, shards []proto.Shard, started uint64) error {
+	for {
+		ready := true
+		for _, sh := range shards {
+			if st := mv.s.st.ShardState(sh); st.State != store.ShardIncoming || st.Started != started {
+				ready = false
+				break
+			}
+		}
+		if ready {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+func rate(bytes uint64, d time.Duration) string {
+	if d <= 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.1f", float64(bytes)/(1<<20)/d.Seconds())
+}
+
+// puller is this server's session to a move's source, with a QP and a
+// registered buffer the source's records are READ into.
+type puller struct {
+	s     *Server
+	id    string // the source's server ID
+	meta  proto.NodeMeta
+	c     *session.Conn
+	mem   *rdma.Memory
+	mr    rdma.MR
+	wc    [1]rdma.Completion
+	wrs   []rdma.SendWR
+	sges  []rdma.SGE
+	pages int
+}
+
+// pullBuffer is the registered buffer a batch of records is READ into;
+// a record (at most a lease) always fits.
+const (
+	pullBuffer = 4 << 20
+	pullBatch  = 64 // READs per post
+	pullPage   = 1024
+)
+
+func (s *Server) dialPuller(ctx context.Context, m *clustermap.Map, from string) (*puller, error) {
+	srv, ok := m.Server(from)
+	if !ok {
+		return nil, errMoveGone
+	}
+	mb, in := s.ml.View().Member(from)
+	if !in || !mb.IsServer() || mb.Meta.ServerID != srv.ID || mb.Meta.Index == nil {
+		return nil, fmt.Errorf("server: the move's source %s is not alive in the gossip view", from)
+	}
+	p := &puller{s: s, id: srv.ID, meta: mb.Meta}
+	var err error
+	if p.mem, err = rdma.Alloc(pullBuffer); err != nil {
+		return nil, err
+	}
+	if p.mr, err = s.pd.Register(p.mem.Bytes(), rdma.AccessLocalWrite); err != nil {
+		p.mem.Close()
+		return nil, err
+	}
+	cfg := s.peerConfig()
+	cfg.Device, cfg.PD, cfg.CQSize = s.dev, s.pd, 2*pullBatch
+	cfg.QP = rdma.QPConfig{AckTimeout: 250 * time.Millisecond, RetryCount: 3}
+	if p.c, err = session.Dial(ctx, mb.Meta.ControlAddr, srv.ID, cfg); err != nil {
+		p.close()
+		return nil, fmt.Errorf("server: connecting to the move's source %s: %w", from, err)
+	}
+	if p.c.Hello.Generation != mb.Meta.Generation {
+		p.close()
+		return nil, fmt.Errorf("server: the move's source %s is at generation %d, the view shows %d", from, p.c.Hello.Generation, mb.Meta.Generation)
+	}
+	return p, nil
+}
+
+func (p *puller) close() {
+	if p.c != nil {
+		p.c.Close()
+	}
+	if p.mr != nil {
+		_ = p.mr.Deregister()
+	}
+	if p.mem != nil {
+		_ = p.mem.Close()
+	}
+}
+
+// copyShards brings the copy of each shard up to the source's: it
+// returns how much it copied. In the final pass (the shards fenced) a
+// record that fails verification is an error; before, it was overwritten
+// meanwhile and the next pass gets it.
+func (p *puller) copyShards(ctx context.Context, shards []proto.Shard, final bool) (moveStats, error) {
+	var st moveStats
+	start := time.Now()
+	for _, sh := range shards {
+		if err := p.copyShard(ctx, sh, final, &st); err != nil {
+			return st, fmt.Errorf("shard %d: %w", sh, err)
+		}
+	}
+	st.took = time.Since(start)
+	return st, nil
+}
+
+func (p *puller) copyShard(ctx context.Context, sh proto.Shard, final bool, st *moveStats) error {
+	s := p.s
+	local, err := s.localVersions(sh)
+	if err != nil {
+		return err
+	}
+	var after []byte
+	first := true
+	for {
+		r, err := p.c.Call(ctx, &proto.ShardScan{Shard: sh, After: after, Limit: pullPage, Sessions: final && first})
+		if err != nil {
+			return err
+		}
+		reply := r.(*proto.ShardScanReply)
+		var need []proto.ScanEntry
+		for _, e := range reply.Entries {
+			v, ok := local[string(e.Key)]
+			delete(local, string(e.Key))
+			if !ok || v != e.Version {
+				need = append(need, e)
+			}
+		}
+		records, err := p.read(ctx, need, final)
+		if err != nil {
+			return err
+		}
+		if len(records) > 0 || len(reply.Sessions) > 0 {
+			if err := s.st.Ingest(ctx, sh, records, reply.Sessions, nil); err != nil {
+				return err
+			}
+		}
+		for _, rec := range records {
+			st.keys++
+			st.bytes += uint64(len(rec))
+		}
+		if !reply.More || len(reply.Entries) == 0 {
+			break
+		}
+		after, first = reply.Entries[len(reply.Entries)-1].Key, false
+	}
+	if len(local) == 0 {
+		return nil
+	}
+	// What the copy holds and the source no longer lists was deleted.
+	deletes := make([][]byte, 0, len(local))
+	for k := range local {
+		deletes = append(deletes, []byte(k))
+	}
+	slices.SortFunc(deletes, bytes.Compare)
+	st.keys += uint64(len(deletes))
+	return s.st.Ingest(ctx, sh, nil, nil, deletes)
+}
+
+// localVersions is the version of each key of this server's copy of sh.
+func (s *Server) localVersions(sh proto.Shard) (map[string]uint64, error) {
+	out := map[string]uint64{}
+	var after []byte
+	for {
+		entries, more, err := s.st.ShardEntries(sh, after, pullPage)
+		if err != nil {
+			return nil, err
+		}
+		for _, e := range entries {
+			out[string(e.Key)] = e.Version
+		}
+		if !more || len(entries) == 0 {
+			return out, nil
+		}
+		after = entries[len(entries)-1].Key
+	}
+}
+
+// read READs the records of entries out of the source's arenas, in posts
+// of up to pullBatch that fit the buffer, and returns the verified ones
+// (copies).
+func (p *puller) read(ctx context.Context, entries []proto.ScanEntry, final bool) ([][]byte, error) {
+	var out [][]byte
+	buf := p.mem.Bytes()
+	for len(entries) > 0 {
+		p.wrs, p.sges = p.wrs[:0], p.sges[:0]
+		off, n := 0, 0
+		for n < len(entries) && n < pullBatch && off+int(entries[n].Length) <= len(buf) {
+			e := entries[n]
+			a, ok := arenaOf(&p.meta, e.Arena)
+			if !ok || e.Offset+uint64(e.Length) > a.Length || e.Length < proto.RecordHeaderSize {
+				return nil, fmt.Errorf("server: the source's record of %q at arena %d offset %d (%d bytes) is outside its advertised arenas", e.Key, e.Arena, e.Offset, e.Length)
+			}
+			p.sges = append(p.sges, rdma.SGE{MR: p.mr, Offset: off, Length: int(e.Length)})
+			p.wrs = append(p.wrs, rdma.SendWR{ID: uint64(n), Op: rdma.OpRead, RemoteAddr: a.Addr + e.Offset, RKey: a.RKey})
+			off += int(e.Length)
+			n++
+		}
+		if n == 0 {
+			return nil, fmt.Errorf("server: a record of %d bytes does not fit the %d-byte pull buffer", entries[0].Length, len(buf))
+		}
+		for i := range p.wrs {
+			p.wrs[i].SGL = p.sges[i : i+1]
+		}
+		p.wrs[n-1].Flags = rdma.Signaled
+		if err := p.c.QP.PostSend(p.wrs); err != nil {
+			return nil, err
+		}
+		if _, err := p.c.CQ.Wait(ctx, p.wc[:]); err != nil {
+			return nil, err
+		}
+		if err := p.wc[0].Err(); err != nil {
+			return nil, fmt.Errorf("server: READ from the move's source: %w", err)
+		}
+		for i := range n {
+			e, sg := entries[i], p.sges[i]
+			rec := buf[sg.Offset : sg.Offset+sg.Length]
+			r, err := proto.VerifyRecord(rec, e.Key, 0)
+			if err == nil && r.Version != e.Version {
+				err = fmt.Errorf("version %d, listed %d", r.Version, e.Version)
+			}
+			if err != nil {
+				if final {
+					return nil, fmt.Errorf("server: the fenced source's record of %q: %w", e.Key, err)
+				}
+				continue // overwritten meanwhile: the next pass gets it
+			}
+			out = append(out, append([]byte(nil), rec...))
+		}
+		entries = entries[n:]
+	}
+	return out, nil
+}
+
+// arenaOf finds an advertised arena.
+func arenaOf(meta *proto.NodeMeta, id uint16) (proto.ArenaRegion, bool) {
+	for _, a := range meta.Arenas {
+		if a.ID == id {
+			return a, true
+		}
+	}
+	return proto.ArenaRegion{}, false
+}
+
+func (p *puller) fence(ctx context.Context, shards []proto.Shard, epoch uint64) (uint64, error) {
+	r, err := p.c.Call(ctx, &proto.FenceShards{Shards: shards, Epoch: epoch})
+	if err != nil {
+		return 0, fmt.Errorf("server: fencing the shards at the source: %w", err)
+	}
+	return r.(*proto.FenceReply).Generation, nil
+}
+
+func (p *puller) release(ctx context.Context, shards []proto.Shard, gen uint64) error {
+	if _, err := p.c.Call(ctx, &proto.ReleaseShards{Shards: shards, Generation: gen}); err != nil {
+		return fmt.Errorf("server: releasing the shards at the source: %w", err)
+	}
+	return nil
+}
+
+// ---- the source's side ----
+
+// shardScan lists a shard's entries for a move's target.
+func (s *Server) shardScan(req *proto.ShardScan) proto.Message {
+	limit := int(min(max(req.Limit, 1), 4096))
+	entries, more, err := s.st.ShardEntries(req.Shard, req.After, limit)
+	if err != nil {
+		return errorReply(err)
+	}
+	out := &proto.ShardScanReply{More: more}
+	size := 64
+	if req.Sessions {
+		out.Sessions = s.st.ShardSessions(req.Shard)
+		size += 40 * len(out.Sessions)
+	}
+	for _, e := range entries {
+		if size += proto.ScanEntrySize(len(e.Key)); size > scanBudget {
+			out.More = true
+			break
+		}
+		out.Entries = append(out.Entries, proto.ScanEntry{Key: e.Key, Arena: e.Location.Arena, Offset: e.Location.Offset, Length: e.Location.Length, Version: e.Version})
+	}
+	return out
+}
+
+// frozenHere checks that map m freezes moves of every shard away from this
+// server.
+func (s *Server) frozenHere(m *clustermap.Map, shards []proto.Shard) error {
+	for _, sh := range shards {
+		info := m.Shard(sh)
+		if info.Owner() != s.cfg.Name || info.Move == nil || info.Move.Phase != proto.MoveFrozen {
+			return fmt.Errorf("shard %d is not frozen for a move away from %s at map epoch %d", sh, s.cfg.Name, m.Epoch())
+		}
+	}
+	return nil
+}
+
+// fenceShards stops writes to shards a move is taking from this server.
+func (s *Server) fenceShards(req *proto.FenceShards) proto.Message {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	m, err := s.waitEpoch(ctx, req.Epoch)
+	if err != nil {
+		return &proto.Error{Code: proto.CodeUnavailable, Message: err.Error()}
+	}
+	s.shardMu.Lock()
+	defer s.shardMu.Unlock()
+	if err := s.frozenHere(m, req.Shards); err != nil {
+		return &proto.Error{Code: proto.CodeBadRequest, Message: err.Error()}
+	}
+	if err := s.st.FreezeShards(ctx, req.Shards); err != nil {
+		return errorReply(err)
+	}
+	s.log.Info("shards fenced for a move", "shards", len(req.Shards), "epoch", m.Epoch())
+	return &proto.FenceReply{Generation: s.gen}
+}
+
+// releaseShards hands fenced shards over.
+func (s *Server) releaseShards(req *proto.ReleaseShards) proto.Message {
+	if req.Generation != s.gen {
+		return &proto.Error{Code: proto.CodeBadRequest, Message: fmt.Sprintf("fenced at generation %d, this server restarted since (generation %d): fence again", req.Generation, s.gen)}
+	}
+	s.shardMu.Lock()
+	defer s.shardMu.Unlock()
+	if err := s.frozenHere(s.node.Map(), req.Shards); err != nil {
+		return &proto.Error{Code: proto.CodeBadRequest, Message: err.Error()}
+	}
+	for _, sh := range req.Shards {
+		if st := s.st.ShardState(sh); st.State == store.ShardOwned && !st.Frozen {
+			return &proto.Error{Code: proto.CodeBadRequest, Message: fmt.Sprintf("shard %d is not fenced here: fence again", sh)}
+		}
+	}
+	if err := s.st.ReleaseShards(req.Shards); err != nil {
+		return errorReply(err)
+	}
+	s.log.Info("shards released to a move", "shards", len(req.Shards), "list", shardList(req.Shards))
+	return &proto.Ack{}
+}
