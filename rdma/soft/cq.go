@@ -8,19 +8,20 @@ import (
 	"sync"
 
 	"github.com/rkv-io/rkv/rdma"
+	"github.com/rkv-io/rkv/rdma/internal/life"
 )
 
 type cq struct {
-	dev *device
+	dev  *device
+	life life.Lifetime // children: the QPs using the CQ
 
 	mu      sync.Mutex
 	ring    []rdma.Completion // capacity a power of two
 	head    int               // index of the oldest completion
 	n       int               // completions in the ring
 	overrun bool
-	closed  bool
-	users   int // QPs using the CQ
-	waiters int // Waits parked on wake; push signals only for them
+	closed  bool // set by Close: Poll and Wait return ErrClosed
+	waiters int  // Waits parked on wake; push signals only for them
 
 	// lazy is the CQ's only QP while it is the send CQ of that QP alone:
 	// then Wait reads the QP's responses itself (see receive.go), and
@@ -39,7 +40,9 @@ func newCQ(d *device, size int) *cq {
 	for c < size {
 		c <<= 1
 	}
-	return &cq{dev: d, ring: make([]rdma.Completion, c), wake: make(chan struct{}, 1)}
+	q := &cq{dev: d, ring: make([]rdma.Completion, c), wake: make(chan struct{}, 1)}
+	q.life.InitCQ("rdma/soft: CQ")
+	return q
 }
 
 // push adds a completion. A full CQ overruns and stays unusable, as in
@@ -193,29 +196,25 @@ func (c *cq) nonEmpty() bool {
 }
 
 func (c *cq) Close() error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed {
-		return rdma.ErrClosed
-	}
-	if c.users > 0 {
-		return fmt.Errorf("rdma/soft: CQ used by %d QPs: %w", c.users, rdma.ErrBusy)
-	}
-	c.closed = true
-	c.signal() // wake a Wait so it returns ErrClosed
-	c.dev.release(&c.dev.cqs)
-	return nil
+	return c.life.Close(func() error {
+		c.mu.Lock()
+		c.closed = true
+		c.mu.Unlock()
+		c.signal() // wake a Wait so it returns ErrClosed
+		c.dev.life.Release(life.DeviceCQs)
+		return nil
+	})
 }
 
 // attach counts q as a user. A lazy QP loses the CQ to itself: it must
-// go back to reading with its receiver goroutine.
+// go back to reading with its receiver goroutine. The count goes up before
+// the lazy QP is looked at, so a claimLazy either sees two users or is
+// demoted here.
 func (c *cq) attach(q *qp) error {
-	c.mu.Lock()
-	if c.closed {
-		c.mu.Unlock()
-		return rdma.ErrClosed
+	if err := c.life.Acquire(life.CQQPs); err != nil {
+		return err
 	}
-	c.users++
+	c.mu.Lock()
 	demote := c.lazy
 	c.lazy = nil
 	c.mu.Unlock()
@@ -227,18 +226,18 @@ func (c *cq) attach(q *qp) error {
 
 func (c *cq) detach(q *qp) {
 	c.mu.Lock()
-	c.users--
 	if c.lazy == q {
 		c.lazy = nil
 	}
 	c.mu.Unlock()
+	c.life.Release(life.CQQPs)
 }
 
 // claimLazy makes q the CQ's lazy QP if q is its only user.
 func (c *cq) claimLazy(q *qp) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.users != 1 || c.closed {
+	if c.life.Count(life.CQQPs) != 1 || c.closed {
 		return false
 	}
 	c.lazy = q

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/rkv-io/rkv/rdma"
+	"github.com/rkv-io/rkv/rdma/internal/life"
 )
 
 const defaultListenAddr = "127.0.0.1:0"
@@ -30,10 +31,10 @@ type device struct {
 	qps     map[uint32]*qp
 	nextQPN uint32
 
-	mu      sync.Mutex
-	pds     int
-	cqs     int
-	closed  bool
+	life life.Lifetime // children: PDs and CQs
+
+	mu      sync.Mutex                // guards closed and pending
+	closed  bool                      // set by Close: the accept loop stops taking connections
 	pending map[*net.TCPConn]struct{} // accepted connections still in their handshake
 
 	closing chan struct{} // closed by Close
@@ -66,6 +67,7 @@ func openDevice(name string, opts rdma.Options) (*device, error) {
 		closing:   make(chan struct{}),
 		sweepKick: make(chan struct{}, 1),
 	}
+	d.life.InitDevice("rdma/soft: device " + name)
 	d.wg.Add(2)
 	go d.acceptLoop()
 	go d.sweeper()
@@ -79,59 +81,36 @@ func (d *device) Provider() string { return ProviderName }
 func (d *device) Addr() string { return d.addr }
 
 func (d *device) AllocPD() (rdma.PD, error) {
-	if err := d.hold(&d.pds); err != nil {
+	if err := d.life.Acquire(life.DevicePDs); err != nil {
 		return nil, err
 	}
-	return &pd{dev: d}, nil
+	return newPD(d), nil
 }
 
 func (d *device) CreateCQ(size int) (rdma.CQ, error) {
 	if size <= 0 || size > maxCQSize {
 		return nil, fmt.Errorf("rdma/soft: CreateCQ(%d): size must be in 1..%d", size, maxCQSize)
 	}
-	if err := d.hold(&d.cqs); err != nil {
+	if err := d.life.Acquire(life.DeviceCQs); err != nil {
 		return nil, err
 	}
 	return newCQ(d, size), nil
 }
 
-// hold counts one more PD or CQ, unless the device is closed.
-func (d *device) hold(n *int) error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.closed {
-		return rdma.ErrClosed
-	}
-	*n++
-	return nil
-}
-
-func (d *device) release(n *int) {
-	d.mu.Lock()
-	*n--
-	d.mu.Unlock()
-}
-
 // Close stops the data endpoint and every goroutine of the device.
 func (d *device) Close() error {
-	d.mu.Lock()
-	if d.closed {
+	return d.life.Close(func() error {
+		d.mu.Lock()
+		d.closed = true
+		for c := range d.pending {
+			_ = c.Close()
+		}
 		d.mu.Unlock()
-		return rdma.ErrClosed
-	}
-	if d.pds > 0 || d.cqs > 0 {
-		d.mu.Unlock()
-		return fmt.Errorf("rdma/soft: device %s has %d PDs and %d CQs open: %w", d.name, d.pds, d.cqs, rdma.ErrBusy)
-	}
-	d.closed = true
-	for c := range d.pending {
-		_ = c.Close()
-	}
-	d.mu.Unlock()
-	close(d.closing)
-	err := d.ln.Close()
-	d.wg.Wait()
-	return err
+		close(d.closing)
+		err := d.ln.Close()
+		d.wg.Wait()
+		return err
+	})
 }
 
 func (d *device) acceptLoop() {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 
 	"github.com/rkv-io/rkv/rdma"
+	"github.com/rkv-io/rkv/rdma/internal/life"
 )
 
 // move changes the state from "from" to "to" under q.mu, or says why not.
@@ -96,6 +97,6 @@ func (q *qp) Close() error {
 	if q.recvCQ != q.sendCQ {
 		q.recvCQ.detach(q)
 	}
-	q.pd.release(&q.pd.qps)
+	q.pd.life.Release(life.PDQPs)
 	return nil
 }

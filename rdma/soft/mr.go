@@ -8,6 +8,7 @@ import (
 	"unsafe"
 
 	"github.com/rkv-io/rkv/rdma"
+	"github.com/rkv-io/rkv/rdma/internal/life"
 	"github.com/rkv-io/rkv/rdma/internal/mem"
 )
 
@@ -31,12 +32,12 @@ func (p *pd) Register(buf []byte, access rdma.Access) (rdma.MR, error) {
 	if err := access.Validate(); err != nil {
 		return nil, err
 	}
-	if err := p.hold(&p.mrs); err != nil {
+	if err := p.life.Acquire(life.PDMRs); err != nil {
 		return nil, err
 	}
 	ref, err := mem.Acquire(buf, true)
 	if err != nil {
-		p.release(&p.mrs)
+		p.life.Release(life.PDMRs)
 		return nil, err
 	}
 	m := &mr{
@@ -69,7 +70,7 @@ func (m *mr) Deregister() error {
 	m.dead.Store(true)
 	m.inuse.Unlock()
 	m.ref.Release()
-	m.pd.release(&m.pd.mrs)
+	m.pd.life.Release(life.PDMRs)
 	return nil
 }
 

@@ -4,9 +4,9 @@ package soft
 
 import (
 	"fmt"
-	"sync"
 
 	"github.com/rkv-io/rkv/rdma"
+	"github.com/rkv-io/rkv/rdma/internal/life"
 )
 
 // Limits of a soft device, as ibv_query_device would report them.
@@ -17,43 +17,21 @@ const (
 )
 
 type pd struct {
-	dev *device
-
-	mu     sync.Mutex
-	mrs    int
-	qps    int
-	closed bool
+	dev  *device
+	life life.Lifetime // children: MRs and QPs
 }
 
-// hold counts one more MR or QP, unless the PD is closed.
-func (p *pd) hold(n *int) error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.closed {
-		return rdma.ErrClosed
-	}
-	*n++
-	return nil
-}
-
-func (p *pd) release(n *int) {
-	p.mu.Lock()
-	*n--
-	p.mu.Unlock()
+func newPD(d *device) *pd {
+	p := &pd{dev: d}
+	p.life.InitPD("rdma/soft: PD")
+	return p
 }
 
 func (p *pd) Close() error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.closed {
-		return rdma.ErrClosed
-	}
-	if p.mrs > 0 || p.qps > 0 {
-		return fmt.Errorf("rdma/soft: PD has %d MRs and %d QPs: %w", p.mrs, p.qps, rdma.ErrBusy)
-	}
-	p.closed = true
-	p.dev.release(&p.dev.pds)
-	return nil
+	return p.life.Close(func() error {
+		p.dev.life.Release(life.DevicePDs)
+		return nil
+	})
 }
 
 func (p *pd) CreateQP(cfg rdma.QPConfig) (rdma.QP, error) {
@@ -70,18 +48,18 @@ func (p *pd) CreateQP(cfg rdma.QPConfig) (rdma.QP, error) {
 	if !ok1 || !ok2 || scq.dev != p.dev || rcq.dev != p.dev {
 		return nil, fmt.Errorf("rdma/soft: QP's CQs must come from the same soft device as its PD")
 	}
-	if err := p.hold(&p.qps); err != nil {
+	if err := p.life.Acquire(life.PDQPs); err != nil {
 		return nil, err
 	}
 	q := newQP(p, cfg, scq, rcq)
 	if err := scq.attach(q); err != nil {
-		p.release(&p.qps)
+		p.life.Release(life.PDQPs)
 		return nil, err
 	}
 	if rcq != scq {
 		if err := rcq.attach(q); err != nil {
 			scq.detach(q)
-			p.release(&p.qps)
+			p.life.Release(life.PDQPs)
 			return nil, err
 		}
 	}

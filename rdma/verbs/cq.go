@@ -20,6 +20,7 @@ import (
 	"unsafe"
 
 	"github.com/rkv-io/rkv/rdma"
+	"github.com/rkv-io/rkv/rdma/internal/life"
 )
 
 // pollBatch is the number of ibv_wc entries each CQ keeps in C memory for
@@ -37,10 +38,11 @@ type cq struct {
 	ch   *C.struct_ibv_comp_channel
 	size int
 
-	mu     sync.Mutex // guards cq use by Poll/arm, wcs, users, closed
+	life life.Lifetime // children: the QPs using the CQ
+
+	mu     sync.Mutex // guards cq use by Poll/arm, wcs, closed
 	wcs    []C.struct_ibv_wc
-	users  int // QP attachments
-	closed bool
+	closed bool // set by Close: Poll and Wait return ErrClosed
 
 	overrun atomic.Bool // IBV_EVENT_CQ_ERR arrived
 
@@ -60,14 +62,15 @@ func (d *device) CreateCQ(size int) (_ rdma.CQ, err error) {
 	if d.lim.maxCQE > 0 && size > d.lim.maxCQE {
 		return nil, fmt.Errorf("rdma/verbs: CreateCQ(%d): %s allows at most %d entries", size, d.name, d.lim.maxCQE)
 	}
-	if err := d.acquire(&d.cqs); err != nil {
+	if err := d.life.Acquire(life.DeviceCQs); err != nil {
 		return nil, err
 	}
 	c := &cq{dev: d, waitSem: make(chan struct{}, 1), closedCh: make(chan struct{})}
+	c.life.InitCQ("rdma/verbs: CQ")
 	defer func() {
 		if err != nil {
 			c.free()
-			d.release(&d.cqs)
+			d.life.Release(life.DeviceCQs)
 		}
 	}()
 	ch, cerr := C.ibv_create_comp_channel(d.ctx)
@@ -134,46 +137,22 @@ func (c *cq) free() error {
 	return nil
 }
 
-// attach and detach count the QPs using the CQ.
-func (c *cq) attach() error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed {
-		return rdma.ErrClosed
-	}
-	c.users++
-	return nil
-}
-
-func (c *cq) detach() {
-	c.mu.Lock()
-	c.users--
-	c.mu.Unlock()
-}
-
 // Close destroys the CQ: ErrBusy while a QP uses it, ErrClosed the second
 // time. A Wait in progress returns ErrClosed.
 func (c *cq) Close() error {
-	c.mu.Lock()
-	if c.closed {
+	return c.life.Close(func() error {
+		c.mu.Lock()
+		c.closed = true
+		close(c.closedCh)
 		c.mu.Unlock()
-		return rdma.ErrClosed
-	}
-	if c.users > 0 {
-		n := c.users
-		c.mu.Unlock()
-		return fmt.Errorf("rdma/verbs: close of a CQ used by %d QP(s): %w", n, rdma.ErrBusy)
-	}
-	c.closed = true
-	close(c.closedCh)
-	c.mu.Unlock()
 
-	// Wake a sleeping Wait and wait for it to let go of the channel.
-	_ = c.file.SetReadDeadline(time.Unix(1, 0))
-	c.waitSem <- struct{}{}
-	err := c.free()
-	c.dev.release(&c.dev.cqs)
-	return err
+		// Wake a sleeping Wait and wait for it to let go of the channel.
+		_ = c.file.SetReadDeadline(time.Unix(1, 0))
+		c.waitSem <- struct{}{}
+		err := c.free()
+		c.dev.life.Release(life.DeviceCQs)
+		return err
+	})
 }
 
 // Poll moves up to len(wc) completions into wc without blocking.

@@ -20,6 +20,7 @@ import (
 	"unsafe"
 
 	"github.com/rkv-io/rkv/rdma"
+	"github.com/rkv-io/rkv/rdma/internal/life"
 )
 
 // ProviderName is the name this provider registers under.
@@ -130,10 +131,7 @@ type device struct {
 	ethernet bool           // RoCE: the address vector needs a GRH
 	lim      limits
 
-	mu     sync.Mutex // guards pds, cqs, closed
-	pds    int
-	cqs    int
-	closed bool
+	life life.Lifetime // children: PDs and CQs
 
 	objMu   sync.Mutex // guards the lookup maps used by async events and Poll
 	cqByPtr map[*C.struct_ibv_cq]*cq
@@ -165,6 +163,7 @@ func openDevice(d *C.struct_ibv_device, name string, opts rdma.Options) (_ *devi
 	}()
 	dev := &device{name: name, ctx: ctx, port: opts.Port,
 		cqByPtr: map[*C.struct_ibv_cq]*cq{}, qpByPtr: map[*C.struct_ibv_qp]*qp{}, qpByNum: map[uint32]*qp{}}
+	dev.life.InitDevice("rdma/verbs: device " + name)
 
 	var da C.struct_ibv_device_attr
 	if rc := C.ibv_query_device(ctx, &da); rc != 0 {
@@ -306,45 +305,17 @@ func (d *device) String() string {
 	return fmt.Sprintf("verbs:%s port %d gid[%d]", d.name, d.port, d.gidIndex)
 }
 
-// acquire counts a new child (PD or CQ); it fails once the device is closed.
-func (d *device) acquire(counter *int) error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.closed {
-		return rdma.ErrClosed
-	}
-	*counter++
-	return nil
-}
-
-func (d *device) release(counter *int) {
-	d.mu.Lock()
-	*counter--
-	d.mu.Unlock()
-}
-
 // Close releases the device: ErrBusy while PDs or CQs are open, ErrClosed
 // the second time.
 func (d *device) Close() error {
-	d.mu.Lock()
-	if d.closed {
-		d.mu.Unlock()
-		return rdma.ErrClosed
-	}
-	if d.pds > 0 || d.cqs > 0 {
-		pds, cqs := d.pds, d.cqs
-		d.mu.Unlock()
-		return fmt.Errorf("rdma/verbs: close of %s with %d PD(s) and %d CQ(s) open: %w", d.name, pds, cqs, rdma.ErrBusy)
-	}
-	d.closed = true
-	d.mu.Unlock()
-
-	d.stopAsync()
-	if rc := C.ibv_close_device(d.ctx); rc != 0 {
-		return fmt.Errorf("rdma/verbs: ibv_close_device(%s) failed", d.name)
-	}
-	d.ctx = nil
-	return nil
+	return d.life.Close(func() error {
+		d.stopAsync()
+		if rc := C.ibv_close_device(d.ctx); rc != 0 {
+			return fmt.Errorf("rdma/verbs: ibv_close_device(%s) failed", d.name)
+		}
+		d.ctx = nil
+		return nil
+	})
 }
 
 // startAsync watches the device's async event fd from the netpoller: CQ

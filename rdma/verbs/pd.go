@@ -16,6 +16,7 @@ import (
 	"unsafe"
 
 	"github.com/rkv-io/rkv/rdma"
+	"github.com/rkv-io/rkv/rdma/internal/life"
 	"github.com/rkv-io/rkv/rdma/internal/mem"
 	"golang.org/x/sys/unix"
 )
@@ -30,10 +31,7 @@ type pd struct {
 	dev *device
 	pd  *C.struct_ibv_pd
 
-	mu     sync.Mutex // guards mrs, qps, closed
-	mrs    int
-	qps    int
-	closed bool
+	life life.Lifetime // children: MRs and QPs
 
 	guardMem *mem.Memory
 	guardRef *mem.Ref
@@ -42,12 +40,12 @@ type pd struct {
 }
 
 func (d *device) AllocPD() (_ rdma.PD, err error) {
-	if err := d.acquire(&d.pds); err != nil {
+	if err := d.life.Acquire(life.DevicePDs); err != nil {
 		return nil, err
 	}
 	defer func() {
 		if err != nil {
-			d.release(&d.pds)
+			d.life.Release(life.DevicePDs)
 		}
 	}()
 	p, cerr := C.ibv_alloc_pd(d.ctx)
@@ -55,6 +53,7 @@ func (d *device) AllocPD() (_ rdma.PD, err error) {
 		return nil, fmt.Errorf("rdma/verbs: ibv_alloc_pd(%s): %v", d.name, errnoOr(cerr, "failed"))
 	}
 	pd := &pd{dev: d, pd: p}
+	pd.life.InitPD("rdma/verbs: PD")
 	if err := pd.allocGuard(); err != nil {
 		C.ibv_dealloc_pd(p)
 		return nil, err
@@ -92,45 +91,24 @@ func (p *pd) freeGuard() error {
 	return p.guardMem.Close()
 }
 
-func (p *pd) acquire(counter *int) error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.closed {
-		return rdma.ErrClosed
-	}
-	*counter++
-	return nil
-}
-
-func (p *pd) release(counter *int) {
-	p.mu.Lock()
-	*counter--
-	p.mu.Unlock()
-}
-
-// Close deallocates the PD: ErrBusy while MRs or QPs of it exist.
+// Close deallocates the PD: ErrBusy while MRs or QPs of it exist. A failed
+// ibv_dealloc_pd leaves the PD allocated (with its guard MR registered
+// again) and open, so Close may be retried.
 func (p *pd) Close() error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.closed {
-		return rdma.ErrClosed
-	}
-	if p.mrs > 0 || p.qps > 0 {
-		return fmt.Errorf("rdma/verbs: close of a PD with %d MR(s) and %d QP(s): %w", p.mrs, p.qps, rdma.ErrBusy)
-	}
-	if err := p.freeGuard(); err != nil {
-		return err
-	}
-	if rc := C.ibv_dealloc_pd(p.pd); rc != 0 {
-		// The guard is gone; the PD stays allocated and Close may be retried.
-		if err := p.allocGuard(); err != nil {
-			return errors.Join(fmt.Errorf("rdma/verbs: ibv_dealloc_pd: %v", syscall.Errno(rc)), err)
+	return p.life.Close(func() error {
+		if err := p.freeGuard(); err != nil {
+			return life.StillOpen(err)
 		}
-		return fmt.Errorf("rdma/verbs: ibv_dealloc_pd: %v", syscall.Errno(rc))
-	}
-	p.closed = true
-	p.dev.release(&p.dev.pds)
-	return nil
+		if rc := C.ibv_dealloc_pd(p.pd); rc != 0 {
+			err := fmt.Errorf("rdma/verbs: ibv_dealloc_pd: %v", syscall.Errno(rc))
+			if gerr := p.allocGuard(); gerr != nil {
+				err = errors.Join(err, gerr)
+			}
+			return life.StillOpen(err)
+		}
+		p.dev.life.Release(life.DevicePDs)
+		return nil
+	})
 }
 
 // mr is a memory region registered with ibv_reg_mr.
@@ -164,12 +142,12 @@ func (p *pd) Register(buf []byte, access rdma.Access) (_ rdma.MR, err error) {
 			ref.Release()
 		}
 	}()
-	if err := p.acquire(&p.mrs); err != nil {
+	if err := p.life.Acquire(life.PDMRs); err != nil {
 		return nil, err
 	}
 	m, cerr := C.rkv_reg_mr(p.pd, unsafe.Pointer(unsafe.SliceData(buf)), C.size_t(len(buf)), C.int(access))
 	if m == nil {
-		p.release(&p.mrs)
+		p.life.Release(life.PDMRs)
 		return nil, regError(len(buf), access, cerr)
 	}
 	return &mr{pd: p, mr: m, buf: buf, ref: ref, access: access,
@@ -207,6 +185,6 @@ func (m *mr) Deregister() error {
 	m.dead.Store(true)
 	m.mr = nil
 	m.ref.Release()
-	m.pd.release(&m.pd.mrs)
+	m.pd.life.Release(life.PDMRs)
 	return nil
 }

@@ -19,6 +19,7 @@ import (
 	"unsafe"
 
 	"github.com/rkv-io/rkv/rdma"
+	"github.com/rkv-io/rkv/rdma/internal/life"
 )
 
 // Transport settings not in rdma.QPConfig.
@@ -117,28 +118,28 @@ func (p *pd) CreateQP(cfg rdma.QPConfig) (_ rdma.QP, err error) {
 	if lim.maxSGE > 0 && cfg.MaxSGE > lim.maxSGE {
 		return nil, fmt.Errorf("rdma/verbs: CreateQP: %s allows at most %d SGEs per request (asked %d)", p.dev.name, lim.maxSGE, cfg.MaxSGE)
 	}
-	if err := p.acquire(&p.qps); err != nil {
+	if err := p.life.Acquire(life.PDQPs); err != nil {
 		return nil, err
 	}
 	defer func() {
 		if err != nil {
-			p.release(&p.qps)
+			p.life.Release(life.PDQPs)
 		}
 	}()
-	if err := scq.attach(); err != nil {
+	if err := scq.life.Acquire(life.CQQPs); err != nil {
 		return nil, fmt.Errorf("rdma/verbs: CreateQP: send CQ: %w", err)
 	}
 	defer func() {
 		if err != nil {
-			scq.detach()
+			scq.life.Release(life.CQQPs)
 		}
 	}()
-	if err := rcq.attach(); err != nil {
+	if err := rcq.life.Acquire(life.CQQPs); err != nil {
 		return nil, fmt.Errorf("rdma/verbs: CreateQP: recv CQ: %w", err)
 	}
 	defer func() {
 		if err != nil {
-			rcq.detach()
+			rcq.life.Release(life.CQQPs)
 		}
 	}()
 
@@ -396,9 +397,9 @@ func (q *qp) Close() error {
 	q.dev.objMu.Unlock()
 	q.qp = nil
 	q.freeC()
-	q.scq.detach()
-	q.rcq.detach()
-	q.pd.release(&q.pd.qps)
+	q.scq.life.Release(life.CQQPs)
+	q.rcq.life.Release(life.CQQPs)
+	q.pd.life.Release(life.PDQPs)
 	q.state.Store(uint32(rdma.QPStateError))
 	return nil
 }
