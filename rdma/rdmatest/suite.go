@@ -26,6 +26,7 @@ func Run(t *testing.T, cfg Config) {
 		{"Registration", testRegistration},
 		{"CloseOrder", testCloseOrder},
 		{"WrongState", testWrongState},
+		{"InvalidWR", testInvalidWR},
 		{"WriteRead", testWriteRead},
 		{"Unsignaled", testUnsignaled},
 		{"ScatterGather", testScatterGather},
@@ -172,6 +173,59 @@ func testWrongState(t *testing.T, cfg Config) {
 	}
 	// The RECV posted in INIT is flushed.
 	awaitOne(t, cfg, a.recvCQ, 2, rdma.StatusWRFlushErr)
+}
+
+// testInvalidWR: a request of the wrong shape is refused at post with a
+// PostError naming it; the requests before it were posted and complete,
+// those after it were not, and the QP stays usable.
+func testInvalidWR(t *testing.T, cfg Config) {
+	p := newPair(t, cfg, rdma.QPConfig{MaxSGE: 2})
+	local := alloc(t, p.a.pd, 64, rdma.AccessLocalWrite)
+	remote := alloc(t, p.b.pd, 64, rdma.AccessLocalWrite|rdma.AccessRemoteWrite|rdma.AccessRemoteAtomic)
+	ok := rdma.SendWR{ID: 1, Op: rdma.OpWrite, Flags: rdma.Signaled, SGL: local.sge(0, 8), RemoteAddr: remote.mr.Addr(), RKey: remote.mr.RKey()}
+	sge := local.sge(0, 8)[0]
+	atomic := rdma.SendWR{Op: rdma.OpFetchAdd, CompareAdd: 1, RemoteAddr: remote.mr.Addr(), RKey: remote.mr.RKey()}
+	withSGL := func(w rdma.SendWR, sgl ...rdma.SGE) rdma.SendWR { w.SGL = sgl; return w }
+	withFlags := ok
+	withFlags.Flags = 1 << 7
+	badSGLs := map[string][]rdma.SGE{
+		"too many SGEs":   {sge, sge, sge},
+		"negative length": {{MR: local.mr, Length: -1}},
+		"negative offset": {{MR: local.mr, Offset: -8, Length: 8}},
+	}
+	bad := map[string]rdma.SendWR{
+		"no opcode":              {},
+		"a receive opcode":       {Op: rdma.OpRecv},
+		"unknown flags":          withFlags,
+		"atomic, 4-byte result":  withSGL(atomic, rdma.SGE{MR: local.mr, Length: 4}),
+		"atomic, two SGEs":       withSGL(atomic, rdma.SGE{MR: local.mr, Length: 4}, rdma.SGE{MR: local.mr, Offset: 4, Length: 4}),
+		"atomic, no result SGE":  atomic,
+		"a WRITE, too many SGEs": withSGL(ok, badSGLs["too many SGEs"]...),
+	}
+	for what, sgl := range badSGLs {
+		bad[what] = withSGL(ok, sgl...)
+	}
+	expectRefused := func(what string, err error) {
+		t.Helper()
+		var pe *rdma.PostError
+		if !errors.As(err, &pe) || pe.Index != 1 || !errors.Is(err, rdma.ErrInvalidWR) {
+			t.Errorf("posting [good, %s, good] = %v, want a PostError at index 1 wrapping ErrInvalidWR", what, err)
+		}
+	}
+	for what, wr := range bad {
+		wr.ID = 2
+		next := ok
+		next.ID = 3
+		expectRefused(what, p.a.qp.PostSend([]rdma.SendWR{ok, wr, next}))
+		awaitOne(t, cfg, p.a.sendCQ, 1, rdma.StatusSuccess)
+	}
+	expectNone(t, p.a.sendCQ, 20*time.Millisecond)
+	for what, sgl := range badSGLs {
+		expectRefused("a RECV with "+what, p.a.qp.PostRecv([]rdma.RecvWR{{ID: 4, SGL: local.sge(0, 8)}, {ID: 5, SGL: sgl}}))
+	}
+	if st := p.a.qp.State(); st != rdma.QPStateRTS {
+		t.Errorf("QP in %v after refused posts, want RTS", st)
+	}
 }
 
 func testWriteRead(t *testing.T, cfg Config) {

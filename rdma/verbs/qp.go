@@ -20,6 +20,7 @@ import (
 
 	"github.com/rkv-io/rkv/rdma"
 	"github.com/rkv-io/rkv/rdma/internal/life"
+	"github.com/rkv-io/rkv/rdma/internal/postcheck"
 )
 
 // Transport settings not in rdma.QPConfig.
@@ -417,10 +418,6 @@ var wrOpcodes = [...]C.enum_ibv_wr_opcode{
 // postError builds the *rdma.PostError for the request at index i.
 func postError(i int, err error) error { return &rdma.PostError{Index: i, Err: err} }
 
-func errInvalid(format string, a ...any) error {
-	return fmt.Errorf("%w: "+format, append([]any{rdma.ErrInvalidWR}, a...)...)
-}
-
 func postErrno(rc C.int) error {
 	switch syscall.Errno(rc) {
 	case syscall.ENOMEM:
@@ -431,42 +428,40 @@ func postErrno(rc C.int) error {
 	return fmt.Errorf("rdma/verbs: post: %v", syscall.Errno(rc))
 }
 
-// fillSGE writes s into dst. An SGE the QP must not use is pointed one
-// byte past the PD's guard MR, so the device fails the request with
-// LOC_PROT_ERR like any other local protection error; guarded reports that.
-func (q *qp) fillSGE(dst *C.struct_ibv_sge, s *rdma.SGE) (guarded bool, err error) {
-	if s.Length < 0 || s.Length > math.MaxUint32 {
-		return false, errInvalid("SGE length %d", s.Length)
-	}
+// maxMessage is the longest message a request may carry: ibv_sge.length
+// and ibv_wc.byte_len have 32 bits.
+const maxMessage = math.MaxUint32
+
+// fillSGE writes s, whose shape postcheck has checked, into dst. An SGE
+// the QP must not use is pointed one byte past the PD's guard MR, so the
+// device fails the request with LOC_PROT_ERR like any other local
+// protection error; guarded reports that.
+func (q *qp) fillSGE(dst *C.struct_ibv_sge, s *rdma.SGE) (guarded bool) {
 	m, ok := s.MR.(*mr)
-	if !ok || m == nil || m.pd != q.pd || m.dead.Load() || s.Offset < 0 || s.Offset > len(m.buf)-s.Length {
+	if !ok || m == nil || m.pd != q.pd || m.dead.Load() || s.Offset > len(m.buf)-s.Length {
 		dst.addr = q.pd.guardEnd
 		dst.length = C.uint32_t(max(s.Length, 1))
 		dst.lkey = q.pd.guard.lkey
-		return true, nil
+		return true
 	}
 	dst.addr = C.uint64_t(m.addr + uint64(s.Offset))
 	dst.length = C.uint32_t(s.Length)
 	dst.lkey = C.uint32_t(m.lkey)
-	return false, nil
+	return false
 }
 
-// PostSend posts send-queue work requests. A request that cannot be
-// expressed (unknown opcode or flags, too many SGEs, negative length) stops
-// the post with a *rdma.PostError wrapping rdma.ErrInvalidWR; the ones
-// before it are posted. SGEs naming memory outside the QP's reach fail at
-// the device with LOC_PROT_ERR (see fillSGE).
+// PostSend posts send-queue work requests. A request of the wrong shape
+// (see postcheck.Send) stops the post with a *rdma.PostError wrapping
+// rdma.ErrInvalidWR; the ones before it are posted. SGEs naming memory
+// outside the QP's reach fail at the device with LOC_PROT_ERR (see fillSGE).
 func (q *qp) PostSend(wrs []rdma.SendWR) error {
 	if len(wrs) == 0 {
 		return nil
 	}
 	q.sendMu.Lock()
 	defer q.sendMu.Unlock()
-	if q.closed {
-		return postError(0, rdma.ErrClosed)
-	}
-	if st := rdma.QPState(q.state.Load()); st != rdma.QPStateRTS && st != rdma.QPStateError {
-		return postError(0, fmt.Errorf("%w: PostSend on QP %d in %v", rdma.ErrQPState, q.num, st))
+	if err := postcheck.SendState(q.num, rdma.QPState(q.state.Load()), q.closed); err != nil {
+		return err
 	}
 	maxSGE := q.cfg.MaxSGE
 	q.synthNew = q.synthNew[:0]
@@ -557,25 +552,13 @@ func (q *qp) errorCompletion(c *rdma.Completion) {
 }
 
 func (q *qp) fillSend(i int, w *rdma.SendWR, maxSGE int) error {
-	if int(w.Op) >= len(wrOpcodes) || w.Op == 0 || w.Op == rdma.OpRecv {
-		return errInvalid("opcode %v in a send request", w.Op)
-	}
-	if w.Flags&^(rdma.Signaled|rdma.Fence) != 0 {
-		return errInvalid("unknown send flags %#x", uint8(w.Flags))
-	}
-	if len(w.SGL) > maxSGE {
-		return errInvalid("%d SGEs, the QP allows %d", len(w.SGL), maxSGE)
-	}
-	if w.Op.IsAtomic() && (len(w.SGL) != 1 || w.SGL[0].Length != 8) {
-		return errInvalid("%v needs one 8-byte SGE for its result", w.Op)
+	if _, err := postcheck.Send(w, maxSGE, maxMessage); err != nil {
+		return err
 	}
 	sges := q.ssge[i*maxSGE : i*maxSGE+len(w.SGL)]
 	fence := w.Flags&rdma.Fence != 0
 	for j := range w.SGL {
-		guarded, err := q.fillSGE(&sges[j], &w.SGL[j])
-		if err != nil {
-			return err
-		}
+		guarded := q.fillSGE(&sges[j], &w.SGL[j])
 		// A request that fails on a local SGE waits for the READs and
 		// atomics before it: rxe 6.1 loses completions when its requester
 		// fails a request while an earlier READ's response is being
@@ -644,12 +627,9 @@ func (q *qp) PostRecv(wrs []rdma.RecvWR) error {
 func (q *qp) postRecvLocked(wrs []rdma.RecvWR) (rdma.QPState, error) {
 	q.recvMu.Lock()
 	defer q.recvMu.Unlock()
-	if q.closed {
-		return rdma.QPStateReset, postError(0, rdma.ErrClosed) // nothing to kick
-	}
 	st := rdma.QPState(q.state.Load())
-	if st == rdma.QPStateReset {
-		return st, postError(0, fmt.Errorf("%w: PostRecv on QP %d in RESET", rdma.ErrQPState, q.num))
+	if err := postcheck.RecvState(q.num, st, q.closed); err != nil {
+		return rdma.QPStateReset, err // nothing to kick
 	}
 	return st, q.postRecv(wrs)
 }
@@ -664,18 +644,12 @@ func (q *qp) postRecv(wrs []rdma.RecvWR) error {
 			break
 		}
 		w := &wrs[n]
-		if len(w.SGL) > maxSGE {
-			bad = errInvalid("%d SGEs, the QP allows %d", len(w.SGL), maxSGE)
+		if _, bad = postcheck.SGL(w.SGL, maxSGE, maxMessage); bad != nil {
 			break
 		}
 		sges := q.rsge[n*maxSGE : n*maxSGE+len(w.SGL)]
 		for j := range w.SGL {
-			if _, bad = q.fillSGE(&sges[j], &w.SGL[j]); bad != nil {
-				break
-			}
-		}
-		if bad != nil {
-			break
+			q.fillSGE(&sges[j], &w.SGL[j])
 		}
 		d := &q.rwr[n]
 		d.wr_id = C.uint64_t(w.ID)
