@@ -10,6 +10,8 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -45,6 +47,7 @@ func Run(t *testing.T, cfg Config) {
 		{"Atomics", testAtomics},
 		{"AtomicMisaligned", testAtomicMisaligned},
 		{"ErrorFlush", testErrorFlush},
+		{"SharedCQ", testSharedCQ},
 		{"PeerGone", testPeerGone},
 		{"ManyQPs", testManyQPs},
 		{"LargeRegion", testLargeRegion},
@@ -585,9 +588,86 @@ func testErrorFlush(t *testing.T, cfg Config) {
 			t.Errorf("recv completion %d = {ID:%d %v}, want ID %d WR_FLUSH_ERR", i, c.ID, c.Status, 100+i)
 		}
 	}
-	// Posting in ERR is accepted and flushed at once.
+	// Posting in ERR is accepted and flushed at once, on both queues.
 	p.a.post(t, rdma.SendWR{ID: 200, Op: rdma.OpRead, SGL: local.sge(0, 8), RemoteAddr: remote.mr.Addr(), RKey: remote.mr.RKey()})
 	awaitOne(t, cfg, p.a.sendCQ, 200, rdma.StatusWRFlushErr)
+	p.a.postRecv(t, rdma.RecvWR{ID: 201, SGL: local.sge(2048, 64)})
+	awaitOne(t, cfg, p.a.recvCQ, 201, rdma.StatusWRFlushErr)
+}
+
+// testSharedCQ: several goroutines Wait on one CQ and another Polls it
+// while completions arrive. Every completion reaches exactly one caller,
+// and each call's batch is in completion order.
+func testSharedCQ(t *testing.T, cfg Config) {
+	p := newPair(t, cfg, rdma.QPConfig{})
+	const waiters, n = 4, 64
+	local := alloc(t, p.a.pd, 8*n, rdma.AccessLocalWrite)
+	remote := alloc(t, p.b.pd, 8, rdma.AccessRemoteRead)
+	ctx, cancel := context.WithTimeout(context.Background(), cfg.CompletionTimeout)
+	defer cancel()
+	var (
+		mu   sync.Mutex
+		seen = map[uint64]int{}
+		got  int
+		wg   sync.WaitGroup
+	)
+	take := func(who string, wc []rdma.Completion) {
+		mu.Lock()
+		defer mu.Unlock()
+		for i, c := range wc {
+			seen[c.ID]++
+			if c.Status != rdma.StatusSuccess || i > 0 && c.ID <= wc[i-1].ID {
+				t.Errorf("%s got %+v in a batch %+v", who, c, wc)
+			}
+		}
+		if got += len(wc); got >= n {
+			cancel()
+		}
+	}
+	for g := range waiters + 1 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			who := fmt.Sprintf("waiter %d", g)
+			var wc [2]rdma.Completion
+			for ctx.Err() == nil {
+				var k int
+				var err error
+				if g == waiters {
+					who = "poller"
+					if k, err = p.a.sendCQ.Poll(wc[:]); k == 0 && err == nil {
+						time.Sleep(time.Millisecond) // a spinning poller starves rxe on few CPUs
+						continue
+					}
+				} else {
+					k, err = p.a.sendCQ.Wait(ctx, wc[:])
+				}
+				if err != nil {
+					if ctx.Err() == nil {
+						t.Errorf("%s: %v", who, err)
+					}
+					return
+				}
+				take(who, wc[:k])
+			}
+		}()
+	}
+	time.Sleep(20 * time.Millisecond) // let the waiters block
+	for i := range n {
+		p.a.post(t, rdma.SendWR{ID: uint64(i), Op: rdma.OpRead, Flags: rdma.Signaled, SGL: local.sge(8*i, 8), RemoteAddr: remote.mr.Addr(), RKey: remote.mr.RKey()})
+		if i%8 == 0 {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	wg.Wait()
+	if got != n || len(seen) != n {
+		t.Fatalf("%d completions reached the callers, %d distinct, want %d", got, len(seen), n)
+	}
+	for id, k := range seen {
+		if k != 1 {
+			t.Errorf("completion %d reached %d callers", id, k)
+		}
+	}
 }
 
 func testPeerGone(t *testing.T, cfg Config) {
