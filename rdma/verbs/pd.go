@@ -22,21 +22,14 @@ import (
 )
 
 // pd is a protection domain. Besides the application's MRs it owns a guard
-// MR: one registered page that a work request's SGE is redirected past the
-// end of when the SGE names memory the QP must not touch (an MR of another
-// provider or PD, a deregistered MR, bytes outside the MR), so that the
-// device itself fails the request with LOC_PROT_ERR, in order, with the QP
-// moving to ERR, as the soft provider does.
+// MR, which SGEs naming memory the QP must not touch are pointed past
+// (rxe.go, workaround 1).
 type pd struct {
 	dev *device
 	pd  *C.struct_ibv_pd
 
-	life life.Lifetime // children: MRs and QPs
-
-	guardMem *mem.Memory
-	guardRef *mem.Ref
-	guard    *C.struct_ibv_mr
-	guardEnd C.uint64_t // one past the guard MR: never a valid address for it
+	life  life.Lifetime // children: MRs and QPs
+	guard guard
 }
 
 func (d *device) AllocPD() (_ rdma.PD, err error) {
@@ -59,36 +52,6 @@ func (d *device) AllocPD() (_ rdma.PD, err error) {
 		return nil, err
 	}
 	return pd, nil
-}
-
-func (p *pd) allocGuard() error {
-	m, err := mem.Alloc(mem.PageSize)
-	if err != nil {
-		return err
-	}
-	ref, err := mem.Acquire(m.Bytes(), false)
-	if err != nil {
-		m.Close()
-		return err
-	}
-	b := m.Bytes()
-	g, cerr := C.rkv_reg_mr(p.pd, unsafe.Pointer(unsafe.SliceData(b)), C.size_t(len(b)), 0)
-	if g == nil {
-		ref.Release()
-		m.Close()
-		return regError(len(b), 0, cerr)
-	}
-	p.guardMem, p.guardRef, p.guard = m, ref, g
-	p.guardEnd = C.uint64_t(uintptr(g.addr)) + C.uint64_t(g.length)
-	return nil
-}
-
-func (p *pd) freeGuard() error {
-	if rc := C.ibv_dereg_mr(p.guard); rc != 0 {
-		return fmt.Errorf("rdma/verbs: ibv_dereg_mr of the PD's guard MR: %v", syscall.Errno(rc))
-	}
-	p.guardRef.Release()
-	return p.guardMem.Close()
 }
 
 // Close deallocates the PD: ErrBusy while MRs or QPs of it exist. A failed

@@ -85,18 +85,7 @@ type qp struct {
 
 	cmem []unsafe.Pointer // C allocations to free at Close
 
-	// Emulated responder errors (see emulated): requests posted as a WRITE
-	// that fails locally, whose error completion is reported with status.
-	synthMu  sync.Mutex
-	synth    []synthWR // posted, in posting order
-	synthNew []synthWR // filled by the current PostSend, committed once posted
-	hasSynth atomic.Bool
-}
-
-type synthWR struct {
-	id     uint64
-	status rdma.Status
-	idx    int // index in the PostSend call, until committed
+	emu emulation // requests posted in place of misaligned atomics (rxe.go)
 }
 
 func (p *pd) CreateQP(cfg rdma.QPConfig) (_ rdma.QP, err error) {
@@ -433,15 +422,13 @@ func postErrno(rc C.int) error {
 const maxMessage = math.MaxUint32
 
 // fillSGE writes s, whose shape postcheck has checked, into dst. An SGE
-// the QP must not use is pointed one byte past the PD's guard MR, so the
-// device fails the request with LOC_PROT_ERR like any other local
-// protection error; guarded reports that.
+// the QP must not use is pointed past the PD's guard MR, so the device
+// fails the request with LOC_PROT_ERR like any other local protection
+// error (rxe.go, workaround 1); guarded reports that.
 func (q *qp) fillSGE(dst *C.struct_ibv_sge, s *rdma.SGE) (guarded bool) {
 	m, ok := s.MR.(*mr)
 	if !ok || m == nil || m.pd != q.pd || m.dead.Load() || s.Offset > len(m.buf)-s.Length {
-		dst.addr = q.pd.guardEnd
-		dst.length = C.uint32_t(max(s.Length, 1))
-		dst.lkey = q.pd.guard.lkey
+		q.guardSGE(dst, s.Length)
 		return true
 	}
 	dst.addr = C.uint64_t(m.addr + uint64(s.Offset))
@@ -464,7 +451,7 @@ func (q *qp) PostSend(wrs []rdma.SendWR) error {
 		return err
 	}
 	maxSGE := q.cfg.MaxSGE
-	q.synthNew = q.synthNew[:0]
+	q.emu.posting = q.emu.posting[:0]
 	n := 0
 	var bad error
 	for n < len(wrs) {
@@ -486,9 +473,7 @@ func (q *qp) PostSend(wrs []rdma.SendWR) error {
 			perr = postError(posted, postErrno(r.err))
 		}
 	}
-	if len(q.synthNew) > 0 {
-		q.commitSynth(posted)
-	}
+	q.emu.commit(posted)
 	if perr != nil {
 		return perr
 	}
@@ -498,57 +483,11 @@ func (q *qp) PostSend(wrs []rdma.SendWR) error {
 	return nil
 }
 
-// emulated reports whether w is a request this provider makes fail the way
-// the IB specification has the responder fail it, rather than the way the
-// device's userspace driver would: rxe's refuses a misaligned atomic at
-// post time (EINVAL) where a responder answers with a NAK that completes the
-// request with REM_INV_REQ_ERR (and moves both QPs to ERR), which is what
-// the soft provider does. Such a request is posted instead as a 1-byte
-// RDMA_READ with rkey 0 from address 0 into the byte past the PD's guard
-// MR: the peer refuses it (REM_ACCESS_ERR, both QPs to ERR) or, should rkey
-// 0 exist there, the local copy fails (LOC_PROT_ERR); either way nothing is
-// modified anywhere, and Poll reports the failure with the status returned
-// here.
-//
-// A remote failure rather than a local one (a WRITE from the guard) because
-// that is what a device does with a misaligned atomic: the peer's QP fails
-// too, and the request takes the completer's ordinary error path.
-func emulated(w *rdma.SendWR) (rdma.Status, bool) {
-	if w.Op.IsAtomic() && w.RemoteAddr&7 != 0 {
-		return rdma.StatusRemInvReqErr, true
-	}
-	return 0, false
-}
-
-// commitSynth records the emulated requests among the first posted ones.
-func (q *qp) commitSynth(posted int) {
-	q.synthMu.Lock()
-	defer q.synthMu.Unlock()
-	for _, s := range q.synthNew {
-		if s.idx < posted {
-			q.synth = append(q.synth, s)
-		}
-	}
-	q.synthNew = q.synthNew[:0]
-	q.hasSynth.Store(len(q.synth) > 0)
-}
-
 // errorCompletion is called by Poll for each error completion of this QP:
 // the QP is in ERR now, and an emulated request gets its status.
 func (q *qp) errorCompletion(c *rdma.Completion) {
 	q.state.Store(uint32(rdma.QPStateError))
-	if !q.hasSynth.Load() {
-		return
-	}
-	q.synthMu.Lock()
-	defer q.synthMu.Unlock()
-	if len(q.synth) > 0 && q.synth[0].id == c.ID {
-		if c.Status != rdma.StatusWRFlushErr {
-			c.Status = q.synth[0].status
-		}
-		q.synth = q.synth[1:]
-		q.hasSynth.Store(len(q.synth) > 0)
-	}
+	q.emu.complete(c)
 }
 
 func (q *qp) fillSend(i int, w *rdma.SendWR, maxSGE int) error {
@@ -556,22 +495,11 @@ func (q *qp) fillSend(i int, w *rdma.SendWR, maxSGE int) error {
 		return err
 	}
 	sges := q.ssge[i*maxSGE : i*maxSGE+len(w.SGL)]
-	fence := w.Flags&rdma.Fence != 0
+	guarded := false
 	for j := range w.SGL {
-		guarded := q.fillSGE(&sges[j], &w.SGL[j])
-		// A request that fails on a local SGE waits for the READs and
-		// atomics before it: rxe 6.1 loses completions when its requester
-		// fails a request while an earlier READ's response is being
-		// processed (the error path runs the completer concurrently with
-		// the completer task).
-		fence = fence || guarded
+		guarded = q.fillSGE(&sges[j], &w.SGL[j]) || guarded
 	}
-	op, raddr, rkey := w.Op, w.RemoteAddr, w.RKey
-	if st, ok := emulated(w); ok {
-		op, raddr, rkey = rdma.OpRead, 0, 0
-		sges[0] = C.struct_ibv_sge{addr: q.pd.guardEnd, length: 1, lkey: q.pd.guard.lkey}
-		q.synthNew = append(q.synthNew, synthWR{id: w.ID, status: st, idx: i})
-	}
+	op, raddr, rkey, fence := q.adjustSend(i, w, sges, guarded)
 	d := &q.swr[i]
 	d.wr_id = C.uint64_t(w.ID)
 	if i+1 < len(q.swr) {
@@ -610,9 +538,8 @@ func (q *qp) fillSend(i int, w *rdma.SendWR, maxSGE int) error {
 }
 
 // PostRecv posts receive buffers. Recvs may be posted from INIT on. On a
-// QP known to be in ERR the QP is moved to ERR once more after the post:
-// rxe flushes its receive queue only when its responder runs, and a
-// userspace post does not run it.
+// QP known to be in ERR the QP is moved to ERR once more after the post,
+// so the device flushes them (rxe.go, workaround 4).
 func (q *qp) PostRecv(wrs []rdma.RecvWR) error {
 	if len(wrs) == 0 {
 		return nil
@@ -674,14 +601,4 @@ func (q *qp) postRecv(wrs []rdma.RecvWR) error {
 		return postError(n, bad)
 	}
 	return nil
-}
-
-// kickFlush re-applies ERR so the device flushes requests posted while the
-// QP was already in ERR.
-func (q *qp) kickFlush() {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if !q.closed {
-		_ = q.toErrorLocked()
-	}
 }
