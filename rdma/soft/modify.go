@@ -69,8 +69,10 @@ func (q *qp) ModifyToError() error {
 
 func (q *qp) isClosed() bool { return q.state.Load() == uint32(stateClosed) }
 
-// Close destroys the QP: it stops its goroutines, waits for them, and
-// drops outstanding requests without completions.
+// Close destroys the QP: it closes its connections, waits for its
+// goroutines and for any PostSend or Wait working its connection inline,
+// and drops outstanding requests without completions. When it returns,
+// nothing touches the buffers of those requests any more.
 func (q *qp) Close() error {
 	q.mu.Lock()
 	if q.closed {
@@ -92,6 +94,8 @@ func (q *qp) Close() error {
 		cancel()
 	}
 	q.wg.Wait()
+	q.inline.Lock()
+	q.inline.Unlock() // a barrier: the inline readers and senders are done
 	q.dev.removeQP(q)
 	q.sendCQ.detach(q)
 	if q.recvCQ != q.sendCQ {

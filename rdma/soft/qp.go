@@ -42,7 +42,13 @@ type qp struct {
 	rtr      chan struct{} // closed on reaching RTR
 	dead     chan struct{} // closed on entering ERR or on Close
 	deadOnce sync.Once
-	wg       sync.WaitGroup
+	wg       sync.WaitGroup // the QP's goroutines: sender, receiver, responder
+
+	// inline is held shared by a PostSend sending and by a CQ.Wait reading
+	// the QP's connection on their own goroutines, which wg does not
+	// count; Close takes it once the connections are closed, so it returns
+	// only when nothing touches the QP's buffers any more.
+	inline sync.RWMutex
 
 	sq  sendQueue
 	tx  transmitter

@@ -3,6 +3,7 @@
 package soft
 
 import (
+	"context"
 	"errors"
 	"testing"
 	"time"
@@ -213,4 +214,60 @@ func TestQueueFull(t *testing.T) {
 	if !errors.As(err, &pe) || pe.Index != 4 || !errors.Is(err, rdma.ErrQueueFull) {
 		t.Fatalf("5 RECVs on a queue of 4: %v", err)
 	}
+}
+
+// TestCloseWaitsForInlineReader: QP.Close returns only once nothing
+// touches the buffers of the QP's requests, including a CQ.Wait reading the
+// QP's responses on its own goroutine that is about to land READ data.
+func TestCloseWaitsForInlineReader(t *testing.T) {
+	for try := 0; ; try++ {
+		if try == 20 {
+			t.Skip("no Wait read a response inline in 20 tries")
+		}
+		if closeDuringInlineLand(t) {
+			return
+		}
+	}
+}
+
+// closeDuringInlineLand reports false when the response was not read
+// inline (the receiver goroutine took it), so the case did not happen.
+func closeDuringInlineLand(t *testing.T) bool {
+	a, b := newPair(t, rdma.QPConfig{})
+	dst := register(t, a.pd, 4096, rw)
+	src := register(t, b.pd, 4096, rw)
+	landing, proceed := make(chan bool, 1), make(chan struct{})
+	testHookLand = func(inline bool) {
+		landing <- inline
+		if inline {
+			<-proceed
+		}
+	}
+	defer func() { testHookLand = nil }()
+
+	ctx, cancel := context.WithCancel(context.Background())
+	waited := make(chan struct{})
+	post(t, a.qp, rdma.SendWR{ID: 1, Op: rdma.OpRead, Flags: rdma.Signaled, SGL: sgl(dst, 0, 4096), RemoteAddr: src.Addr(), RKey: src.RKey()})
+	go func() {
+		defer close(waited)
+		wc := make([]rdma.Completion, 1)
+		_, _ = a.cq.Wait(ctx, wc)
+	}()
+	defer func() { cancel(); <-waited }()
+	if !<-landing {
+		return false
+	}
+	closed := make(chan error, 1)
+	go func() { closed <- a.qp.Close() }()
+	select {
+	case err := <-closed:
+		close(proceed)
+		t.Fatalf("QP.Close returned (%v) while a Wait was about to land READ data in its buffer", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(proceed)
+	if err := <-closed; err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	return true
 }

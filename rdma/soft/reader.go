@@ -182,6 +182,12 @@ func (q *qp) waitInline(ctx context.Context, c *cq) bool {
 	if !ok {
 		return false
 	}
+	q.inline.RLock()
+	defer q.inline.RUnlock()
+	if q.isClosed() {
+		q.rxFail(errQPGone)
+		return true
+	}
 	var err error
 	if c.setDirect(q) {
 		var stop func() bool

@@ -37,6 +37,10 @@ type receiver struct {
 	ctx    context.Context
 }
 
+// testHookLand, when set by a test, runs before a response's data is
+// landed in the request's buffers.
+var testHookLand func(inline bool)
+
 var (
 	// errBadResponse marks protocol violations by the peer (BAD_RESP_ERR).
 	errBadResponse = errors.New("bad response")
@@ -99,6 +103,9 @@ func (q *qp) readFrame(inline bool) (pushed, idle bool, err error) {
 	w := s.at(i)
 	if r.seq != q.seqOf(i) {
 		return false, false, fmt.Errorf("%w: response %d, expected %d", errBadResponse, r.seq, q.seqOf(i))
+	}
+	if testHookLand != nil {
+		testHookLand(inline)
 	}
 	st, err := q.land(w, &r)
 	if err != nil {

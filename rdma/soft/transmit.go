@@ -58,7 +58,13 @@ func (q *qp) kickTx() {
 		switch q.tx.state.Load() {
 		case txIdle:
 			if q.tx.state.CompareAndSwap(txIdle, txBusy) {
-				q.runTx(true)
+				q.inline.RLock()
+				if q.isClosed() {
+					q.tx.state.Store(txIdle)
+				} else {
+					q.runTx(true)
+				}
+				q.inline.RUnlock()
 				return
 			}
 		case txBusy:
