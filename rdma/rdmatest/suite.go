@@ -507,6 +507,9 @@ func testSendTooLong(t *testing.T, cfg Config) {
 	if c := await(t, cfg, p.b.recvCQ, 1)[0]; c.ID != 1 || (c.Status != rdma.StatusLocLenErr && c.Status != rdma.StatusLocQPOpErr) {
 		t.Errorf("RECV: %+v, want LOC_LEN_ERR (rxe: LOC_QP_OP_ERR)", c)
 	}
+	if st := p.b.qp.State(); st != rdma.QPStateError {
+		t.Errorf("responder QP in %v once its RECV's error was polled, want ERR", st)
+	}
 }
 
 func testSendNoRecv(t *testing.T, cfg Config) {

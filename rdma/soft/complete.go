@@ -117,17 +117,18 @@ func (q *qp) flushSendLocked() {
 	s.fenced = false
 }
 
-// failSendLocked completes the oldest request with st, moves the QP to ERR
+// failSendLocked moves the QP to ERR, completes the oldest request with st
 // and, when no receiver owns the queue, flushes the rest. It reports
-// whether the caller must call finishError.
+// whether the caller must call finishError. The state moves first: whoever
+// polls an error completion finds the QP in ERR.
 func (q *qp) failSendLocked(st rdma.Status) bool {
 	s := &q.sq
+	flipped := q.toError()
 	if s.head < s.tail {
 		q.pushSend(s.at(s.head), st, false)
 		s.head++
 		s.sent = max(s.sent, s.head)
 	}
-	flipped := q.toError()
 	if !s.readerActive {
 		q.flushSendLocked()
 	}

@@ -192,6 +192,8 @@ func (q *qp) completeHead(st rdma.Status, inline bool) (pushed, idle bool) {
 	s := &q.sq
 	s.mu.Lock()
 	w := s.at(s.head)
+	// An error moves the QP to ERR before its completion is visible.
+	flipped := st != rdma.StatusSuccess && q.toError()
 	pushed = q.pushSend(w, st, inline)
 	s.head++
 	q.rx.progress.Store(now())
@@ -199,7 +201,7 @@ func (q *qp) completeHead(st rdma.Status, inline bool) (pushed, idle bool) {
 	var reason error
 	switch {
 	case st != rdma.StatusSuccess:
-		if q.toError() {
+		if flipped {
 			reason = fmt.Errorf("peer answered request %d (%v) with %v", w.id, w.op, st)
 		}
 	case s.head < s.sent && s.at(s.head).localErr != 0:

@@ -14,13 +14,13 @@ func (q *qp) doSend(req *request) (rdma.Status, string, error) {
 		return st, "no RECV posted", err
 	}
 	if w.localErr != 0 {
-		q.popRecv(w, rdma.Completion{Status: w.localErr, Op: rdma.OpRecv})
+		q.failRecv(w, w.localErr)
 		return rdma.StatusRemOpErr, "RECV's SGEs failed local checks", nil
 	}
 	if int(req.length) > w.length {
-		// As rxe: the RECV fails with LOC_LEN_ERR, the sender gets
-		// REM_INV_REQ_ERR, and both QPs go to ERR.
-		q.popRecv(w, rdma.Completion{Status: rdma.StatusLocLenErr, Op: rdma.OpRecv})
+		// As InfiniBand has it: the RECV fails with LOC_LEN_ERR, the
+		// sender gets REM_INV_REQ_ERR, and both QPs go to ERR.
+		q.failRecv(w, rdma.StatusLocLenErr)
 		return rdma.StatusRemInvReqErr, "SEND longer than the RECV's buffers", nil
 	}
 	left := int(req.length)
@@ -33,7 +33,7 @@ func (q *qp) doSend(req *request) (rdma.Status, string, error) {
 			continue
 		}
 		if !e.m.lock() {
-			q.popRecv(w, rdma.Completion{Status: rdma.StatusLocProtErr, Op: rdma.OpRecv})
+			q.failRecv(w, rdma.StatusLocProtErr)
 			return rdma.StatusRemOpErr, "RECV's MR deregistered", nil
 		}
 		err := q.readPayload(e.m.buf[e.off : e.off+n])
@@ -92,6 +92,16 @@ func (q *qp) peekRecv() (*recvWQE, rdma.Status, error) {
 			return nil, 0, errQPGone
 		}
 	}
+}
+
+// failRecv moves the QP to ERR, so that whoever polls the error finds it
+// there, and completes the RECV peekRecv returned with st. The responder
+// then NAKs the request and serve finishes the move to ERR.
+func (q *qp) failRecv(w *recvWQE, st rdma.Status) {
+	if q.toError() {
+		q.rsp.flipped = true
+	}
+	q.popRecv(w, rdma.Completion{Status: st, Op: rdma.OpRecv})
 }
 
 // popRecv completes the RECV peekRecv returned and removes it.

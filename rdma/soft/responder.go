@@ -27,6 +27,9 @@ type responder struct {
 	// draining: after a NAK, serve closes the connection gracefully;
 	// finishError must not reset it. Guarded by qp.mu.
 	draining bool
+	// flipped: this responder moved the QP to ERR before completing a
+	// RECV with an error (failRecv); serve finishes the move.
+	flipped bool
 }
 
 func (r *responder) init(c *net.TCPConn, h hello, budget time.Duration) {
@@ -54,9 +57,12 @@ func (q *qp) serve() {
 		q.mu.Unlock()
 		_ = q.rsp.conn.CloseWrite()
 	}
-	if fatal {
+	switch {
+	case q.rsp.flipped:
+		q.finishError(fmt.Errorf("responder: %w", err))
+	case fatal:
 		q.enterError(fmt.Errorf("responder: %w", err))
-	} else if err != nil {
+	case err != nil:
 		slog.Debug("rdma/soft: responder connection ended", "device", q.dev.name, "qp", q.num, "reason", err)
 	}
 	if nak {
