@@ -211,11 +211,15 @@ func (q *qp) Info() rdma.QPInfo {
 }
 
 // State returns the QP's state as the device reports it (ibv_query_qp);
-// SQD counts as RTS, SQE as ERR.
+// SQD counts as RTS, SQE as ERR. A QP known to be in ERR (an error
+// completion was polled, ModifyToError, an async error event) is reported
+// as ERR without asking: QPs never leave ERR, and the device may still say
+// RTS just after it wrote the error completion (rxe's completer, in
+// rxe_comp.c's COMPST_ERROR, calls do_complete before rxe_qp_error).
 func (q *qp) State() rdma.QPState {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if q.closed {
+	if q.closed || rdma.QPState(q.state.Load()) == rdma.QPStateError {
 		return rdma.QPStateError
 	}
 	C.memset(unsafe.Pointer(q.attr), 0, C.sizeof_struct_ibv_qp_attr)
