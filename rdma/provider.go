@@ -11,13 +11,18 @@ import (
 )
 
 // Provider opens devices of one kind. Providers register themselves with
-// RegisterProvider from an init function.
+// RegisterProvider from an init function. Its methods are safe for
+// concurrent use.
 type Provider interface {
-	// Name is the provider's name as given to Open ("soft", "verbs").
+	// Name is the provider's name as given to Open ("soft", "verbs"). It
+	// never blocks.
 	Name() string
-	// Devices lists the devices that Open could open now. It may do I/O.
+	// Devices lists the devices that Open could open now. It may do I/O
+	// (verbs asks the kernel) but does not open anything.
 	Devices() ([]string, error)
 	// Open opens the named device; "" or "auto" means the first device.
+	// It may block briefly: soft starts listening on Options.ListenAddr,
+	// verbs opens the device and queries its port.
 	Open(device string, opts Options) (Device, error)
 }
 
@@ -36,17 +41,37 @@ type Options struct {
 	GID string
 }
 
+// The resource interfaces below state, method by method, how long a call
+// may block, what it may run concurrently with, and who owns the slices
+// and buffers it is given. Unless a method says otherwise it is safe for
+// concurrent use with every method of every resource, and a method of a
+// closed resource fails with ErrClosed (the accessors — Name, Num, Addr,
+// RKey and the like — keep answering).
+//
+// Resources form a tree: a Device owns PDs and CQs, a PD owns MRs and QPs,
+// a QP uses one or two CQs. A resource's Close fails with ErrBusy while
+// anything below it (or, for a CQ, a QP using it) is open, succeeds once,
+// and returns ErrClosed after that; a child cannot be created from a
+// closed resource (ErrClosed). Nothing is closed by a finalizer.
+
 // Device is an open RDMA device.
 type Device interface {
+	// Name is the device's name ("soft0", "rxe0"). It never blocks.
 	Name() string
+	// Provider is the name of the provider that opened the device. It
+	// never blocks.
 	Provider() string
-	// AllocPD allocates a protection domain.
+	// AllocPD allocates a protection domain. It blocks for a system call
+	// at most (verbs: ibv_alloc_pd, and registering the PD's one-page
+	// guard MR).
 	AllocPD() (PD, error)
 	// CreateCQ creates a completion queue with room for at least size
-	// completions.
+	// completions. It blocks for a system call at most.
 	CreateCQ(size int) (CQ, error)
 	// Close releases the device. It fails with ErrBusy while PDs or CQs
-	// created from it are open.
+	// created from it are open. It blocks until the device's own
+	// goroutines have stopped (soft: its listener and the handshakes in
+	// progress; verbs: its async event watcher).
 	Close() error
 }
 
@@ -54,79 +79,192 @@ type Device interface {
 // other.
 type PD interface {
 	// Register pins buf and registers it with the given access. buf must
-	// lie within one Memory from Alloc or MapFile (ErrNotMapped otherwise)
-	// and is then shared with the NIC until the MR is deregistered.
-	// Register may take a long time for large buffers (pinning faults in
-	// every page): use a Registrar to keep it off latency-critical paths.
+	// lie within one Memory from Alloc or MapFile (ErrNotMapped
+	// otherwise); access must pass Access.Validate. Register blocks while
+	// the pages are pinned, which takes time in proportion to len(buf)
+	// (page faults in every page: about 0.15 s per GiB of warm memory,
+	// more when the pages are first touched): use a Registrar to keep it
+	// off latency-critical paths. It may run concurrently with every
+	// other method, including other Registers of the same PD.
+	//
+	// buf is not lent but shared: from Register until Deregister returns,
+	// the NIC reads and writes it for the posted requests that name the
+	// MR, and remote peers holding the rkey read and write it as access
+	// allows, at any moment and concurrently with the program. The MR
+	// keeps buf (MR.Bytes); its Memory cannot be unmapped meanwhile
+	// (Memory.Close fails with ErrBusy).
 	Register(buf []byte, access Access) (MR, error)
-	// CreateQP creates an RC queue pair in state RESET.
+	// CreateQP creates an RC queue pair in state RESET. cfg is copied; its
+	// CQs must come from the PD's device and stay open while the QP
+	// exists. It blocks for a system call at most.
 	CreateQP(cfg QPConfig) (QP, error)
 	// Close releases the PD. It fails with ErrBusy while MRs or QPs of
-	// the PD exist.
+	// the PD exist. It blocks for a system call at most. If the device
+	// refuses (verbs: a failed ibv_dealloc_pd) the PD stays open and Close
+	// may be called again.
 	Close() error
 }
 
 // MR is a registered memory region.
+//
+// The accessors never block and keep their values after Deregister.
 type MR interface {
 	// Addr is the address remote peers use to name the region's first byte.
 	Addr() uint64
+	// Len is the region's length in bytes.
 	Len() int
+	// LKey is the local key, for diagnostics: SGEs name their MR, not a key.
 	LKey() uint32
 	// RKey is the capability a remote peer needs to access the region.
 	RKey() uint32
+	// Access is the access the region was registered with.
 	Access() Access
-	// Bytes is the registered memory itself.
+	// Bytes is the registered memory itself, shared with the NIC (see
+	// PD.Register).
 	Bytes() []byte
-	// Deregister revokes the region: later remote accesses with its rkey
-	// fail with REM_ACCESS_ERR. It must be called exactly once; a second
-	// call returns ErrClosed and does nothing. Requests still posted that
-	// use the MR complete with an error.
+	// Deregister revokes the region: once it returns, remote accesses with
+	// its rkey fail with REM_ACCESS_ERR, a request posted later that names
+	// it fails with LOC_PROT_ERR, and the NIC no longer reads or writes
+	// the region. It blocks until a transfer in progress into or out of
+	// the region has finished (soft: a responder's or requester's copy;
+	// verbs: ibv_dereg_mr), so the memory may then be reused or unmapped.
+	// A request still outstanding that has not reached the region fails
+	// (LOC_PROT_ERR, or WR_FLUSH_ERR behind an earlier failure); one that
+	// already has may still succeed. It must be called exactly once; a
+	// second call returns ErrClosed and does nothing. An MR produced by a
+	// Registrar is released with Registration.Release instead.
 	Deregister() error
 }
 
 // CQ is a completion queue.
+//
+// Any number of goroutines may Poll and Wait on one CQ at once, with each
+// other and with Close: every completion is returned by exactly one call.
+// One call returns its completions in the order the CQ received them;
+// completions of one QP's send queue arrive in posting order, and those of
+// its receive queue in the order its RECVs were consumed or flushed, but
+// how concurrent calls share them out is unspecified. (verbs lets one Wait
+// at a time sleep on its completion channel and queues the others behind
+// it; soft parks them all. Either way none spins.)
 type CQ interface {
-	// Poll moves up to len(wc) completions into wc without blocking and
-	// returns how many it moved.
+	// Poll moves up to len(wc) completions into wc[:n] and returns n. It
+	// never blocks beyond a short lock (soft may hand a lone QP's
+	// responses to its receiver goroutine, so a busy poller makes
+	// progress). wc is the caller's: Poll writes wc[:n] and keeps no
+	// reference. It fails with ErrCQOverrun once more completions arrived
+	// than the CQ could hold: the CQ is then unusable, as in verbs.
 	Poll(wc []Completion) (int, error)
-	// Wait blocks until at least one completion is available or ctx is
-	// done, then behaves as Poll.
+	// Wait blocks until at least one completion is available, ctx is done
+	// (then it returns 0 and ctx.Err(), unless completions raced the
+	// cancellation) or the CQ is closed (ErrClosed), then behaves as
+	// Poll. With len(wc) == 0 it returns at once. It sleeps rather than
+	// spins (soft: in a socket read or on a channel; verbs: on the
+	// completion channel's fd in the netpoller).
 	Wait(ctx context.Context, wc []Completion) (int, error)
 	// Close releases the CQ. It fails with ErrBusy while a QP uses it.
+	// Waits in progress return ErrClosed (verbs' Close blocks until a Wait
+	// sleeping on the completion channel has let go of it). Completions
+	// not yet polled are discarded.
 	Close() error
 }
 
 // QP is a reliable-connected queue pair.
 //
 // A new QP is in RESET. ModifyToInit, ModifyToRTR and ModifyToRTS move it,
-// in that order, to a state where it can post work; ConnectQP does all three
-// with a peer over an out-of-band connection. An error completion moves the
-// QP to ERR, where every outstanding and later request completes with
-// WR_FLUSH_ERR.
+// in that order, to RTS, where it can send; ConnectQP does all three with a
+// peer over an out-of-band connection. An error completion, or
+// ModifyToError, moves the QP to ERR; a QP never leaves ERR. By the time a
+// caller polls an error completion, State reports ERR.
+//
+// Which states accept a post, as in verbs (ibv_post_send, ibv_post_recv):
+//
+//	state   PostSend                 PostRecv
+//	RESET   ErrQPState               ErrQPState
+//	INIT    ErrQPState               accepted, held until RTR
+//	RTR     ErrQPState               accepted
+//	RTS     accepted                 accepted
+//	ERR     accepted, flushed        accepted, flushed
+//	closed  ErrClosed                ErrClosed
+//
+// A request accepted in ERR completes with WR_FLUSH_ERR, signaled or not,
+// as does every request outstanding when the QP enters ERR.
+//
+// # Ordering
+//
+// The requests of one send queue are executed by the responder in posting
+// order (a READ sees the data of the WRITEs posted before it) and complete
+// in posting order. A request's local source bytes may be read as soon as
+// it is posted, before earlier READs and atomics have returned their data:
+// set Fence on a request that must wait for those. SENDs and
+// WRITE_WITH_IMMs consume the responder's RECVs in the order they were
+// posted there.
+//
+// # Buffer ownership
+//
+// The SendWR and RecvWR values, their SGLs and the slices passed to
+// PostSend and PostRecv are copied before the call returns and may be
+// reused at once. The bytes an SGE names belong to the NIC from the post
+// until the request is finished, and its MR must stay registered until
+// then; the program must not write them (a WRITE or SEND source) or read
+// them (a READ target, an atomic's result, a RECV buffer) meanwhile. A
+// request is finished when:
+//
+//   - its completion has been polled (a signaled request, a RECV, and any
+//     request that fails, since failures always complete);
+//   - for an unsignaled request that succeeds, which never completes: a
+//     completion of a later request on the same send queue has been polled
+//     (send queues complete in order, so that one finished after it);
+//   - or Close has returned.
 type QP interface {
-	// Num is the queue pair number.
+	// Num is the queue pair number. It never blocks.
 	Num() uint32
+	// State is the QP's current state. It blocks for a system call at
+	// most (verbs asks the device, so it sees a move to ERR the device
+	// made on its own). A closed QP reports ERR.
 	State() QPState
-	// Info returns what the peer needs to connect to this QP.
+	// Info returns what the peer needs to connect to this QP. It never
+	// blocks.
 	Info() QPInfo
-	// ModifyToInit moves the QP from RESET to INIT. RECVs may be posted
-	// from INIT on.
+	// ModifyToInit moves the QP from RESET to INIT (ErrQPState from any
+	// other state). RECVs may be posted from INIT on. Each Modify method
+	// moves the state atomically, so of two concurrent ones that start
+	// from the same state one fails with ErrQPState; each blocks for a
+	// system call at most.
 	ModifyToInit() error
 	// ModifyToRTR moves the QP from INIT to RTR, connected to remote.
 	ModifyToRTR(remote QPInfo) error
-	// ModifyToRTS moves the QP from RTR to RTS. Send-queue requests may
-	// be posted in RTS only.
+	// ModifyToRTS moves the QP from RTR to RTS, where PostSend is
+	// accepted. It does not wait for the connection: soft dials the peer
+	// in the background, and requests posted meanwhile wait for it.
 	ModifyToRTS() error
-	// ModifyToError moves the QP to ERR, flushing outstanding work.
+	// ModifyToError moves the QP to ERR from any state and returns: the
+	// outstanding requests of both queues then complete with
+	// WR_FLUSH_ERR, in order, as soon as the provider gets to them.
 	ModifyToError() error
-	// PostSend posts send-queue work requests, in order. It does not
-	// wait for them to execute. On failure it returns a *PostError.
+	// PostSend posts send-queue work requests, in order, and does not
+	// wait for them to execute. A request of the wrong shape (ErrInvalidWR)
+	// or beyond the queue's room (ErrQueueFull) stops the post with a
+	// *PostError: the requests before PostError.Index were posted, the
+	// others were not. A request the QP's PD cannot reach (see SGE) is
+	// posted and fails with LOC_PROT_ERR in its turn. PostSend blocks for a
+	// system call (verbs) or while it writes the requests to the
+	// connection from the caller's goroutine (soft, up to 256 KiB per
+	// call; longer ones go to a goroutine), which can take as long as the
+	// peer leaves its socket buffer full. Concurrent PostSends on one QP
+	// are serialised: each call's requests are queued together, in
+	// order, and the order between concurrent calls is unspecified.
 	PostSend(wrs []SendWR) error
-	// PostRecv posts receive buffers, in order. On failure it returns a
-	// *PostError.
+	// PostRecv posts receive buffers, in order, with the same errors and
+	// serialisation as PostSend. It blocks for a system call at most and
+	// never waits for the peer.
 	PostRecv(wrs []RecvWR) error
 	// Close destroys the QP. Outstanding requests are discarded without
-	// completions, as with ibv_destroy_qp.
+	// completions, as with ibv_destroy_qp, and when Close returns nothing
+	// reads or writes their buffers any more: the buffers and MRs are the
+	// caller's again. It blocks until posts in progress and the
+	// provider's work on the QP have stopped (soft closes the QP's
+	// connections and waits for its goroutines and for Waits and PostSends
+	// working the connection inline). Later calls fail with ErrClosed.
 	Close() error
 }
 
