@@ -21,14 +21,20 @@
 //
 // Posting a work request lends its buffers to the NIC. The bytes an SGE
 // names must not be touched by the program (read for a RECV or READ target,
-// written for a SEND or WRITE source) until the request's completion has been
-// polled, and the MR must stay registered until then. The SendWR and RecvWR
-// values themselves, and the slices passed to PostSend and PostRecv, are
-// copied before Post returns and may be reused at once.
+// written for a SEND or WRITE source) until the request is finished, and the
+// MR must stay registered until then. A request is finished when its
+// completion has been polled; an unsignaled request that succeeds never
+// completes, and is finished once a completion of a later request on the
+// same send queue has been polled, since send queues complete in order; and
+// every request of a QP is finished once QP.Close has returned. The SendWR
+// and RecvWR values themselves, and the slices passed to PostSend and
+// PostRecv, are copied before Post returns and may be reused at once.
 //
 // # Concurrency
 //
 // Every method of every type here is safe for concurrent use unless its
-// documentation says otherwise. Post calls on one QP from several goroutines
-// are serialised; the order between concurrent posters is unspecified.
+// documentation says otherwise, and each says how long it may block. Post
+// calls on one QP from several goroutines are serialised; the order between
+// concurrent posters is unspecified. Any number of goroutines may Poll and
+// Wait on one CQ; each completion reaches one of them.
 package rdma

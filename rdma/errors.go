@@ -21,13 +21,15 @@ var (
 	// from Alloc or MapFile.
 	ErrNotMapped = mem.ErrNotMapped
 	// ErrQPState is returned by Post and Modify calls made in a QP state
-	// that does not allow them.
+	// that does not allow them (the QP doc has the table for posts).
 	ErrQPState = errors.New("rdma: invalid QP state")
 	// ErrQueueFull is returned by Post when the queue has no room: the
 	// verbs ENOMEM of ibv_post_send.
 	ErrQueueFull = errors.New("rdma: work queue full")
-	// ErrInvalidWR is returned by Post for a malformed work request
-	// (unknown opcode, too many SGEs, negative lengths).
+	// ErrInvalidWR is returned by Post for a malformed work request:
+	// not a send opcode, unknown flags, more SGEs than QPConfig.MaxSGE, a
+	// negative offset or length, a message longer than the provider
+	// carries, an atomic without exactly one 8-byte result SGE.
 	ErrInvalidWR = errors.New("rdma: invalid work request")
 	// ErrNoDevice is returned by Open when no device of the asked provider
 	// exists.

@@ -26,7 +26,13 @@ type RegistrarOptions struct {
 // future at once; a bounded pool of workers pins and registers the buffers in
 // the order they were submitted. It owns the MRs it produces: each is
 // deregistered exactly once, by Registration.Release or, at the latest, by
-// Close. All methods are safe for concurrent use.
+// Close; the program must not call Deregister on them. All methods of the
+// Registrar and of its Registrations are safe for concurrent use with each
+// other.
+//
+// A submitted buffer is the PD's from submission (see PD.Register: it is
+// shared with the NIC, not lent): its Memory must stay mapped until the
+// registration has failed or its MR has been released.
 type Registrar struct {
 	pd      PD
 	workers int
@@ -47,8 +53,9 @@ type Registrar struct {
 	latSum   atomic.Int64 // nanoseconds
 }
 
-// NewRegistrar starts a Registrar that registers memory with pd. The
-// Registrar does not own pd: Close the Registrar before the PD.
+// NewRegistrar starts a Registrar that registers memory with pd, and its
+// workers; it does not block. The Registrar does not own pd: Close the
+// Registrar before the PD.
 func NewRegistrar(pd PD, opts RegistrarOptions) *Registrar {
 	if opts.Workers <= 0 {
 		opts.Workers = min(4, runtime.GOMAXPROCS(0))
@@ -68,14 +75,17 @@ type RegisterRequest struct {
 	Access Access
 }
 
-// Register queues buf for registration with access and returns at once.
-// Cancelling ctx before a worker has finished the registration fails the
-// future with ctx's error and leaves nothing registered.
+// Register queues buf for registration with access and returns at once:
+// it never waits for a worker. Cancelling ctx before a worker has finished
+// the registration fails the future with ctx's error and leaves nothing
+// registered (a registration being pinned finishes and is deregistered at
+// once). After Close the future has already failed with ErrClosed.
 func (r *Registrar) Register(ctx context.Context, buf []byte, access Access) *Registration {
 	return r.RegisterBatch(ctx, []RegisterRequest{{buf, access}})[0]
 }
 
-// RegisterBatch queues several buffers at once, in order, under one ctx.
+// RegisterBatch queues several buffers at once, in order, under one ctx,
+// and returns their futures in the same order. reqs is not kept.
 func (r *Registrar) RegisterBatch(ctx context.Context, reqs []RegisterRequest) []*Registration {
 	futures := make([]*Registration, len(reqs))
 	now := time.Now()
@@ -176,8 +186,12 @@ func (r *Registrar) register(f *Registration) {
 
 // Close stops the Registrar: queued registrations fail with ErrClosed,
 // running ones finish and are deregistered, and every MR the Registrar
-// produced that was not yet released is deregistered. It returns the
-// deregistration errors, if any. A second Close returns ErrClosed.
+// produced that was not yet released is deregistered. It blocks until all
+// of that is done (a running registration takes as long as its pinning),
+// so the PD may be closed and the memory unmapped once it returns; any
+// request still posted that uses those MRs fails as after Deregister. It
+// returns the deregistration errors, if any. A second Close returns
+// ErrClosed.
 func (r *Registrar) Close() error {
 	r.mu.Lock()
 	if r.closed {
@@ -234,7 +248,9 @@ type RegistrarStats struct {
 	LatencySum time.Duration
 }
 
-// Stats returns the current counters.
+// Stats returns the current counters. It does not block on the workers;
+// the counters are read one by one, so a snapshot taken while work is
+// moving may not add up exactly.
 func (r *Registrar) Stats() RegistrarStats {
 	r.mu.Lock()
 	s := RegistrarStats{Queued: len(r.queue)}
@@ -300,12 +316,15 @@ func (f *Registration) complete(mr MR, err error) {
 	})
 }
 
-// Done is closed when the registration has succeeded or failed.
+// Done is closed when the registration has succeeded or failed. It never
+// blocks.
 func (f *Registration) Done() <-chan struct{} { return f.done }
 
 // Wait blocks until the registration is done or ctx is done, and returns
 // the MR or the registration's error. A ctx that ends the wait does not
-// cancel the registration (the ctx given to Register does).
+// cancel the registration (the ctx given to Register does). Any number of
+// goroutines may Wait; all get the same answer. The MR stays the
+// Registrar's: release it with Release, not Deregister.
 func (f *Registration) Wait(ctx context.Context) (MR, error) {
 	select {
 	case <-f.done:
@@ -316,9 +335,11 @@ func (f *Registration) Wait(ctx context.Context) (MR, error) {
 }
 
 // Release deregisters the MR, or cancels the registration if it is still
-// queued. Call it at most once, after the MR is no longer in use by any
-// posted work request; it returns ErrClosed if the Registrar already
-// deregistered the MR at Close.
+// queued. If a worker is pinning the buffer, Release blocks until it has
+// finished, then deregisters the MR. Call it at most once, once the MR is
+// no longer in use by any posted work request (see QP for when a request's
+// buffers are free); it returns ErrClosed if the Registrar already
+// deregistered the MR at Close, and nil for a registration that failed.
 func (f *Registration) Release() error {
 	select {
 	case <-f.done:

@@ -154,7 +154,13 @@ func (c *Completion) Err() error {
 }
 
 // SGE is one element of a scatter/gather list: Length bytes at Offset in
-// MR. The MR must belong to the QP's protection domain.
+// MR. A negative Offset or Length makes the request malformed
+// (ErrInvalidWR at post). An SGE the QP cannot reach — an MR of another
+// PD or provider, a deregistered MR, bytes past the MR's end, or an MR
+// without LOCAL_WRITE where the NIC writes (a READ target, an atomic's
+// result, a RECV buffer) — is posted, and its request completes with
+// LOC_PROT_ERR in its turn and moves the QP to ERR, as on a NIC. See QP
+// for who owns the bytes an SGE names.
 type SGE struct {
 	MR     MR
 	Offset int
@@ -170,11 +176,13 @@ const (
 	// failed one always produces a completion.
 	Signaled SendFlags = 1 << 0
 	// Fence makes the request wait until earlier READs and atomics on the
-	// QP have completed.
+	// QP have completed, so that it may use their results as its source.
+	// (soft waits for every earlier request.)
 	Fence SendFlags = 1 << 1
 )
 
-// SendWR is a send-queue work request.
+// SendWR is a send-queue work request. PostSend copies it: the value and
+// its SGL may be reused once PostSend returns.
 type SendWR struct {
 	ID    uint64
 	Op    Opcode // OpWrite, OpWriteImm, OpSend, OpSendImm, OpRead, OpCompareSwap, OpFetchAdd
@@ -194,7 +202,7 @@ type SendWR struct {
 
 // RecvWR is a receive-queue work request: the buffers an incoming SEND is
 // scattered into. A WRITE_WITH_IMM consumes one too, without touching its
-// buffers.
+// buffers. PostRecv copies it.
 type RecvWR struct {
 	ID  uint64
 	SGL []SGE
