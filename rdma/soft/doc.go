@@ -127,8 +127,15 @@
 // MR of another PD or provider, or without LOCAL_WRITE where the NIC
 // writes (READ target, atomic result, RECV buffer) completes the request
 // with LOC_PROT_ERR once all requests before it have completed, and moves
-// the QP to ERR. Shape errors (opcode, SGE count, negative lengths, an
-// atomic without one 8-byte SGE, a full queue) are PostErrors.
+// the QP to ERR. Shape errors and the QP state are checked by the same code
+// as verbs' (rdma/internal/postcheck; a message may be up to
+// MaxMessageSize) and, like a full queue, are PostErrors.
+//
+// Completion queues: any number of goroutines may Poll and Wait on one CQ.
+// Parked Waits are woken one at a time through a one-slot channel and pass
+// the wakeup on while completions remain; only one Wait at a time can read
+// a lone QP's responses inline (it holds the QP's reader token), the
+// others park.
 //
 // A request fails with RETRY_EXC_ERR when the peer's connection closes or
 // resets while it is outstanding, or when the peer shows no sign of life
@@ -137,11 +144,23 @@
 //
 // # Errors
 //
-// The first failed request completes with its status; the QP moves to
-// ERR, closes both its connections (the peer's outstanding requests then
-// fail as against a dead QP) and completes every other outstanding and
-// later request, on both queues, with WR_FLUSH_ERR, in order. Posting in
-// ERR is accepted and flushed, as in verbs.
+// The first failed request moves the QP to ERR and then completes with its
+// status (in that order, so whoever polls the failure finds the QP in ERR;
+// a RECV the responder fails likewise); the QP closes both its connections
+// (the peer's outstanding requests then fail as against a dead QP) and
+// completes every other outstanding and later request, on both queues,
+// with WR_FLUSH_ERR, in order. Posting in ERR is accepted and flushed, as
+// in verbs.
+//
+// # Close
+//
+// QP.Close marks the QP closed, closes its connections, and waits for its
+// goroutines and for any PostSend or Wait working its connection inline
+// (they hold a read lock that Close takes), so when it returns nothing
+// touches the buffers of the requests it discarded. MR.Deregister waits for
+// a copy in progress (the MR's lock), so memory is never freed under the
+// NIC either. Device, PD and CQ lifetimes (ErrBusy, exactly-once Close) are
+// rdma/internal/life's, shared with verbs.
 //
 // # Differences from hardware
 //

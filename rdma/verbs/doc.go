@@ -60,39 +60,55 @@
 //
 // The conformance suite rdma/rdmatest runs against both providers; where a
 // device's behaviour differs, this package either makes it match or the
-// difference is the device's and is listed here.
+// difference is the device's and is listed here. The workarounds for rxe
+// (Linux 6.1, rdma-core 44), with the evidence for each, are in rxe.go:
 //
 //   - Local protection: an SGE naming an MR of another provider, of another
 //     PD, a deregistered MR or bytes outside its MR is redirected past the
 //     end of a one-page guard MR that each PD registers, so the device
 //     fails the request with LOC_PROT_ERR, in order, and the QP moves to
-//     ERR, as with soft. Such a request is also fenced: rxe (Linux 6.1)
-//     loses both completions, about one time in ten, when its requester
-//     fails a request while the response to an earlier READ is being
-//     processed. (As on hardware, an atomic whose result buffer is unusable
-//     is still executed at the peer before it fails locally.)
-//   - Atomics: PostSend refuses (rdma.ErrInvalidWR) an atomic whose SGL is
-//     not one 8-byte SGE, as soft and rxe's userspace driver do. A
-//     misaligned atomic (remote address not a multiple of 8) completes with
+//     ERR, as with soft. Such a request is also fenced: rxe loses both
+//     completions, about one time in ten, when its requester fails a
+//     request while the response to an earlier READ is being processed.
+//     (As on hardware, an atomic whose result buffer is unusable is still
+//     executed at the peer before it fails locally.)
+//   - Misaligned atomics (remote address not a multiple of 8) complete with
 //     REM_INV_REQ_ERR as the IB specification and soft have it, although
-//     rxe's userspace driver would refuse it at post time (EINVAL): the
-//     provider posts it as a 1-byte READ with rkey 0 into the guard, which
-//     fails without modifying anything, and reports that failure with
-//     REM_INV_REQ_ERR.
-//   - Receive-side errors are the device's: rxe (Linux 6.1) reports a SEND
-//     longer than the RECV's buffers, and a RECV whose buffer it cannot
-//     use, as REM_OP_ERR at the requester and LOC_QP_OP_ERR on the RECV
-//     (copy_data returns EINVAL, which the responder treats as a malformed
-//     WQE) where soft reports REM_INV_REQ_ERR and LOC_LEN_ERR.
+//     rxe's userspace driver would refuse them at post time (EINVAL): the
+//     provider posts such a request as a 1-byte READ with rkey 0 into the
+//     guard, which fails without modifying anything, and reports that
+//     failure with REM_INV_REQ_ERR.
+//   - RECVs posted on a QP in ERR: rxe flushes its receive queue only when
+//     its responder runs, which a userspace PostRecv does not trigger;
+//     PostRecv on a QP known to be in ERR therefore re-applies ERR after
+//     posting so the new RECVs are flushed at once, as on hardware.
+//   - Receive-side errors are the device's: rxe reports a SEND longer than
+//     the RECV's buffers, and a RECV whose buffer it cannot use, as
+//     REM_OP_ERR at the requester and LOC_QP_OP_ERR on the RECV (copy_data
+//     returns EINVAL, which the responder treats as a malformed WQE) where
+//     soft reports REM_INV_REQ_ERR and LOC_LEN_ERR.
+//
+// And, the same in both providers but done differently:
+//
+//   - Shape errors and the QP state at post are checked by the same code
+//     as soft's (rdma/internal/postcheck): an atomic whose SGL is not one
+//     8-byte SGE, a negative offset, too many SGEs and the like are
+//     rdma.ErrInvalidWR before anything reaches the device. A message may
+//     be up to 2^32-1 bytes (ibv_sge.length).
 //   - Requester completions of RDMA_WRITE_WITH_IMM and SEND_WITH_IMM carry
 //     the opcodes RDMA_WRITE and SEND, as in verbs (ibv_wc has no opcode
 //     for them).
 //   - QP.State asks the device (ibv_query_qp), so it sees transitions to ERR
-//     the device made on its own.
-//   - Posting on a QP in ERR: rxe flushes its receive queue only when its
-//     responder runs, which a userspace PostRecv does not trigger; PostRecv
-//     on a QP known to be in ERR therefore re-applies ERR after posting so
-//     the new RECVs are flushed at once, as on hardware.
+//     the device made on its own; a QP already known to be in ERR (an
+//     error completion was polled) is reported as ERR without asking.
+//   - CQ.Wait: one Wait at a time sleeps on the completion channel; other
+//     Waits on the same CQ queue behind it and poll in turn, so any number
+//     may wait and none spins.
+//   - QP.Close holds the post locks, so it waits for a post in progress,
+//     and ibv_destroy_qp stops the device's work on the QP before it
+//     returns. Device, PD and CQ lifetimes (ErrBusy, exactly-once Close)
+//     are rdma/internal/life's, shared with soft; a PD whose
+//     ibv_dealloc_pd fails stays open and Close may be retried.
 //   - A post of more requests than the queue holds (after the device's
 //     rounding up) posts those that fit and fails at the first other one
 //     with rdma.ErrQueueFull.
