@@ -8,8 +8,10 @@
 // runs, so release may take the resource's own lock (to mark its own state
 // closed, close connections, wake waiters) and may block (wait for
 // goroutines), while Acquire and a second Close wait for the outcome rather
-// than guess it. release must not call back into the same Lifetime; it may
-// Release a count of its parent's (the lock order is child, then parent).
+// than guess it. release must not Acquire or Close the same Lifetime (that
+// would deadlock); it may Release its parent's count of it, since Release
+// and Count take no lock. Nothing must hold the resource's own lock while
+// it calls Acquire or Close.
 package life
 
 import (
