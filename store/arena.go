@@ -60,7 +60,8 @@ func openArena(dir string, id int, size int64) (*arena, error) {
 	}
 	if st.Size() != 0 && st.Size() != size {
 		f.Close()
-		return nil, fmt.Errorf("store: arena %s is %d bytes but ArenaSize is %d: the data directory was made with other options", path, st.Size(), size)
+		return nil, fmt.Errorf("store: arena %s is %d bytes but ArenaSize is %d: the data directory was made with ArenaSize %d. "+
+			"Start with that size again (rkv-server --arena-size %d), or move the directory away to start empty", path, st.Size(), size, st.Size(), st.Size())
 	}
 	if err := unix.Fallocate(int(f.Fd()), 0, 0, size); err != nil {
 		f.Close()

@@ -57,6 +57,9 @@ func (s *Store) prepareCommit(id uint64, off, length int64) (*pendingCommit, err
 	if s.closed {
 		return nil, ErrClosed
 	}
+	if err := s.brokenErr(); err != nil {
+		return nil, err
+	}
 	l, err := s.liveLeaseLocked(id)
 	if err != nil {
 		return nil, err
@@ -101,6 +104,9 @@ func (s *Store) prepareCommit(id uint64, off, length int64) (*pendingCommit, err
 func (s *Store) Delete(ctx context.Context, key []byte) error {
 	if len(key) == 0 || len(key) > s.opts.MaxKeyLen {
 		return fmt.Errorf("%w: key of %d bytes (1 to %d)", ErrRecord, len(key), s.opts.MaxKeyLen)
+	}
+	if err := s.brokenErr(); err != nil {
+		return err
 	}
 	return s.submit(ctx, &pendingCommit{key: append([]byte(nil), key...), delete: true, done: make(chan struct{})})
 }
@@ -199,12 +205,21 @@ func (s *Store) apply(batch []*pendingCommit) {
 			return
 		}
 	}
+	if err := s.brokenErr(); err != nil {
+		fail(err) // write nothing more
+		return
+	}
 	opts := pebble.NoSync
 	if s.opts.Sync == SyncAlways {
 		opts = pebble.Sync
 	}
 	if err := b.Commit(opts); err != nil {
 		fail(fmt.Errorf("store: writing the index: %w", err))
+		return
+	}
+	// Pebble reports some failures of a commit only to its logger.
+	if err := s.brokenErr(); err != nil {
+		fail(err)
 		return
 	}
 	synced := time.Since(start)

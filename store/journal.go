@@ -62,13 +62,18 @@ func (s *Store) replayJournal() (int, error) {
 	n := 0
 	for it.First(); it.Valid(); it.Next() {
 		id, off, rec, err := decodeJournalEntry(it.Value())
-		if err == nil && (int(id) >= len(s.arenas) || off+uint64(len(rec)) > uint64(s.opts.ArenaSize)) {
-			err = fmt.Errorf("store: journal entry for arena %d offset %d (%d bytes) lies outside %d arenas of %d bytes",
-				id, off, len(rec), len(s.arenas), s.opts.ArenaSize)
+		switch {
+		case err == nil && int(id) >= len(s.arenas):
+			err = fmt.Errorf("store: a journaled record lies in arena %d, but ArenaCount is %d: the directory was made with more arenas. "+
+				"Start with ArenaCount %d or more (rkv-server --arena-count)", id, len(s.arenas), id+1)
+		case err == nil && (off%proto.RecordAlign != 0 || off+uint64(len(rec)) > uint64(s.opts.ArenaSize)):
+			err = fmt.Errorf("store: journal entry for arena %d offset %d (%d bytes) lies outside an arena of %d bytes: corrupt, or ArenaSize changed",
+				id, off, len(rec), s.opts.ArenaSize)
 		}
 		if err != nil {
+			err = fmt.Errorf("store: replaying journal entry %x: %w", it.Key(), err)
 			it.Close()
-			return n, fmt.Errorf("store: replaying journal entry %x: %w", it.Key(), err)
+			return n, err
 		}
 		copy(s.arenas[id].mem.Bytes()[off:], rec)
 		n++

@@ -90,7 +90,8 @@ type Options struct {
 	// 16 MiB.
 	CheckpointInterval time.Duration
 	CheckpointBytes    int64
-	// Logger receives the store's logs. Default slog.Default().
+	// Logger receives the store's logs, Pebble's included. Default
+	// slog.Default().
 	Logger *slog.Logger
 }
 

@@ -19,11 +19,14 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
+	"golang.org/x/sys/unix"
 
 	"github.com/rkv-io/rkv/proto"
 	"github.com/rkv-io/rkv/rdma"
@@ -49,8 +52,10 @@ type Store struct {
 	log        *slog.Logger
 	pd         rdma.PD
 	registrar  *rdma.Registrar
+	lock       *os.File // the data directory's lock
 	db         *pebble.DB
 	generation uint64
+	fatal      atomic.Pointer[error] // set once Pebble reported a fatal error
 
 	indexMem *rdma.Memory
 	indexReg *rdma.Registration
@@ -78,18 +83,21 @@ type Store struct {
 	stats statsCounters
 }
 
-// Open opens (or creates) the store in opts.Dir: it opens Pebble, rebuilds
-// the hash index from it, maps the arenas, and starts registering them with
-// registrar (which must register with pd). It returns before the arenas are
-// registered; Ready delivers each as it becomes usable.
-func Open(ctx context.Context, pd rdma.PD, registrar *rdma.Registrar, opts Options) (s *Store, err error) {
-	if opts, err = opts.withDefaults(); err != nil {
+// Open opens (or creates) the store in opts.Dir: it locks the directory,
+// opens Pebble, rebuilds the hash index from it, maps the arenas, and
+// starts registering them with registrar (which must register with pd).
+// It returns before the arenas are registered; Ready delivers each as it
+// becomes usable.
+//
+// A store that cannot start returns an error saying why and what to do (a
+// directory in use or not writable, or made with another ArenaSize or
+// more arenas), having released everything it took.
+func Open(ctx context.Context, pd rdma.PD, registrar *rdma.Registrar, opts Options) (*Store, error) {
+	opts, err := opts.withDefaults()
+	if err != nil {
 		return nil, err
 	}
-	if err := os.MkdirAll(opts.Dir, 0o700); err != nil {
-		return nil, fmt.Errorf("store: %w", err)
-	}
-	s = &Store{
+	s := &Store{
 		opts: opts, log: opts.Logger, pd: pd, registrar: registrar,
 		leases:      map[uint64]*lease{},
 		ready:       make(chan ArenaInfo, opts.ArenaCount),
@@ -97,39 +105,57 @@ func Open(ctx context.Context, pd rdma.PD, registrar *rdma.Registrar, opts Optio
 		journalFull: make(chan struct{}, 1),
 		stop:        make(chan struct{}),
 	}
-	defer func() {
-		if err != nil {
-			s.closeResources()
+	if err := s.open(ctx); err != nil {
+		// (Open used to defer this on a named result that every error
+		// return had set to nil: a failed start panicked.)
+		if cerr := s.closeResources(); cerr != nil {
+			s.log.Warn("releasing a store that failed to open", "dir", opts.Dir, "err", cerr)
 		}
-	}()
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *Store) open(ctx context.Context) error {
+	opts := s.opts
 	start := time.Now()
-	if s.db, err = pebble.Open(filepath.Join(opts.Dir, "index"), &pebble.Options{Logger: quietPebble{}}); err != nil {
-		return nil, fmt.Errorf("store: opening the Pebble index: %w", err)
+	if err := os.MkdirAll(opts.Dir, 0o700); err != nil {
+		return fmt.Errorf("store: creating the data directory %s: %w: make its parent writable by this user, or choose another directory (rkv-server --data-dir)", opts.Dir, err)
+	}
+	if err := s.lockDir(); err != nil {
+		return err
+	}
+	var err error
+	if s.db, err = pebble.Open(filepath.Join(opts.Dir, "index"), &pebble.Options{Logger: pebbleLogger{s}}); err != nil {
+		return fmt.Errorf("store: opening the Pebble index in %s: %w", opts.Dir, err)
+	}
+	if err := s.brokenErr(); err != nil {
+		return err
 	}
 	if err := s.loadGeneration(); err != nil {
-		return nil, err
+		return err
 	}
 	for i := range opts.ArenaCount {
 		a, err := openArena(opts.Dir, i, opts.ArenaSize)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		s.arenas = append(s.arenas, a)
 	}
 	geo := proto.IndexGeometry{Slots: opts.IndexSlots, Neighborhood: proto.DefaultNeighborhood, Seed: rand.Uint64()}
 	if s.indexMem, err = rdma.Alloc(geo.TableBytes()); err != nil {
-		return nil, fmt.Errorf("store: index table: %w", err)
+		return fmt.Errorf("store: index table: %w", err)
 	}
 	if s.index, err = NewIndex(s.indexMem.Bytes(), geo, s.keyAt, opts.IndexGrace); err != nil {
-		return nil, err
+		return err
 	}
 	replayed, err := s.replayJournal()
 	if err != nil {
-		return nil, err
+		return err
 	}
 	keys, err := s.rebuild()
 	if err != nil {
-		return nil, err
+		return err
 	}
 	s.index.Publish()
 	// The index first: nothing is readable without it. Then the first
@@ -137,11 +163,11 @@ func Open(ctx context.Context, pd rdma.PD, registrar *rdma.Registrar, opts Optio
 	// after sharing the workers, the disk and the cores with the others;
 	// then the rest together. Each is announced as its own registration
 	// completes.
-	s.indexReg = registrar.Register(ctx, s.indexMem.Bytes(), rdma.AccessRemoteRead)
-	s.arenas[0].register(ctx, registrar)
+	s.indexReg = s.registrar.Register(ctx, s.indexMem.Bytes(), rdma.AccessRemoteRead)
+	s.arenas[0].register(ctx, s.registrar)
 	go s.announce(s.arenas[0])
 	s.wg.Add(1)
-	go s.registerRest(ctx, registrar)
+	go s.registerRest(ctx, s.registrar)
 	s.log.Info("store opened", "dir", opts.Dir, "keys", keys, "arenas", opts.ArenaCount, "arena_bytes", opts.ArenaSize,
 		"generation", s.generation, "sync", opts.Sync, "journal_replayed", replayed, "took", time.Since(start))
 	s.wg.Add(1)
@@ -154,7 +180,32 @@ func Open(ctx context.Context, pd rdma.PD, registrar *rdma.Registrar, opts Optio
 		s.wg.Add(1)
 		go s.syncLoop()
 	}
-	return s, nil
+	return nil
+}
+
+// lockDir takes an exclusive lock on the data directory (flock of
+// rkv.lock, which holds the owner's pid), so that a second store on the
+// same directory, in this process or another, fails at once.
+func (s *Store) lockDir() error {
+	path := filepath.Join(s.opts.Dir, "rkv.lock")
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return fmt.Errorf("store: data directory %s is not usable: %w: make it writable by this user, or choose another directory (rkv-server --data-dir)", s.opts.Dir, err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		pid, _ := os.ReadFile(path)
+		f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return fmt.Errorf("store: data directory %s is in use by another store (process %s): stop that server first, "+
+				"or give this one a directory of its own (rkv-server --data-dir)", s.opts.Dir, strings.TrimSpace(string(pid)))
+		}
+		return fmt.Errorf("store: locking the data directory %s: %w", s.opts.Dir, err)
+	}
+	if err := f.Truncate(0); err == nil {
+		_, _ = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
+	}
+	s.lock = f
+	return nil
 }
 
 // registerRest submits every arena but the first once the first is
@@ -294,6 +345,7 @@ func (s *Store) release(leases map[uint64]*lease, pool []*leaseRegion) {
 	}
 }
 
+// closeResources releases what Open took, as far as it got.
 func (s *Store) closeResources() error {
 	var errs []error
 	if s.indexReg != nil {
@@ -309,6 +361,9 @@ func (s *Store) closeResources() error {
 	}
 	if s.db != nil {
 		errs = append(errs, s.db.Close())
+	}
+	if s.lock != nil {
+		errs = append(errs, s.lock.Close()) // and with it the flock
 	}
 	return errors.Join(errs...)
 }
@@ -390,9 +445,8 @@ func (s *Store) rebuild() (int, error) {
 		if err != nil {
 			return n, fmt.Errorf("store: key %q: %w", it.Key()[1:], err)
 		}
-		if int(e.loc.Arena) >= len(s.arenas) || e.loc.Offset+uint64(e.loc.Length) > uint64(s.opts.ArenaSize) {
-			return n, fmt.Errorf("store: key %q points at %+v, outside %d arenas of %d bytes: ArenaCount or ArenaSize shrank?",
-				it.Key()[1:], e.loc, len(s.arenas), s.opts.ArenaSize)
+		if err := s.checkLocation(it.Key()[1:], e.loc); err != nil {
+			return n, err
 		}
 		if _, _, err := s.index.Put(append([]byte(nil), it.Key()[1:]...), e.loc); err != nil {
 			return n, err
@@ -411,15 +465,48 @@ func (s *Store) rebuild() (int, error) {
 	return n, it.Error()
 }
 
-// quietPebble routes Pebble's informational logs nowhere and its errors to
-// stderr.
-type quietPebble struct{}
-
-func (quietPebble) Infof(string, ...interface{}) {}
-func (quietPebble) Errorf(format string, args ...interface{}) {
-	fmt.Fprintf(os.Stderr, "pebble: "+format+"\n", args...)
+// checkLocation checks that an entry's location lies inside the arenas.
+func (s *Store) checkLocation(key []byte, loc proto.Location) error {
+	if int(loc.Arena) >= len(s.arenas) {
+		return fmt.Errorf("store: the record of key %q lies in arena %d, but ArenaCount is %d: the directory was made with more arenas. "+
+			"Start with ArenaCount %d or more (rkv-server --arena-count)", key, loc.Arena, len(s.arenas), loc.Arena+1)
+	}
+	if loc.Length < proto.RecordHeaderSize || loc.Offset+uint64(loc.Length) > uint64(s.opts.ArenaSize) {
+		return fmt.Errorf("store: the record of key %q at %+v lies outside an arena of %d bytes: corrupt, or ArenaSize changed", key, loc, s.opts.ArenaSize)
+	}
+	return nil
 }
-func (quietPebble) Fatalf(format string, args ...interface{}) {
-	fmt.Fprintf(os.Stderr, "pebble: "+format+"\n", args...)
-	os.Exit(1)
+
+// brokenErr is the error every write fails with once Pebble reported a
+// fatal error, or nil.
+func (s *Store) brokenErr() error {
+	if p := s.fatal.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// pebbleLogger routes Pebble's logs to the store's logger: informational
+// ones at debug level, errors as errors. Pebble's Fatalf exits the process
+// by default; here it is logged, and the store refuses writes from then on
+// (Pebble calls it where its state can no longer be trusted, e.g. after a
+// failed WAL write, and may carry on as if the write had succeeded): the
+// server stays up to say so, and a restart recovers from what is durable.
+type pebbleLogger struct{ s *Store }
+
+func (l pebbleLogger) Infof(format string, args ...any) {
+	if l.s.log.Enabled(context.Background(), slog.LevelDebug) {
+		l.s.log.Debug("pebble: " + fmt.Sprintf(format, args...))
+	}
+}
+
+func (l pebbleLogger) Errorf(format string, args ...any) {
+	l.s.log.Error("pebble: " + fmt.Sprintf(format, args...))
+}
+
+func (l pebbleLogger) Fatalf(format string, args ...any) {
+	msg := fmt.Sprintf(format, args...)
+	l.s.log.Error("pebble reported a fatal error: the store refuses writes until it is restarted", "err", msg)
+	err := fmt.Errorf("store: Pebble failed (%s): the store takes no more writes; restart the server", msg)
+	l.s.fatal.CompareAndSwap(nil, &err)
 }
