@@ -4,6 +4,7 @@ package store
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -116,10 +117,26 @@ func (a *arena) record(loc proto.Location) ([]byte, error) {
 
 // markDead flips the state word of the record at off, so one-sided readers
 // holding its location see it superseded.
-func (a *arena) markDead(off uint64) {
+func (a *arena) markDead(off uint64) { a.setState(off, proto.RecordDead) }
+
+// setState sets the state word of the record at off with one aligned
+// atomic store (records are 8-byte aligned), skipped when it holds st
+// already so that a rebuild does not dirty pages for nothing.
+func (a *arena) setState(off uint64, st uint32) {
 	p := (*uint32)(unsafe.Pointer(&a.mem.Bytes()[off+proto.RecordStateOffset]))
-	atomic.StoreUint32(p, proto.RecordDead)
+	if atomic.LoadUint32(p) != st {
+		atomic.StoreUint32(p, st)
+	}
 }
+
+// recordState reads the state word of the record at the start of b, which
+// may be arena memory a client or a reader shares.
+func recordState(b []byte) uint32 {
+	return atomic.LoadUint32((*uint32)(unsafe.Pointer(&b[proto.RecordStateOffset])))
+}
+
+// putState sets the state word of a record in private memory (a copy).
+func putState(b []byte, st uint32) { binary.LittleEndian.PutUint32(b[proto.RecordStateOffset:], st) }
 
 // sync makes every store through the arena's mapping durable: one
 // fdatasync covers all dirty pages of the file, so a batch of commits

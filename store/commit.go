@@ -25,25 +25,52 @@ type Committed struct {
 }
 
 type pendingCommit struct {
-	key     []byte
-	delete  bool
-	entry   entry
-	arena   *arena // where the record lies; nil for a delete
-	rec     []byte // the verified record, to journal
-	result  error
-	oldLoc  proto.Location
-	removed bool
-	done    chan struct{}
+	key    []byte
+	shard  proto.Shard
+	write  proto.Write
+	delete bool
+	entry  entry
+	arena  *arena // where the record lies; nil for a delete
+	rec    []byte // the verified record, to journal
+	result error
+	done   chan struct{}
 }
 
 // Commit commits the record a client wrote at offset off of lease id's
 // region, length bytes long (its RecordSize). It returns once the record is
 // durable under the sync policy and visible to readers.
-func (s *Store) Commit(ctx context.Context, id uint64, off, length int64) (Committed, error) {
-	c, err := s.prepareCommit(id, off, length)
+//
+// The record's key must be of a shard the store owns, else the commit
+// fails with ErrNotOwner; of a frozen shard, with ErrShardMoving.
+//
+// w makes the commit idempotent (w.Session 0: no idempotency). The store
+// keeps the last write each (shard, session) applied, persisted with the
+// write itself (see sessions.go). For a commit whose (Session, Seq) is
+//
+//   - the last applied: nothing is applied again; the first result is
+//     returned: Committed{Version, Location} while that version is still
+//     the key's current record here, else the Version with a zero
+//     Location (Length 0: superseded since, or moved here by a
+//     migration). The retry may come through the same lease offset or a
+//     new record in another lease (only its key is read).
+//   - one in flight (queued, not yet applied): Commit waits for it and
+//     returns its result.
+//   - lower than one applied or in flight in the key's shard: an error
+//     wrapping ErrSuperseded. (Entries are kept per shard, so that they
+//     move with it: a seq is compared with the session's writes to the
+//     same shard only, which is where a retry of it would go.)
+//   - higher (or unknown): applied.
+//
+// A retry is only recognised within Options.SessionTTL of the first
+// attempt, which is far longer than a writer retries.
+func (s *Store) Commit(ctx context.Context, id uint64, off, length int64, w proto.Write) (Committed, error) {
+	c, v, err := s.prepareCommit(id, off, length, w)
 	if err != nil {
 		s.stats.commitsRejected.Add(1)
 		return Committed{}, err
+	}
+	if v.dup != nil || v.wait != nil {
+		return s.answer(ctx, c.key, v)
 	}
 	if err := s.submit(ctx, c); err != nil {
 		return Committed{}, err
@@ -51,72 +78,175 @@ func (s *Store) Commit(ctx context.Context, id uint64, off, length int64) (Commi
 	return Committed{Location: c.entry.loc, Version: c.entry.version}, nil
 }
 
-func (s *Store) prepareCommit(id uint64, off, length int64) (*pendingCommit, error) {
+// answer answers a retry from its session's entry, or waits for the write
+// in flight.
+func (s *Store) answer(ctx context.Context, key []byte, v sessionVerdict) (Committed, error) {
+	if p := v.wait; p != nil {
+		select {
+		case <-p.done:
+		case <-ctx.Done():
+			return Committed{}, ctx.Err()
+		}
+		s.stats.duplicates.Add(1)
+		if p.result != nil || p.delete {
+			return Committed{}, p.result
+		}
+		return Committed{Location: p.entry.loc, Version: p.entry.version}, nil
+	}
+	s.stats.duplicates.Add(1)
+	out := Committed{Version: v.dup.version}
+	if v.dup.loc.Length != 0 {
+		if loc, ok, err := s.index.Get(key); err == nil && ok && loc == v.dup.loc {
+			out.Location = loc
+		}
+	}
+	return out, nil
+}
+
+func (s *Store) prepareCommit(id uint64, off, length int64, w proto.Write) (*pendingCommit, sessionVerdict, error) {
+	var none sessionVerdict
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return nil, ErrClosed
+		return nil, none, ErrClosed
 	}
 	if err := s.brokenErr(); err != nil {
-		return nil, err
+		return nil, none, err
 	}
 	l, err := s.liveLeaseLocked(id)
 	if err != nil {
-		return nil, err
+		return nil, none, err
 	}
-	if off < l.next || length < proto.RecordHeaderSize || off+length > l.Size {
-		return nil, fmt.Errorf("%w: commit of %d bytes at %d in lease %d: outside [%d, %d)", ErrLease, length, off, id, l.next, l.Size)
+	if off < 0 || length < proto.RecordHeaderSize || off > l.Size || length > l.Size-off {
+		return nil, none, fmt.Errorf("%w: commit of %d bytes at %d in lease %d: outside [%d, %d)", ErrLease, length, off, id, l.next, l.Size)
 	}
 	a := l.region.arena
 	at := l.region.offset + off
 	rec := a.mem.Bytes()[at : at+length]
-	if s.journaled() {
+	state := recordState(rec)
+	if s.journaled() || state != proto.RecordLive {
 		// Verify and journal one snapshot: the client can still write to
-		// its lease.
+		// its lease. A record that is not live may be a retry of one
+		// committed and superseded since: read its key all the same.
 		rec = append([]byte(nil), rec...)
+		putState(rec, proto.RecordLive)
 	}
 	r, err := proto.VerifyRecord(rec, nil, 0)
 	switch {
 	case err != nil:
-		return nil, fmt.Errorf("%w: lease %d offset %d: %w", ErrRecord, id, off, err)
+		return nil, none, fmt.Errorf("%w: lease %d offset %d: %w", ErrRecord, id, off, err)
 	case int64(proto.RecordSize(r.KeyLen, r.ValueLen)) != length:
-		return nil, fmt.Errorf("%w: record of key %d and value %d bytes takes %d bytes, commit says %d", ErrRecord, r.KeyLen, r.ValueLen, proto.RecordSize(r.KeyLen, r.ValueLen), length)
+		return nil, none, fmt.Errorf("%w: record of key %d and value %d bytes takes %d bytes, commit says %d", ErrRecord, r.KeyLen, r.ValueLen, proto.RecordSize(r.KeyLen, r.ValueLen), length)
 	case r.KeyLen > s.opts.MaxKeyLen || r.ValueLen > s.opts.MaxValueLen:
-		return nil, fmt.Errorf("%w: key %d bytes (max %d), value %d bytes (max %d)", ErrRecord, r.KeyLen, s.opts.MaxKeyLen, r.ValueLen, s.opts.MaxValueLen)
+		return nil, none, fmt.Errorf("%w: key %d bytes (max %d), value %d bytes (max %d)", ErrRecord, r.KeyLen, s.opts.MaxKeyLen, r.ValueLen, s.opts.MaxValueLen)
 	case r.Tombstone():
-		return nil, fmt.Errorf("%w: deletes are committed with Delete, not as records", ErrRecord)
+		return nil, none, fmt.Errorf("%w: deletes are committed with Delete, not as records", ErrRecord)
+	}
+	c := &pendingCommit{key: append([]byte(nil), r.Key...), shard: proto.ShardOf(r.Key), write: w, done: make(chan struct{})}
+	if v, err := s.admissibleLocked(c); err != nil || v.dup != nil || v.wait != nil {
+		return c, v, err
+	}
+	switch {
+	case state != proto.RecordLive:
+		return nil, none, fmt.Errorf("%w: lease %d offset %d: state word %d: a record is written live", ErrRecord, id, off, state)
+	case off < l.next:
+		return nil, none, fmt.Errorf("%w: commit of %d bytes at %d in lease %d: outside [%d, %d)", ErrLease, length, off, id, l.next, l.Size)
 	case r.Version < l.nextVersion || r.Version >= l.VersionBase+l.VersionCount:
-		return nil, fmt.Errorf("%w: version %d outside the lease's remaining range [%d, %d)", ErrRecord, r.Version, l.nextVersion, l.VersionBase+l.VersionCount)
+		return nil, none, fmt.Errorf("%w: version %d outside the lease's remaining range [%d, %d)", ErrRecord, r.Version, l.nextVersion, l.VersionBase+l.VersionCount)
 	}
 	a.dead += off - l.next // a gap the client skipped
 	l.next = off + length
 	l.nextVersion = r.Version + 1
-	return &pendingCommit{
-		key:   append([]byte(nil), r.Key...),
-		entry: entry{loc: proto.Location{Arena: a.id, Offset: uint64(at), Length: uint32(length)}, version: r.Version},
-		arena: a,
-		rec:   rec,
-		done:  make(chan struct{}),
-	}, nil
+	c.entry = entry{loc: proto.Location{Arena: a.id, Offset: uint64(at), Length: uint32(length)}, version: r.Version}
+	c.arena, c.rec = a, rec
+	s.admitLocked(c)
+	return c, none, nil
 }
 
-// Delete removes key. Deleting an absent key is not an error.
-func (s *Store) Delete(ctx context.Context, key []byte) error {
+// admissibleLocked checks that c's shard takes writes and judges it by its
+// session: an error, a retry to answer, or a zero verdict (admit it).
+func (s *Store) admissibleLocked(c *pendingCommit) (sessionVerdict, error) {
+	info := &s.shards[c.shard]
+	if info.state != ShardOwned {
+		return sessionVerdict{}, fmt.Errorf("%w: %v is %v on this server", ErrNotOwner, c.shard, info.state)
+	}
+	if c.write.Session != 0 {
+		// A retry of a write already applied is answered even while the
+		// shard is frozen: it changes nothing.
+		if v, err := s.sess.check(c.shard, c.write); err != nil || v.dup != nil || v.wait != nil {
+			return v, err
+		}
+	}
+	if info.frozen || info.moving {
+		return sessionVerdict{}, fmt.Errorf("%w: %v is frozen for a migration; retry in a moment", ErrShardMoving, c.shard)
+	}
+	return sessionVerdict{}, nil
+}
+
+// admitLocked counts c in its shard (FreezeShards waits for it), in its
+// session, and in the store (Close waits for it).
+func (s *Store) admitLocked(c *pendingCommit) {
+	s.shards[c.shard].admit()
+	if c.write.Session != 0 {
+		s.sess.begin(c)
+	}
+	s.inflight.Add(1)
+}
+
+// finishLocked undoes admitLocked once c is applied or failed; the caller
+// then closes c.done and calls s.inflight.Done.
+func (s *Store) finishLocked(c *pendingCommit, applied bool, now int64) {
+	s.shards[c.shard].applied()
+	if c.write.Session != 0 {
+		s.sess.finish(c, applied, now)
+	}
+}
+
+// Delete removes key. Deleting an absent key is not an error. The key's
+// shard must be owned (else ErrNotOwner) and not frozen (ErrShardMoving);
+// w makes it idempotent as for Commit (a retry of an applied delete
+// returns nil).
+func (s *Store) Delete(ctx context.Context, key []byte, w proto.Write) error {
 	if len(key) == 0 || len(key) > s.opts.MaxKeyLen {
 		return fmt.Errorf("%w: key of %d bytes (1 to %d)", ErrRecord, len(key), s.opts.MaxKeyLen)
 	}
+	c := &pendingCommit{key: append([]byte(nil), key...), shard: proto.ShardOf(key), write: w, delete: true, done: make(chan struct{})}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return ErrClosed
+	}
 	if err := s.brokenErr(); err != nil {
+		s.mu.Unlock()
 		return err
 	}
-	return s.submit(ctx, &pendingCommit{key: append([]byte(nil), key...), delete: true, done: make(chan struct{})})
+	v, err := s.admissibleLocked(c)
+	if err == nil && v.dup == nil && v.wait == nil {
+		s.admitLocked(c)
+	}
+	s.mu.Unlock()
+	switch {
+	case err != nil:
+		return err
+	case v.dup != nil || v.wait != nil:
+		_, err := s.answer(ctx, c.key, v)
+		return err
+	}
+	return s.submit(ctx, c)
 }
 
 func (s *Store) submit(ctx context.Context, c *pendingCommit) error {
 	select {
 	case s.commits <- c:
-	case <-s.stop:
-		return ErrClosed
 	case <-ctx.Done():
+		s.mu.Lock()
+		s.finishLocked(c, false, 0)
+		if c.arena != nil {
+			c.arena.dead += int64(c.entry.loc.Length) // never committed
+		}
+		s.mu.Unlock()
+		close(c.done)
+		s.inflight.Done()
 		return ctx.Err()
 	}
 	// Once queued the commit happens; ctx only stops the wait for it.
@@ -130,6 +260,7 @@ func (s *Store) submit(ctx context.Context, c *pendingCommit) error {
 
 // commitLoop applies queued commits in batches: one sync and one Pebble
 // write for everything that queued up while the previous batch was syncing.
+// It is the one writer of the journal and of session entries.
 func (s *Store) commitLoop() {
 	defer s.wg.Done()
 	batch := make([]*pendingCommit, 0, 256)
@@ -151,8 +282,9 @@ func (s *Store) commitLoop() {
 			s.apply(batch)
 		case now := <-expiry.C:
 			s.expireLeases(now)
+			s.deleteDoomedSessions()
 		case <-s.stop:
-			for { // finish what was queued before Close
+			for { // Close waited for every admitted commit: normally none is left
 				select {
 				case c := <-s.commits:
 					s.apply([]*pendingCommit{c})
@@ -166,11 +298,24 @@ func (s *Store) commitLoop() {
 
 func (s *Store) apply(batch []*pendingCommit) {
 	start := time.Now()
+	now := start.UnixNano()
+	finish := func() {
+		s.mu.Lock()
+		for _, c := range batch {
+			s.finishLocked(c, c.result == nil, now)
+		}
+		s.sess.evict(time.Now())
+		s.mu.Unlock()
+		for _, c := range batch {
+			close(c.done)
+			s.inflight.Done()
+		}
+	}
 	fail := func(err error) {
 		for _, c := range batch {
 			c.result = err
-			close(c.done)
 		}
+		finish()
 	}
 	// Refuse new keys the index could not take back at the next start.
 	for _, c := range batch {
@@ -184,6 +329,12 @@ func (s *Store) apply(batch []*pendingCommit) {
 	}
 	b := s.db.NewBatch()
 	defer b.Close()
+	s.mu.Lock()
+	doomed := s.sess.takeDoomed()
+	s.mu.Unlock()
+	for _, k := range doomed {
+		_ = b.Delete(k, nil) // before the sets: a session re-created in this batch stays
+	}
 	seq, journaled := s.journalNext.Load(), int64(0)
 	for _, c := range batch {
 		var err error
@@ -191,38 +342,70 @@ func (s *Store) apply(batch []*pendingCommit) {
 		case c.result != nil:
 			continue
 		case c.delete:
-			err = b.Delete(dataKey(c.key), nil)
+			err = b.Delete(shardDataKey(c.shard, c.key), nil)
 		default:
-			err = b.Set(dataKey(c.key), c.entry.encode(), nil)
+			err = b.Set(shardDataKey(c.shard, c.key), c.entry.encode(), nil)
 			if err == nil && s.journaled() {
 				err = b.Set(journalKey(seq), journalEntry(c.entry.loc, c.rec), nil)
 				seq++
 				journaled += int64(len(c.rec))
 			}
 		}
+		if err == nil && c.write.Session != 0 {
+			err = b.Set(sessionKey(c.shard, c.write.Session), c.sessionRecord(now).encode(), nil)
+		}
 		if err != nil {
 			fail(err)
 			return
 		}
 	}
+	if s.testHookApply != nil {
+		s.testHookApply()
+	}
 	if err := s.brokenErr(); err != nil {
 		fail(err) // write nothing more
 		return
 	}
+	if err := s.commitBatch(b); err != nil {
+		fail(err)
+		return
+	}
+	synced := time.Since(start)
+	s.journalWritten(seq, journaled)
+	for _, c := range batch {
+		if c.result == nil {
+			c.result = s.publish(c)
+		}
+	}
+	finish()
+	s.stats.observeBatch(len(batch), synced)
+}
+
+// sessionRecord is what c's session entry says once c is applied.
+func (c *pendingCommit) sessionRecord(now int64) sessionRecord {
+	r := sessionRecord{seq: c.write.Seq, time: now}
+	if !c.delete {
+		r.version, r.loc = c.entry.version, c.entry.loc
+	}
+	return r
+}
+
+// commitBatch commits b under the sync policy.
+func (s *Store) commitBatch(b *pebble.Batch) error {
 	opts := pebble.NoSync
 	if s.opts.Sync == SyncAlways {
 		opts = pebble.Sync
 	}
 	if err := b.Commit(opts); err != nil {
-		fail(fmt.Errorf("store: writing the index: %w", err))
-		return
+		return fmt.Errorf("store: writing the index: %w", err)
 	}
 	// Pebble reports some failures of a commit only to its logger.
-	if err := s.brokenErr(); err != nil {
-		fail(err)
-		return
-	}
-	synced := time.Since(start)
+	return s.brokenErr()
+}
+
+// journalWritten records that journal entries below seq are committed,
+// journaled bytes more of them, and asks for a checkpoint when due.
+func (s *Store) journalWritten(seq uint64, journaled int64) {
 	s.journalNext.Store(seq)
 	if s.journalBytes.Add(journaled) >= s.opts.CheckpointBytes {
 		select {
@@ -230,13 +413,6 @@ func (s *Store) apply(batch []*pendingCommit) {
 		default:
 		}
 	}
-	for _, c := range batch {
-		if c.result == nil {
-			c.result = s.publish(c)
-		}
-		close(c.done)
-	}
-	s.stats.observeBatch(len(batch), synced)
 }
 
 // publish points the hash index at a durable commit and retires the
@@ -251,22 +427,49 @@ func (s *Store) publish(c *pendingCommit) error {
 		old, had, err = s.index.Put(c.key, c.entry.loc)
 	}
 	if err != nil {
-		// Undo the durable entry so the next start agrees with readers.
-		undo := s.db.Delete(dataKey(c.key), pebble.Sync)
+		// Undo the durable entry (and session entry) so the next start
+		// agrees with readers.
+		b := s.db.NewBatch()
+		defer b.Close()
+		undo := b.Delete(shardDataKey(c.shard, c.key), nil)
 		if had {
-			undo = s.db.Set(dataKey(c.key), entry{loc: old}.encode(), pebble.Sync)
+			undo = b.Set(shardDataKey(c.shard, c.key), entry{loc: old, version: s.versionAt(old)}.encode(), nil)
 		}
-		return errors.Join(err, undo)
+		if c.write.Session != 0 {
+			s.mu.Lock()
+			ss := s.sess.m[sessKey{c.shard, c.write.Session}]
+			var prev *sessionRecord
+			if ss != nil && ss.applied {
+				r := ss.sessionRecord
+				prev = &r
+			}
+			s.mu.Unlock()
+			if prev != nil {
+				undo = errors.Join(undo, b.Set(sessionKey(c.shard, c.write.Session), prev.encode(), nil))
+			} else {
+				undo = errors.Join(undo, b.Delete(sessionKey(c.shard, c.write.Session), nil))
+			}
+		}
+		return errors.Join(err, undo, b.Commit(pebble.Sync))
 	}
 	s.mu.Lock()
+	info := &s.shards[c.shard]
 	if had {
 		a := s.arenas[old.Arena]
 		a.markDead(old.Offset)
 		a.live -= int64(old.Length)
 		a.dead += int64(old.Length)
+		info.live -= int64(old.Length)
 	}
-	if !c.delete {
+	switch {
+	case !c.delete:
 		c.arena.live += int64(c.entry.loc.Length)
+		info.live += int64(c.entry.loc.Length)
+		if !had {
+			info.keys++
+		}
+	case had:
+		info.keys--
 	}
 	s.mu.Unlock()
 	switch {

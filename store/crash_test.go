@@ -116,7 +116,7 @@ func TestAcknowledgedWritesSurviveKill9(t *testing.T) {
 	}
 	// Nothing that was not committed is visible: every key present is one
 	// the child wrote, with the value it wrote.
-	entries, err := sv.s.Scan(nil, nil, 0)
+	entries, err := sv.s.Scan(nil, nil, nil, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"sync"
 	"testing"
@@ -24,7 +25,8 @@ type server struct {
 	s    *Store
 }
 
-func newServer(t testing.TB, opts Options) *server {
+// newBareServer opens a store as it is: a new one owns no shard.
+func newBareServer(t testing.TB, opts Options) *server {
 	t.Helper()
 	if opts.Dir == "" {
 		opts.Dir = t.TempDir()
@@ -44,6 +46,17 @@ func newServer(t testing.TB, opts Options) *server {
 	sv := &server{t: t, dev: dev, pd: pd, cq: cq, opts: opts, reg: rdma.NewRegistrar(pd, rdma.RegistrarOptions{})}
 	sv.open()
 	t.Cleanup(sv.shutdown)
+	return sv
+}
+
+// newServer opens a store in opts.Dir that owns every shard (since epoch
+// 1), as a server of a one-server cluster does.
+func newServer(t testing.TB, opts Options) *server {
+	t.Helper()
+	sv := newBareServer(t, opts)
+	if err := sv.s.ActivateShards(AllShards(), 1); err != nil {
+		t.Fatal(err)
+	}
 	return sv
 }
 
@@ -193,8 +206,13 @@ func (w *writer) write(key, value []byte) (off, n int64) {
 }
 
 func (w *writer) put(key, value []byte) (Committed, error) {
+	return w.putW(key, value, proto.Write{})
+}
+
+// putW writes and commits a record as write w of an idempotency session.
+func (w *writer) putW(key, value []byte, wr proto.Write) (Committed, error) {
 	off, n := w.write(key, value)
-	return w.c.sv.s.Commit(context.Background(), w.lease.ID, off, n)
+	return w.c.sv.s.Commit(context.Background(), w.lease.ID, off, n, wr)
 }
 
 // get resolves key one-sidedly: READ of its index neighborhood, READ of the
@@ -252,4 +270,105 @@ func (c *client) mustGet(key []byte) ([]byte, bool) {
 	}
 	c.t.Fatalf("GET %q: 100 torn reads in a row", key)
 	return nil, false
+}
+
+// shardWord READs shard sh's word from the server's index region, as a
+// one-sided reader does after a miss.
+func (c *client) shardWord(sh proto.Shard) uint64 {
+	c.t.Helper()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	idx, err := c.sv.s.IndexRegion(context.Background())
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	if st := c.do(rdma.OpRead, 0, proto.ShardWordSize, idx.Addr+uint64(idx.Geometry.ShardWordOffset(sh)), idx.RKey); st != rdma.StatusSuccess {
+		c.t.Fatalf("READ of the word of %v: %v", sh, st)
+	}
+	return proto.DecodeShardWord(c.mem.Bytes()[:proto.ShardWordSize])
+}
+
+// recordState READs the state word of the record at loc.
+func (c *client) recordState(loc proto.Location) uint32 {
+	c.t.Helper()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var a *ArenaInfo
+	for _, info := range c.sv.s.Arenas() {
+		if info.ID == loc.Arena {
+			a = &info
+		}
+	}
+	if a == nil {
+		c.t.Fatalf("arena %d is not registered", loc.Arena)
+	}
+	if st := c.do(rdma.OpRead, 0, proto.RecordHeaderSize, a.Addr+loc.Offset, a.RKey); st != rdma.StatusSuccess {
+		c.t.Fatalf("READ of the record at %+v: %v", loc, st)
+	}
+	h, err := proto.DecodeRecordHeader(c.mem.Bytes()[:proto.RecordHeaderSize])
+	if err != nil {
+		c.t.Fatalf("record at %+v: %v", loc, err)
+	}
+	return h.State
+}
+
+// readerResult is what a one-sided reader concludes about a key.
+type readerResult int
+
+const (
+	readFound    readerResult = iota // a live record of the key
+	readNotFound                     // a miss, and the server owns the shard since the reader's epoch
+	readRefresh                      // a miss at a server that does not own the shard (as the reader's map says): refresh the map
+)
+
+// read is a one-sided GET as the design prescribes: a live record of the
+// key is the answer; a miss means "not found" only if the shard's word
+// equals since, the epoch the reader's map says the server owns it since.
+func (c *client) read(key []byte, since uint64) ([]byte, readerResult) {
+	c.t.Helper()
+	v, ok := c.mustGet(key)
+	switch {
+	case ok:
+		return v, readFound
+	case c.shardWord(proto.ShardOf(key)) == since:
+		return nil, readNotFound
+	}
+	return nil, readRefresh
+}
+
+// keysIn returns n keys of shard sh, named after tag.
+func keysIn(sh proto.Shard, tag string, n int) [][]byte {
+	var out [][]byte
+	for i := 0; len(out) < n; i++ {
+		if k := fmt.Appendf(nil, "%s-%d-%d", tag, sh, i); proto.ShardOf(k) == sh {
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
+// checkAccounting checks the store's space and key counts against each
+// other: live bytes by arena and by shard agree, and the indexed keys are
+// the owned shards' keys.
+func checkAccounting(t testing.TB, s *Store) {
+	t.Helper()
+	var arenaLive, shardLive, ownedKeys int64
+	for _, a := range s.Stats().Arenas {
+		arenaLive += a.Live
+		if a.Live < 0 || a.Dead < 0 || a.Live+a.Dead > a.Allocated {
+			t.Fatalf("arena %d: %d live + %d dead of %d allocated", a.ID, a.Live, a.Dead, a.Allocated)
+		}
+	}
+	for _, sh := range s.Shards() {
+		shardLive += sh.LiveBytes
+		if sh.State == ShardOwned {
+			ownedKeys += sh.Keys
+		}
+	}
+	if arenaLive != shardLive {
+		t.Fatalf("arenas count %d live bytes, shards %d", arenaLive, shardLive)
+	}
+	if st := s.Stats(); st.Keys != ownedKeys || int64(s.index.Len()) != ownedKeys {
+		t.Fatalf("Stats.Keys %d, index %d keys, owned shards %d keys", st.Keys, s.index.Len(), ownedKeys)
+	}
 }

@@ -23,7 +23,9 @@ import (
 // copied there from the journal before anything reads it.
 //
 // Arena space is never reused, so replaying a suffix of the journal in
-// sequence order can only rewrite records with their own bytes.
+// sequence order can only rewrite records with their own bytes. Replayed
+// records are left dead; the rebuild that follows sets live exactly the
+// current records of the shards the store owns.
 
 var (
 	journalPrefix = []byte{'j'}
@@ -76,6 +78,10 @@ func (s *Store) replayJournal() (int, error) {
 			return n, err
 		}
 		copy(s.arenas[id].mem.Bytes()[off:], rec)
+		// Dead until the rebuild says otherwise: the journal holds the
+		// record as committed (live), and it may have been superseded
+		// or its shard handed over since.
+		s.arenas[id].setState(off, proto.RecordDead)
 		n++
 	}
 	if err := it.Close(); err != nil {

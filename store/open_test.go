@@ -11,6 +11,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/rkv-io/rkv/proto"
 )
 
 // openErr opens a store on sv's device with opts and expects it to fail.
@@ -155,7 +157,7 @@ func TestPebbleLogsThroughTheStoreAndNeverExits(t *testing.T) {
 	if _, err := w.put([]byte("after"), []byte("v")); err == nil || !strings.Contains(err.Error(), "a fatal error 2") {
 		t.Fatalf("commit after a Pebble fatal error: %v, want refused", err)
 	}
-	if err := sv.s.Delete(context.Background(), []byte("before")); err == nil {
+	if err := sv.s.Delete(context.Background(), []byte("before"), proto.Write{}); err == nil {
 		t.Fatal("delete after a Pebble fatal error was applied")
 	}
 	if v, err := sv.s.Get([]byte("before")); err != nil || string(v) != "v" {

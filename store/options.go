@@ -90,6 +90,14 @@ type Options struct {
 	// 16 MiB.
 	CheckpointInterval time.Duration
 	CheckpointBytes    int64
+	// SessionTTL is how long the last write of an idempotency session is
+	// remembered, and MaxSessions how many (shard, session) entries are
+	// at most (the oldest beyond it are forgotten early, which
+	// Stats.SessionsEvictedEarly counts). A retry is recognised only
+	// while its session's entry is kept: see sessions.go for why the TTL
+	// is safe. Defaults 10 minutes and 1<<18.
+	SessionTTL  time.Duration
+	MaxSessions int
 	// Logger receives the store's logs, Pebble's included. Default
 	// slog.Default().
 	Logger *slog.Logger
@@ -135,6 +143,12 @@ func (o Options) withDefaults() (Options, error) {
 	if o.CheckpointBytes == 0 {
 		o.CheckpointBytes = 16 << 20
 	}
+	if o.SessionTTL == 0 {
+		o.SessionTTL = 10 * time.Minute
+	}
+	if o.MaxSessions == 0 {
+		o.MaxSessions = 1 << 18
+	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
@@ -151,6 +165,8 @@ func (o Options) withDefaults() (Options, error) {
 		return o, fmt.Errorf("store: MaxValueLen %d with MaxKeyLen %d does not fit a %d-byte lease", o.MaxValueLen, o.MaxKeyLen, o.LeaseSize)
 	case o.CheckpointInterval < 0 || o.CheckpointBytes < 0:
 		return o, fmt.Errorf("store: CheckpointInterval %v, CheckpointBytes %d: must not be negative", o.CheckpointInterval, o.CheckpointBytes)
+	case o.SessionTTL < 0 || o.MaxSessions < 0:
+		return o, fmt.Errorf("store: SessionTTL %v, MaxSessions %d: must not be negative", o.SessionTTL, o.MaxSessions)
 	case o.Sync < SyncAlways || o.Sync > SyncNone:
 		return o, fmt.Errorf("store: unknown sync policy %d", o.Sync)
 	}

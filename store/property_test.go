@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"pgregory.net/rapid"
+
+	"github.com/rkv-io/rkv/proto"
 )
 
 // A random sequence of puts, deletes and restarts must read back like a map.
@@ -36,7 +38,7 @@ func TestStoreBehavesLikeAMap(t *testing.T) {
 			},
 			"delete": func(rt *rapid.T) {
 				k := prefix + keyGen.Draw(rt, "key")
-				if err := sv.s.Delete(context.Background(), []byte(k)); err != nil {
+				if err := sv.s.Delete(context.Background(), []byte(k), proto.Write{}); err != nil {
 					rt.Fatal(err)
 				}
 				delete(model, k)

@@ -18,6 +18,7 @@ type statsCounters struct {
 	leasesGranted   atomic.Uint64
 	leasesExpired   atomic.Uint64
 	checkpoints     atomic.Uint64
+	duplicates      atomic.Uint64
 }
 
 func (c *statsCounters) observeBatch(n int, took time.Duration) {
@@ -28,19 +29,26 @@ func (c *statsCounters) observeBatch(n int, took time.Duration) {
 
 // Stats is a snapshot of the store's counters.
 type Stats struct {
-	Keys            int64
+	Keys            int64  // keys of the shards owned (those in the hash index)
 	Commits         uint64 // puts acknowledged
 	Deletes         uint64
-	CommitsRejected uint64 // refused at validation: bad lease or record
+	CommitsRejected uint64 // refused at validation: bad lease or record, shard not owned or moving, superseded
 	Batches         uint64 // group commits; Commits+Deletes per batch is the grouping factor
 	SyncTime        time.Duration
 	LeasesActive    int
 	LeasesGranted   uint64
 	LeasesExpired   uint64
 	Checkpoints     uint64 // journal write-backs to the arenas
-	IndexLoad       float64
-	IndexMoves      uint64
-	Arenas          []ArenaStats
+	// Idempotency: retried commits and deletes answered without applying
+	// them again, session entries held, and entries forgotten before
+	// SessionTTL because of MaxSessions (a retry of those would apply
+	// twice: raise MaxSessions if this grows).
+	Duplicates           uint64
+	Sessions             int
+	SessionsEvictedEarly uint64
+	IndexLoad            float64
+	IndexMoves           uint64
+	Arenas               []ArenaStats
 }
 
 // ArenaStats is one arena's space.
@@ -59,12 +67,13 @@ func (s *Store) Stats() Stats {
 		CommitsRejected: s.stats.commitsRejected.Load(), Batches: s.stats.batches.Load(),
 		SyncTime:      time.Duration(s.stats.syncNanos.Load()),
 		LeasesGranted: s.stats.leasesGranted.Load(), LeasesExpired: s.stats.leasesExpired.Load(),
-		Checkpoints: s.stats.checkpoints.Load(),
-		IndexLoad:   s.index.LoadFactor(), IndexMoves: s.index.Moves(),
+		Checkpoints: s.stats.checkpoints.Load(), Duplicates: s.stats.duplicates.Load(),
+		IndexLoad: s.index.LoadFactor(), IndexMoves: s.index.Moves(),
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st.LeasesActive = len(s.leases)
+	st.Sessions, st.SessionsEvictedEarly = s.sess.byAge.Len(), s.sess.early
 	for _, a := range s.arenas {
 		st.Arenas = append(st.Arenas, ArenaStats{ID: a.id, Registered: a.ready(), Allocated: a.head, Live: a.live, Dead: a.dead, Size: s.opts.ArenaSize})
 	}

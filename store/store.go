@@ -1,13 +1,5 @@
-// Package store holds a server's data: value arenas registered for RDMA,
-// self-verifying records, the hash index clients read one-sidedly, and the
-// Pebble database that makes the index durable.
-//
-// Values reach the store without passing through the server's code: a
-// client takes a write lease (a region of an arena registered REMOTE_WRITE
-// for that lease only), writes records into it with RDMA_WRITE, and commits
-// each with a small message. Commit checks the record, makes it durable,
-// points the index at it and retires the version it replaces. Clients then
-// find it with one READ of the index and one of the record.
+// The Store: opening a data directory (and refusing one it cannot use), closing it, the rebuild at start.
+
 package store
 
 import (
@@ -57,12 +49,19 @@ type Store struct {
 	generation uint64
 	fatal      atomic.Pointer[error] // set once Pebble reported a fatal error
 
+	// indexMem is the index region clients READ: the hash table, then
+	// one word per shard (words).
 	indexMem *rdma.Memory
 	indexReg *rdma.Registration
 	index    *Index
+	words    []uint64
 
 	arenas []*arena
 	ready  chan ArenaInfo // each arena once, as its registration completes
+
+	// shardOps serializes the operations on each shard (shards.go,
+	// Ingest); they take them in shard order.
+	shardOps [proto.NumShards]sync.Mutex
 
 	mu          sync.Mutex
 	closed      bool
@@ -70,8 +69,14 @@ type Store struct {
 	leases      map[uint64]*lease
 	nextLeaseID uint64
 	pool        []*leaseRegion // registered ahead of demand
+	shards      [proto.NumShards]shardInfo
+	sess        sessionTable
 
 	commits chan *pendingCommit
+	// inflight counts the commits and deletes admitted and the
+	// operations entered (enter) not yet finished: Close waits for them
+	// before it stops the commit loop and closes Pebble.
+	inflight sync.WaitGroup
 	// The journal: entries below journalNext are committed; journalBytes
 	// were journaled since the last checkpoint; journalFull asks for one.
 	journalNext  atomic.Uint64
@@ -81,17 +86,21 @@ type Store struct {
 	wg           sync.WaitGroup
 
 	stats statsCounters
+
+	// testHookApply, when set, runs in the commit loop before each batch
+	// of commits is written (tests).
+	testHookApply func()
 }
 
 // Open opens (or creates) the store in opts.Dir: it locks the directory,
-// opens Pebble, rebuilds the hash index from it, maps the arenas, and
-// starts registering them with registrar (which must register with pd).
-// It returns before the arenas are registered; Ready delivers each as it
-// becomes usable.
+// opens Pebble, checks the on-disk format, rebuilds the hash index of the
+// shards it owns, maps the arenas, and starts registering them with
+// registrar (which must register with pd). It returns before the arenas
+// are registered; Ready delivers each as it becomes usable.
 //
 // A store that cannot start returns an error saying why and what to do (a
-// directory in use or not writable, or made with another ArenaSize or
-// more arenas), having released everything it took.
+// directory in use, not writable, of another format, or made with other
+// ArenaSize or more arenas), having released everything it took.
 func Open(ctx context.Context, pd rdma.PD, registrar *rdma.Registrar, opts Options) (*Store, error) {
 	opts, err := opts.withDefaults()
 	if err != nil {
@@ -104,10 +113,9 @@ func Open(ctx context.Context, pd rdma.PD, registrar *rdma.Registrar, opts Optio
 		commits:     make(chan *pendingCommit, 1024),
 		journalFull: make(chan struct{}, 1),
 		stop:        make(chan struct{}),
+		sess:        newSessionTable(opts.SessionTTL, opts.MaxSessions),
 	}
 	if err := s.open(ctx); err != nil {
-		// (Open used to defer this on a named result that every error
-		// return had set to nil: a failed start panicked.)
 		if cerr := s.closeResources(); cerr != nil {
 			s.log.Warn("releasing a store that failed to open", "dir", opts.Dir, "err", cerr)
 		}
@@ -132,6 +140,9 @@ func (s *Store) open(ctx context.Context) error {
 	if err := s.brokenErr(); err != nil {
 		return err
 	}
+	if err := s.checkFormat(); err != nil {
+		return err
+	}
 	if err := s.loadGeneration(); err != nil {
 		return err
 	}
@@ -143,14 +154,25 @@ func (s *Store) open(ctx context.Context) error {
 		s.arenas = append(s.arenas, a)
 	}
 	geo := proto.IndexGeometry{Slots: opts.IndexSlots, Neighborhood: proto.DefaultNeighborhood, Seed: rand.Uint64()}
-	if s.indexMem, err = rdma.Alloc(geo.TableBytes()); err != nil {
-		return fmt.Errorf("store: index table: %w", err)
+	if s.indexMem, err = rdma.Alloc(geo.RegionBytes()); err != nil {
+		return fmt.Errorf("store: index region: %w", err)
 	}
-	if s.index, err = NewIndex(s.indexMem.Bytes(), geo, s.keyAt, opts.IndexGrace); err != nil {
+	region := s.indexMem.Bytes()
+	if s.index, err = NewIndex(region[:geo.TableBytes()], geo, s.keyAt, opts.IndexGrace); err != nil {
 		return err
+	}
+	s.words = shardWordsOf(region, geo)
+	for i := range s.words {
+		atomic.StoreUint64(&s.words[i], 0)
 	}
 	replayed, err := s.replayJournal()
 	if err != nil {
+		return err
+	}
+	if err := s.loadShards(); err != nil {
+		return err
+	}
+	if err := s.loadSessions(); err != nil {
 		return err
 	}
 	keys, err := s.rebuild()
@@ -163,12 +185,19 @@ func (s *Store) open(ctx context.Context) error {
 	// after sharing the workers, the disk and the cores with the others;
 	// then the rest together. Each is announced as its own registration
 	// completes.
-	s.indexReg = s.registrar.Register(ctx, s.indexMem.Bytes(), rdma.AccessRemoteRead)
+	s.indexReg = s.registrar.Register(ctx, region, rdma.AccessRemoteRead)
 	s.arenas[0].register(ctx, s.registrar)
 	go s.announce(s.arenas[0])
 	s.wg.Add(1)
 	go s.registerRest(ctx, s.registrar)
-	s.log.Info("store opened", "dir", opts.Dir, "keys", keys, "arenas", opts.ArenaCount, "arena_bytes", opts.ArenaSize,
+	owned := 0
+	for i := range s.shards {
+		if s.shards[i].state == ShardOwned {
+			owned++
+		}
+	}
+	s.log.Info("store opened", "dir", opts.Dir, "keys", keys, "shards_owned", owned, "sessions", s.sess.byAge.Len(),
+		"arenas", opts.ArenaCount, "arena_bytes", opts.ArenaSize,
 		"generation", s.generation, "sync", opts.Sync, "journal_replayed", replayed, "took", time.Since(start))
 	s.wg.Add(1)
 	go s.commitLoop()
@@ -207,6 +236,20 @@ func (s *Store) lockDir() error {
 	s.lock = f
 	return nil
 }
+
+// enter admits an operation that uses Pebble or the arenas: it fails
+// after Close, and Close waits for it (exit) before closing them.
+func (s *Store) enter() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return ErrClosed
+	}
+	s.inflight.Add(1)
+	return nil
+}
+
+func (s *Store) exit() { s.inflight.Done() }
 
 // registerRest submits every arena but the first once the first is
 // registered (or failed), unless the store closes first.
@@ -259,7 +302,9 @@ type IndexInfo struct {
 	Generation uint64
 }
 
-// IndexRegion waits for the index table's registration and describes it.
+// IndexRegion waits for the index region's registration and describes it:
+// the hash table (Geometry.TableBytes), then the shard words
+// (proto.ShardWordsBytes), Geometry.RegionBytes in all.
 func (s *Store) IndexRegion(ctx context.Context) (IndexInfo, error) {
 	mr, err := s.indexReg.Wait(ctx)
 	if err != nil {
@@ -307,8 +352,8 @@ func (s *Store) Get(key []byte) ([]byte, error) {
 	return append([]byte(nil), r.Value...), nil
 }
 
-// Close stops taking commits, finishes the queued ones, deregisters the
-// arenas and the index, and closes Pebble. The Registrar stays open.
+// Close stops taking commits, finishes the admitted ones, deregisters the arenas and the index, and closes Pebble. The
+// Registrar stays open.
 func (s *Store) Close() error { return s.close(true) }
 
 // close is Close; without checkpoint it leaves the journal as a crash
@@ -325,6 +370,7 @@ func (s *Store) close(checkpoint bool) error {
 	pool := s.pool
 	s.pool = nil
 	s.mu.Unlock()
+	s.inflight.Wait() // the commit loop applies what was admitted
 	close(s.stop)
 	s.wg.Wait()
 	var errs []error
@@ -367,14 +413,6 @@ func (s *Store) closeResources() error {
 	}
 	return errors.Join(errs...)
 }
-
-// Pebble keys: 'k' + user key -> entry; metadata under 'm'.
-var (
-	keyPrefix  = []byte{'k'}
-	metaGenKey = []byte("m/generation")
-)
-
-func dataKey(key []byte) []byte { return append([]byte{'k'}, key...) }
 
 // entry is a key's durable index entry.
 type entry struct {
@@ -429,26 +467,36 @@ func (s *Store) loadGeneration() error {
 	return nil
 }
 
-// rebuild fills the index from Pebble and recomputes every arena's head and
-// live bytes. Records written into a lease but never committed are not in
-// Pebble, so they stay invisible, and their space lies below a head as dead
-// bytes.
+// rebuild fills the index from Pebble with the entries of the shards the
+// store owns, setting their records live and every other entry's record
+// dead, publishes the owned shards' words, and recomputes every arena's
+// head and live bytes. Records written into a lease but never committed
+// are not in Pebble, so they stay invisible, and their space lies below a
+// head as dead bytes. The locations of ingested sessions are filled in
+// from their versions' entries.
 func (s *Store) rebuild() (int, error) {
-	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: keyPrefix, UpperBound: []byte{'k' + 1}})
+	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: keyPrefix, UpperBound: keyEnd})
 	if err != nil {
 		return 0, err
 	}
 	defer it.Close()
+	unresolved := map[sessKey]*session{} // by shard and version
+	for k, ss := range s.sess.m {
+		if ss.applied && ss.version != 0 && ss.loc.Length == 0 {
+			unresolved[sessKey{k.shard, ss.version}] = ss
+		}
+	}
 	n := 0
 	for it.First(); it.Valid(); it.Next() {
-		e, err := decodeEntry(it.Value())
+		sh, key, err := splitDataKey(it.Key())
 		if err != nil {
-			return n, fmt.Errorf("store: key %q: %w", it.Key()[1:], err)
-		}
-		if err := s.checkLocation(it.Key()[1:], e.loc); err != nil {
 			return n, err
 		}
-		if _, _, err := s.index.Put(append([]byte(nil), it.Key()[1:]...), e.loc); err != nil {
+		e, err := decodeEntry(it.Value())
+		if err != nil {
+			return n, fmt.Errorf("store: key %q: %w", key, err)
+		}
+		if err := s.checkLocation(key, e.loc); err != nil {
 			return n, err
 		}
 		a := s.arenas[e.loc.Arena]
@@ -456,13 +504,35 @@ func (s *Store) rebuild() (int, error) {
 		a.head = max(a.head, (end+s.opts.LeaseSize-1)/s.opts.LeaseSize*s.opts.LeaseSize)
 		a.live += int64(e.loc.Length)
 		s.nextVersion = max(s.nextVersion, e.version+1)
+		info := &s.shards[sh]
+		info.keys++
+		info.live += int64(e.loc.Length)
+		if info.state != ShardOwned {
+			a.setState(e.loc.Offset, proto.RecordDead)
+			continue
+		}
+		a.setState(e.loc.Offset, proto.RecordLive)
+		if _, _, err := s.index.Put(append([]byte(nil), key...), e.loc); err != nil {
+			return n, fmt.Errorf("store: rebuilding the index: %w: raise IndexSlots (rkv-server --index-slots), now %d", err, s.opts.IndexSlots)
+		}
+		if ss := unresolved[sessKey{sh, e.version}]; ss != nil {
+			ss.loc = e.loc
+		}
 		n++
+	}
+	if err := it.Error(); err != nil {
+		return n, err
 	}
 	for _, a := range s.arenas {
 		a.dead = a.head - a.live
 	}
+	for i := range s.shards {
+		if s.shards[i].state == ShardOwned {
+			s.setWord(proto.Shard(i), s.shards[i].since)
+		}
+	}
 	s.stats.keys.Store(int64(n))
-	return n, it.Error()
+	return n, nil
 }
 
 // checkLocation checks that an entry's location lies inside the arenas.
@@ -475,6 +545,22 @@ func (s *Store) checkLocation(key []byte, loc proto.Location) error {
 		return fmt.Errorf("store: the record of key %q at %+v lies outside an arena of %d bytes: corrupt, or ArenaSize changed", key, loc, s.opts.ArenaSize)
 	}
 	return nil
+}
+
+// versionAt reads the version of the record at loc (0 if it is not one).
+func (s *Store) versionAt(loc proto.Location) uint64 {
+	if int(loc.Arena) >= len(s.arenas) {
+		return 0
+	}
+	b, err := s.arenas[loc.Arena].record(loc)
+	if err != nil {
+		return 0
+	}
+	h, err := proto.DecodeRecordHeader(b)
+	if err != nil {
+		return 0
+	}
+	return h.Version
 }
 
 // brokenErr is the error every write fails with once Pebble reported a

@@ -42,7 +42,7 @@ func TestPutGetDeleteAcrossRestart(t *testing.T) {
 	if _, err := w.put(key(7), []byte("seven, again")); err != nil {
 		t.Fatal(err)
 	}
-	if err := sv.s.Delete(context.Background(), key(8)); err != nil {
+	if err := sv.s.Delete(context.Background(), key(8), proto.Write{}); err != nil {
 		t.Fatal(err)
 	}
 	w.write(key(200), []byte("written, never committed"))
@@ -79,11 +79,11 @@ func TestPutGetDeleteAcrossRestart(t *testing.T) {
 		t.Errorf("generation %d after restart, want %d", g, genBefore+1)
 	}
 	check("after restart")
-	entries, err := sv.s.Scan(key(10), key(20), 0)
+	entries, err := sv.s.Scan(nil, key(10), key(20), 0)
 	if err != nil || len(entries) != 10 || !bytes.Equal(entries[0].Key, key(10)) {
 		t.Fatalf("Scan = %d entries, %v", len(entries), err)
 	}
-	if entries, _ := sv.s.Scan([]byte("key-"), PrefixEnd([]byte("key-")), 5); len(entries) != 5 {
+	if entries, _ := sv.s.Scan(nil, []byte("key-"), PrefixEnd([]byte("key-")), 5); len(entries) != 5 {
 		t.Fatalf("prefix scan with limit 5 returned %d", len(entries))
 	}
 }
@@ -96,7 +96,7 @@ func TestCommitRejectsBadRecords(t *testing.T) {
 	c := newClient(t, sv)
 	w := c.newWriter()
 	commit := func(off, n int64) error {
-		_, err := sv.s.Commit(context.Background(), w.lease.ID, off, n)
+		_, err := sv.s.Commit(context.Background(), w.lease.ID, off, n, proto.Write{})
 		return err
 	}
 	off, n := w.write([]byte("k"), []byte("v"))
@@ -119,7 +119,7 @@ func TestCommitRejectsBadRecords(t *testing.T) {
 	if err := commit(w.lease.Size-8, 64); !errors.Is(err, ErrLease) {
 		t.Errorf("outside the lease: %v, want ErrLease", err)
 	}
-	if _, err := sv.s.Commit(context.Background(), 999, 0, 64); !errors.Is(err, ErrLease) {
+	if _, err := sv.s.Commit(context.Background(), 999, 0, 64, proto.Write{}); !errors.Is(err, ErrLease) {
 		t.Errorf("unknown lease: %v, want ErrLease", err)
 	}
 	if err := commit(off, n); err != nil {
@@ -162,7 +162,7 @@ func TestEndedLeaseRevokesItsRKey(t *testing.T) {
 	for sv.s.Stats().LeasesExpired == 0 && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)
 	}
-	if _, err := sv.s.Commit(context.Background(), w2.lease.ID, 0, 64); !errors.Is(err, ErrLease) {
+	if _, err := sv.s.Commit(context.Background(), w2.lease.ID, 0, 64, proto.Write{}); !errors.Is(err, ErrLease) {
 		t.Errorf("commit on an expired lease: %v, want ErrLease", err)
 	}
 	if st := c2.do(rdma.OpWrite, 0, 8, w2.lease.Addr, w2.lease.RKey); st != rdma.StatusRemAccessErr {
