@@ -34,6 +34,8 @@ type pendingCommit struct {
 	rec    []byte // the verified record, to journal
 	result error
 	done   chan struct{}
+	// job is set for an Ingest call's batch instead of a commit.
+	job *ingestJob
 }
 
 // Commit commits the record a client wrote at offset off of lease id's
@@ -279,7 +281,7 @@ func (s *Store) commitLoop() {
 					break drain
 				}
 			}
-			s.apply(batch)
+			s.applyAll(batch)
 		case now := <-expiry.C:
 			s.expireLeases(now)
 			s.deleteDoomedSessions()
@@ -287,12 +289,31 @@ func (s *Store) commitLoop() {
 			for { // Close waited for every admitted commit: normally none is left
 				select {
 				case c := <-s.commits:
-					s.apply([]*pendingCommit{c})
+					s.applyAll([]*pendingCommit{c})
 				default:
 					return
 				}
 			}
 		}
+	}
+}
+
+// applyAll applies a run of queued items: commits together, each Ingest
+// batch on its own, in queue order.
+func (s *Store) applyAll(batch []*pendingCommit) {
+	from := 0
+	for i, c := range batch {
+		if c.job == nil {
+			continue
+		}
+		if i > from {
+			s.apply(batch[from:i])
+		}
+		s.applyIngest(c)
+		from = i + 1
+	}
+	if from < len(batch) {
+		s.apply(batch[from:])
 	}
 }
 

@@ -19,6 +19,8 @@
 // A one-sided reader that finds a live record with the right key and CRC
 // may return it; one that finds nothing in the index must check the
 // shard's word, published after the index table, before it may answer
-// "not found". Commits and deletes are idempotent per (shard, session,
-// seq) (sessions.go).
+// "not found". Shards move between stores by migration: the target copies
+// a shard's records in (Ingest), the source freezes, the target copies
+// what changed, the source releases, the target activates. Commits and
+// deletes are idempotent per (shard, session, seq) (sessions.go).
 package store

@@ -25,7 +25,8 @@ import (
 // Arena space is never reused, so replaying a suffix of the journal in
 // sequence order can only rewrite records with their own bytes. Replayed
 // records are left dead; the rebuild that follows sets live exactly the
-// current records of the shards the store owns.
+// current records of the shards the store owns. Ingest journals the
+// records it copies in the same way (ingest.go).
 
 var (
 	journalPrefix = []byte{'j'}

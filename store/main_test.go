@@ -18,5 +18,8 @@ func TestMain(m *testing.M) {
 	if os.Getenv(crashChildEnv) != "" {
 		crashChild() // never returns
 	}
+	if os.Getenv(ingestChildEnv) != "" {
+		ingestChild() // never returns
+	}
 	goleak.VerifyTestMain(m)
 }

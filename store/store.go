@@ -71,11 +71,12 @@ type Store struct {
 	pool        []*leaseRegion // registered ahead of demand
 	shards      [proto.NumShards]shardInfo
 	sess        sessionTable
+	ingest      ingestRegion
 
 	commits chan *pendingCommit
-	// inflight counts the commits and deletes admitted and the
-	// operations entered (enter) not yet finished: Close waits for them
-	// before it stops the commit loop and closes Pebble.
+	// inflight counts the commits, deletes and Ingest batches admitted
+	// and not yet finished: Close waits for them before it stops the
+	// commit loop.
 	inflight sync.WaitGroup
 	// The journal: entries below journalNext are committed; journalBytes
 	// were journaled since the last checkpoint; journalFull asks for one.
@@ -352,7 +353,8 @@ func (s *Store) Get(key []byte) ([]byte, error) {
 	return append([]byte(nil), r.Value...), nil
 }
 
-// Close stops taking commits, finishes the admitted ones, deregisters the arenas and the index, and closes Pebble. The
+// Close stops taking commits, finishes the admitted ones (and Ingest
+// calls), deregisters the arenas and the index, and closes Pebble. The
 // Registrar stays open.
 func (s *Store) Close() error { return s.close(true) }
 
@@ -549,10 +551,7 @@ func (s *Store) checkLocation(key []byte, loc proto.Location) error {
 
 // versionAt reads the version of the record at loc (0 if it is not one).
 func (s *Store) versionAt(loc proto.Location) uint64 {
-	if int(loc.Arena) >= len(s.arenas) {
-		return 0
-	}
-	b, err := s.arenas[loc.Arena].record(loc)
+	b, err := s.RecordAt(loc)
 	if err != nil {
 		return 0
 	}
