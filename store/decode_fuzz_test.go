@@ -1,4 +1,4 @@
-// Fuzz targets for the store's on-disk decoders: index entries and journal entries from Pebble.
+// Fuzz targets for the store's on-disk decoders: Pebble keys, index, journal, shard and session entries.
 
 package store
 
@@ -41,6 +41,71 @@ func FuzzDecodeJournalEntry(f *testing.F) {
 		}
 		if again := journalEntry(proto.Location{Arena: id, Offset: off}, r); !bytes.Equal(again, b) {
 			t.Fatalf("journal entry %x decodes to arena %d offset %d, which encodes to %x", b, id, off, again)
+		}
+	})
+}
+
+func FuzzDecodeShardRecord(f *testing.F) {
+	f.Add(encodeShardRecord(ShardOwned, 42))
+	f.Add(encodeShardRecord(ShardIncoming, 0))
+	f.Add(encodeShardRecord(ShardReleased, 0))
+	f.Add(encodeShardRecord(ShardOwned, 0))
+	f.Add([]byte{1, 9})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		st, since, err := decodeShardRecord(b)
+		if err != nil {
+			return
+		}
+		if st == ShardNone || st >= shardStateEnd || (st == ShardOwned) != (since != 0) {
+			t.Fatalf("shard record %x decodes to %v since %d", b, st, since)
+		}
+		if again := encodeShardRecord(st, since); !bytes.Equal(again, b) {
+			t.Fatalf("shard record %x decodes to %v since %d, which encodes to %x", b, st, since, again)
+		}
+	})
+}
+
+func FuzzDecodeSession(f *testing.F) {
+	r := sessionRecord{seq: 7, version: 1 << 40, loc: proto.Location{Arena: 2, Offset: 4096, Length: 64}, time: 1_700_000_000_000_000_000}
+	f.Add(sessionKey(1023, 0xfeed), r.encode())
+	f.Add(sessionKey(0, 1), sessionRecord{seq: 1}.encode())
+	f.Add([]byte{'w', 4, 0}, []byte{1})
+	f.Fuzz(func(t *testing.T, k, v []byte) {
+		if sh, session, err := decodeSessionKey(k); err == nil {
+			if sh >= proto.NumShards || session == 0 {
+				t.Fatalf("session key %x decodes to %v, session %d", k, sh, session)
+			}
+			if again := sessionKey(sh, session); !bytes.Equal(again, k) {
+				t.Fatalf("session key %x decodes to %v session %d, which encodes to %x", k, sh, session, again)
+			}
+		}
+		r, err := decodeSessionRecord(v)
+		if err != nil {
+			return
+		}
+		if r.time < 0 {
+			t.Fatalf("session entry %x decodes to time %d", v, r.time)
+		}
+		if again := r.encode(); !bytes.Equal(again, v) {
+			t.Fatalf("session entry %x decodes to %+v, which encodes to %x", v, r, again)
+		}
+	})
+}
+
+func FuzzSplitDataKey(f *testing.F) {
+	f.Add(dataKey([]byte("key")))
+	f.Add(shardDataKey(5, []byte("key"))) // filed under the wrong shard
+	f.Add([]byte{'k', 0xff, 0xff, 'x'})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		sh, key, err := splitDataKey(b)
+		if err != nil {
+			return
+		}
+		if len(key) == 0 || proto.ShardOf(key) != sh {
+			t.Fatalf("data key %x decodes to %v and key %q", b, sh, key)
+		}
+		if again := dataKey(key); !bytes.Equal(again, b) {
+			t.Fatalf("data key %x decodes to key %q, which encodes to %x", b, key, again)
 		}
 	})
 }
