@@ -3,6 +3,7 @@ package store
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 
@@ -11,37 +12,94 @@ import (
 	"github.com/rkv-io/rkv/proto"
 )
 
-// A random sequence of puts, deletes and restarts must read back like a map.
+// A random sequence of puts, deletes, retries of the last write, aborted
+// migrations of a shard and restarts must read back like a map.
 func TestStoreBehavesLikeAMap(t *testing.T) {
 	opts := smallOptions()
 	opts.ArenaSize, opts.LeaseSize = 8<<20, 4<<10 // restarts strand leases: room for many
 	sv := newServer(t, opts)
 	c := newClient(t, sv)
 	round := 0
+	since := uint64(1)
 	rapid.Check(t, func(rt *rapid.T) {
 		round++
 		prefix := fmt.Sprintf("r%d/", round) // each run starts from an empty key space
 		model := map[string][]byte{}
 		var w *writer
+		session := proto.Write{Session: uint64(round), Seq: 0} // one writer's idempotency session
+		type last struct {
+			key    string
+			delete bool
+			write  proto.Write
+			result Committed
+		}
+		var prev *last
 		keyGen := rapid.SampledFrom([]string{"a", "b", "c", "d", "e"})
+		writer := func(k string, n int) *writer {
+			if w == nil || w.off+int64(len(k)+n+64) > w.lease.Size {
+				w = c.newWriter()
+			}
+			return w
+		}
 		rt.Repeat(map[string]func(*rapid.T){
 			"put": func(rt *rapid.T) {
 				k := prefix + keyGen.Draw(rt, "key")
 				v := rapid.SliceOfN(rapid.Byte(), 0, 300).Draw(rt, "value")
-				if w == nil || w.off+int64(len(k)+len(v)+64) > w.lease.Size {
-					w = c.newWriter()
-				}
-				if _, err := w.put([]byte(k), v); err != nil {
+				session.Seq++
+				cm, err := writer(k, len(v)).putW([]byte(k), v, session)
+				if err != nil {
 					rt.Fatal(err)
 				}
 				model[k] = v
+				prev = &last{key: k, write: session, result: cm}
 			},
 			"delete": func(rt *rapid.T) {
 				k := prefix + keyGen.Draw(rt, "key")
-				if err := sv.s.Delete(context.Background(), []byte(k), proto.Write{}); err != nil {
+				session.Seq++
+				if err := sv.s.Delete(context.Background(), []byte(k), session); err != nil {
 					rt.Fatal(err)
 				}
 				delete(model, k)
+				prev = &last{key: k, delete: true, write: session}
+			},
+			"retry the last write": func(rt *rapid.T) {
+				if prev == nil {
+					rt.Skip("nothing written yet")
+				}
+				if prev.delete {
+					if err := sv.s.Delete(context.Background(), []byte(prev.key), prev.write); err != nil {
+						rt.Fatal(err)
+					}
+					return
+				}
+				cm, err := writer(prev.key, 8).putW([]byte(prev.key), []byte("a retry"), prev.write)
+				if err != nil || cm.Version != prev.result.Version {
+					rt.Fatalf("retry of %s: %+v, %v; first %+v", prev.key, cm, err, prev.result)
+				}
+			},
+			"an older write": func(rt *rapid.T) {
+				if prev == nil || prev.write.Seq < 2 {
+					rt.Skip("no older write")
+				}
+				// Sessions are kept per shard: the key of the last
+				// write has its seq.
+				err := sv.s.Delete(context.Background(), []byte(prev.key), proto.Write{Session: session.Session, Seq: prev.write.Seq - 1})
+				if !errors.Is(err, ErrSuperseded) {
+					rt.Fatalf("an older seq: %v, want ErrSuperseded", err)
+				}
+			},
+			"a migration aborted": func(rt *rapid.T) {
+				sh := proto.ShardOf([]byte(prefix + keyGen.Draw(rt, "key")))
+				if err := sv.s.FreezeShards(context.Background(), []proto.Shard{sh}); err != nil {
+					rt.Fatal(err)
+				}
+				if err := sv.s.ReleaseShards([]proto.Shard{sh}); err != nil {
+					rt.Fatal(err)
+				}
+				since++
+				if err := sv.s.ActivateShards([]proto.Shard{sh}, since); err != nil {
+					rt.Fatal(err)
+				}
 			},
 			"restart": func(rt *rapid.T) {
 				sv.restart()
@@ -56,6 +114,7 @@ func TestStoreBehavesLikeAMap(t *testing.T) {
 						rt.Fatalf("GET %s = %q (found %v), model has %q (%v)", prefix+k, got, ok, want, exists)
 					}
 				}
+				checkAccounting(t, sv.s)
 			},
 		})
 	})
