@@ -1,10 +1,15 @@
 package store
 
 import (
+	"bytes"
+	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/cockroachdb/pebble/v2"
 
 	"github.com/rkv-io/rkv/proto"
 )
@@ -12,49 +17,68 @@ import (
 // BenchmarkCommit measures commit throughput per sync policy and number of
 // concurrent committers (each with its own client and lease), and reports
 // how many commits each group commit carried.
+//
+// The +sessions variants give each committer an idempotency session (a
+// write numbered like a client's), which adds a session entry to each
+// commit's batch.
 func BenchmarkCommit(b *testing.B) {
 	for _, policy := range []SyncPolicy{SyncAlways, SyncBatch, SyncNone} {
 		for _, committers := range []int{1, 4, 16} {
-			b.Run(fmt.Sprintf("sync=%v/committers=%d", policy, committers), func(b *testing.B) {
-				opts := smallOptions()
-				opts.Sync, opts.ArenaSize, opts.ArenaCount, opts.LeaseSize = policy, 256<<20, 2, 4<<20
-				opts.IndexSlots = 1 << 20
-				sv := newServer(b, opts)
-				waitArenas(b, sv.s, opts.ArenaCount)
-				writers := make([]*writer, committers)
-				for i := range writers {
-					writers[i] = newClient(b, sv).newWriter()
+			for _, sessions := range []bool{false, true} {
+				name := fmt.Sprintf("sync=%v/committers=%d", policy, committers)
+				if sessions {
+					name += "+sessions"
 				}
-				value := make([]byte, 1024)
-				before := sv.s.Stats()
-				b.ResetTimer()
-				var wg sync.WaitGroup
-				for i, w := range writers {
-					wg.Add(1)
-					go func() {
-						defer wg.Done()
-						for j := i; j < b.N; j += committers {
-							if w.off+2048 > w.lease.Size {
-								w = w.c.newWriter()
-							}
-							if _, err := w.put(fmt.Appendf(nil, "k%d", j), value); err != nil {
-								b.Error(err)
-								return
-							}
-						}
-					}()
-				}
-				wg.Wait()
-				b.StopTimer()
-				after := sv.s.Stats()
-				if batches := after.Batches - before.Batches; batches > 0 {
-					b.ReportMetric(float64(after.Commits-before.Commits)/float64(batches), "commits/batch")
-					b.ReportMetric((after.SyncTime-before.SyncTime).Seconds()*1e3/float64(batches), "apply-ms/batch")
-				}
-				b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "commits/s")
-			})
+				b.Run(name, func(b *testing.B) { benchmarkCommit(b, policy, committers, sessions) })
+			}
 		}
 	}
+}
+
+func benchmarkCommit(b *testing.B, policy SyncPolicy, committers int, sessions bool) {
+	opts := smallOptions()
+	opts.Sync, opts.ArenaSize, opts.ArenaCount, opts.LeaseSize = policy, 256<<20, 2, 4<<20
+	opts.IndexSlots = 1 << 20
+	sv := newServer(b, opts)
+	waitArenas(b, sv.s, opts.ArenaCount)
+	writers := make([]*writer, committers)
+	for i := range writers {
+		writers[i] = newClient(b, sv).newWriter()
+	}
+	value := make([]byte, 1024)
+	before := sv.s.Stats()
+	b.ResetTimer()
+	var wg sync.WaitGroup
+	for i, w := range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var wr proto.Write
+			if sessions {
+				wr.Session = uint64(i + 1)
+			}
+			for j := i; j < b.N; j += committers {
+				if w.off+2048 > w.lease.Size {
+					w = w.c.newWriter()
+				}
+				if sessions {
+					wr.Seq++
+				}
+				if _, err := w.putW(fmt.Appendf(nil, "k%d", j), value, wr); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	b.StopTimer()
+	after := sv.s.Stats()
+	if batches := after.Batches - before.Batches; batches > 0 {
+		b.ReportMetric(float64(after.Commits-before.Commits)/float64(batches), "commits/batch")
+		b.ReportMetric((after.SyncTime-before.SyncTime).Seconds()*1e3/float64(batches), "apply-ms/batch")
+	}
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "commits/s")
 }
 
 // BenchmarkLookupReads reports the RDMA_READs a GET needs at several index
@@ -138,4 +162,79 @@ func BenchmarkRestart(b *testing.B) {
 			}
 		})
 	}
+}
+
+// BenchmarkScan measures Scan's merge across shards over 100k keys spread
+// over all 1024 shards: a full scan, a scan of the first 100 keys (about
+// one seek per shard), and for comparison the alternative for a full
+// scan: one pass over Pebble's key order (shard first) and a sort.
+func BenchmarkScan(b *testing.B) {
+	const n = 100_000
+	opts := smallOptions()
+	opts.Sync, opts.ArenaSize, opts.ArenaCount, opts.LeaseSize = SyncNone, 64<<20, 1, 1<<20
+	opts.IndexSlots = 1 << 18
+	sv := newBareServer(b, opts)
+	s := sv.s
+	if err := s.BeginIncoming(AllShards()); err != nil {
+		b.Fatal(err)
+	}
+	byShard := make([][][]byte, proto.NumShards)
+	for i := range n {
+		k := key(i)
+		rec := make([]byte, proto.RecordSize(len(k), 8))
+		if _, err := proto.EncodeRecord(rec, uint64(i+1), 0, k, []byte("8 bytes!")); err != nil {
+			b.Fatal(err)
+		}
+		sh := proto.ShardOf(k)
+		byShard[sh] = append(byShard[sh], rec)
+	}
+	for sh, recs := range byShard {
+		if err := s.Ingest(context.Background(), proto.Shard(sh), recs, nil, nil); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if err := s.ActivateShards(AllShards(), 1); err != nil {
+		b.Fatal(err)
+	}
+	// Measure the steady state of a store that has run a while: the
+	// entries in compacted sstables, not in the memtable.
+	if err := s.db.Compact(context.Background(), keyPrefix, keyEnd, true); err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	b.Run("full", func(b *testing.B) {
+		for range b.N {
+			got, err := s.Scan(nil, nil, nil, 0)
+			if err != nil || len(got) != n {
+				b.Fatalf("%d keys, %v", len(got), err)
+			}
+		}
+		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/key")
+	})
+	b.Run("limit=100", func(b *testing.B) {
+		for range b.N {
+			if got, err := s.Scan(nil, nil, nil, 100); err != nil || len(got) != 100 {
+				b.Fatalf("%d keys, %v", len(got), err)
+			}
+		}
+	})
+	b.Run("baseline-pass-and-sort", func(b *testing.B) {
+		for range b.N {
+			it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: keyPrefix, UpperBound: keyEnd})
+			if err != nil {
+				b.Fatal(err)
+			}
+			var out []ScanEntry
+			for it.First(); it.Valid(); it.Next() {
+				e, _ := decodeEntry(it.Value())
+				out = append(out, ScanEntry{Key: append([]byte(nil), it.Key()[dataKeyPrefixN:]...), Location: e.loc, Version: e.version})
+			}
+			it.Close()
+			slices.SortFunc(out, func(x, y ScanEntry) int { return bytes.Compare(x.Key, y.Key) })
+			if len(out) != n {
+				b.Fatal(len(out))
+			}
+		}
+		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/key")
+	})
 }
