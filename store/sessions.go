@@ -4,6 +4,7 @@ package store
 
 import (
 	"container/heap"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -34,7 +35,7 @@ import (
 // ErrSuperseded is returned for a commit or delete whose seq is lower
 // than one its session already applied (or has in flight) to the shard:
 // the writer has moved on, and this is a stale retry.
-var ErrSuperseded = fmt.Errorf("store: write superseded by a later one of its session")
+var ErrSuperseded = errors.New("store: write superseded by a later one of its session")
 
 type sessKey struct {
 	shard   proto.Shard
