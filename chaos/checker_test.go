@@ -225,7 +225,7 @@ func TestCheckDropsUnobservedUnknownPuts(t *testing.T) {
 }
 
 func TestClassify(t *testing.T) {
-	unavailable := &client.ErrUnavailable{Node: "n1", Reason: "dead"}
+	unavailable := &client.UnavailableError{Node: "n1", Reason: "dead"}
 	for _, tc := range []struct {
 		kind  Kind
 		err   error

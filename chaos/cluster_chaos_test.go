@@ -118,6 +118,8 @@ func (c *cluster) startLocked(n *node) error {
 		"--arena-size", "32MiB", "--arena-count", "2", "--index-slots", "4096", "--lease-size", "64KiB"}
 	if len(join) > 0 {
 		args = append(args, "--join", strings.Join(join, ","))
+	} else {
+		args = append(args, "--bootstrap")
 	}
 	logf, err := os.OpenFile(n.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {

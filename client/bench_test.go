@@ -5,14 +5,12 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"path/filepath"
 	"slices"
 	"testing"
 	"time"
 
 	"github.com/rkv-io/rkv/client"
-	"github.com/rkv-io/rkv/membership"
-	"github.com/rkv-io/rkv/server"
+	"github.com/rkv-io/rkv/internal/testcluster"
 	"github.com/rkv-io/rkv/store"
 )
 
@@ -73,31 +71,9 @@ func report(b *testing.B, what string, d []time.Duration) {
 
 func benchCluster(b *testing.B, sync store.SyncPolicy) *client.Client {
 	b.Helper()
-	s, err := server.New(context.Background(), server.Config{
-		Name: "s1",
-		Store: store.Options{Dir: filepath.Join(b.TempDir(), "s1"), ArenaSize: 256 << 20, ArenaCount: 1,
-			IndexSlots: 1 << 12, LeaseSize: 4 << 20, Sync: sync},
-		Membership: membership.Config{Tuning: fast},
-		Logger:     quiet(),
-	})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = s.Close() })
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	cl, err := client.New(ctx, client.Config{Seeds: []string{s.GossipAddr()}, Logger: quiet(), Membership: membership.Config{Tuning: fast}})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = cl.Close() })
-	waitFor(b, 20*time.Second, func() error {
-		if vs := cl.Membership().View().Servers(); len(vs) != 1 || len(vs[0].Meta.Arenas) != 1 {
-			return fmt.Errorf("server and its arena not in the view yet")
-		}
-		return nil
-	})
-	return cl
+	c := testcluster.Start(b, 1, testcluster.Options{Store: store.Options{ArenaSize: 256 << 20, ArenaCount: 1,
+		IndexSlots: 1 << 12, LeaseSize: 4 << 20, Sync: sync}})
+	return c.Client(b, nil)
 }
 
 // echo is a raw TCP echo of size bytes on loopback: the transport's floor.

@@ -222,8 +222,12 @@ func New(ctx context.Context, cfg Config) (_ *Client, err error) {
 			return c, nil
 		}
 		err := c.refreshMap(ctx, 1)
-		if err == nil {
+		switch {
+		case err == nil:
 			continue
+		case errors.Is(err, ErrUnauthenticated):
+			_ = c.Close()
+			return nil, err // no retry can fix it
 		}
 		select {
 		case <-ctx.Done():

@@ -4,161 +4,36 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
 
 	"github.com/rkv-io/rkv/client"
+	"github.com/rkv-io/rkv/internal/testcluster"
 	"github.com/rkv-io/rkv/membership"
-	"github.com/rkv-io/rkv/server"
+	"github.com/rkv-io/rkv/proto"
 	"github.com/rkv-io/rkv/store"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// fast converges in tens of milliseconds and declares a stopped server
-// dead within about two seconds, yet a live server on a loaded machine
-// (two cores, race detector, other packages' tests) is not suspected
-// just because it answered a probe late: a suspect has a second to
-// refute.
-var fast = membership.Tuning{
-	ProbeInterval:       250 * time.Millisecond,
-	ProbeTimeout:        200 * time.Millisecond,
-	GossipInterval:      20 * time.Millisecond,
-	PushPullInterval:    300 * time.Millisecond,
-	TCPTimeout:          time.Second,
-	SuspicionMult:       4,
-	GossipToTheDeadTime: time.Second,
-	DeadRetention:       time.Minute, // departed servers' keys stay unavailable for the test
-}
+func startCluster(t *testing.T, n int) *testcluster.Cluster { return testcluster.Start(t, n, testcluster.Options{}) }
 
-func quiet() *slog.Logger {
-	if os.Getenv("RKV_TEST_LOG") != "" {
-		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	}
-	return slog.New(slog.DiscardHandler)
-}
+func newClient(t *testing.T, c *testcluster.Cluster) *client.Client { return c.Client(t, nil) }
 
-// cluster is n servers on loopback, each with its own data directory.
-type cluster struct {
-	t       *testing.T
-	root    string
-	servers map[string]*server.Server
-	ports   map[string]int
-}
-
-func serverConfig(root, name string, port int, seeds []string) server.Config {
-	tuning := fast
-	tuning.DeadRetention = time.Second
-	return server.Config{
-		Name: name,
-		Store: store.Options{
-			Dir: filepath.Join(root, name), ArenaSize: 4 << 20, ArenaCount: 2, IndexSlots: 1 << 12, LeaseSize: 256 << 10,
-		},
-		Membership: membership.Config{BindPort: port, Seeds: seeds, Tuning: tuning},
-		Logger:     quiet(),
-	}
-}
-
-func startCluster(t *testing.T, n int) *cluster {
-	t.Helper()
-	c := &cluster{t: t, root: t.TempDir(), servers: map[string]*server.Server{}, ports: map[string]int{}}
-	var seeds []string
-	for i := 1; i <= n; i++ {
-		name := fmt.Sprintf("s%d", i)
-		s, err := server.New(context.Background(), serverConfig(c.root, name, 0, seeds))
-		if err != nil {
-			t.Fatalf("starting %s: %v", name, err)
-		}
-		c.servers[name] = s
-		c.ports[name] = int(s.Membership().LocalNode().Addr.Port())
-		seeds = append(seeds, s.GossipAddr())
-	}
-	t.Cleanup(func() {
-		for _, s := range c.servers {
-			if s != nil {
-				_ = s.Close()
-			}
-		}
-	})
-	return c
-}
-
-func (c *cluster) seeds() []string {
-	var out []string
-	for _, s := range c.servers {
-		if s != nil {
-			out = append(out, s.GossipAddr())
-		}
-	}
-	return out
-}
-
-// restart starts a closed server again on its data directory and gossip
-// port.
-func (c *cluster) restart(name string) *server.Server {
-	c.t.Helper()
-	s, err := server.New(context.Background(), serverConfig(c.root, name, c.ports[name], c.seeds()))
-	if err != nil {
-		c.t.Fatalf("restarting %s: %v", name, err)
-	}
-	c.servers[name] = s
-	return s
-}
-
-func (c *cluster) handled() map[string]uint64 {
+// handled is the control requests each running server has handled.
+func handled(c *testcluster.Cluster) map[string]uint64 {
 	out := map[string]uint64{}
-	for n, s := range c.servers {
-		out[n] = s.Stats().Total()
+	for _, s := range c.Running() {
+		out[s.Name()] = s.Stats().Total()
 	}
 	return out
-}
-
-func newClient(t *testing.T, c *cluster) *client.Client {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	cl, err := client.New(ctx, client.Config{
-		Seeds: c.seeds(), Logger: quiet(),
-		Membership: membership.Config{Tuning: fast},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cl.Close() })
-	// Wait until every server and its arenas are in the client's view.
-	waitFor(t, 20*time.Second, func() error {
-		servers := cl.Membership().View().Servers()
-		if len(servers) != len(c.servers) {
-			return fmt.Errorf("%d servers in the view", len(servers))
-		}
-		for _, m := range servers {
-			if m.Meta.Index == nil || len(m.Meta.Arenas) != 2 {
-				return fmt.Errorf("%s: index %v, %d arenas", m.Name, m.Meta.Index != nil, len(m.Meta.Arenas))
-			}
-		}
-		return nil
-	})
-	return cl
 }
 
 func waitFor(t testing.TB, d time.Duration, cond func() error) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		err := cond()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after %v: %v", d, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testcluster.WaitFor(t, d, "the condition", cond)
 }
 
 func key(i int) []byte   { return fmt.Appendf(nil, "key-%04d", i) }
@@ -175,18 +50,21 @@ func TestClusterPutGetDeleteScan(t *testing.T) {
 			t.Fatalf("put %d: %v", i, err)
 		}
 	}
-	// Every key lies where placement says, and nowhere else.
-	view := cl.Membership().View()
+	// Every key lies where the map says, and nowhere else.
+	m := c.Map()
 	for i := range n {
-		owner := membership.Placement(view, key(i), 1)[0].Name
+		owner, _ := m.Owner(proto.ShardOf(key(i)))
+		if o, err := cl.Owner(key(i)); err != nil || o != owner {
+			t.Fatalf("key %d: the client says %q (%v), the map %q", i, o, err, owner)
+		}
 		perServer[owner]++
-		for name, s := range c.servers {
+		for _, s := range c.Running() {
 			v, err := s.Store().Get(key(i))
-			if name == owner && (err != nil || string(v) != string(value(i))) {
-				t.Fatalf("key %d on its owner %s: %q, %v", i, name, v, err)
+			if s.Name() == owner && (err != nil || string(v) != string(value(i))) {
+				t.Fatalf("key %d on its owner %s: %q, %v", i, owner, v, err)
 			}
-			if name != owner && !errors.Is(err, store.ErrNotFound) {
-				t.Fatalf("key %d on %s, which does not own it: %v", i, name, err)
+			if s.Name() != owner && !errors.Is(err, store.ErrNotFound) {
+				t.Fatalf("key %d on %s, which does not own it: %v", i, s.Name(), err)
 			}
 		}
 	}
@@ -196,7 +74,7 @@ func TestClusterPutGetDeleteScan(t *testing.T) {
 	}
 
 	// GETs are one-sided: the servers handle no request meanwhile.
-	before := c.handled()
+	before := handled(c)
 	for round := range 2 { // the second round hits the location cache
 		for i := range n {
 			v, err := cl.Get(ctx, key(i))
@@ -208,7 +86,7 @@ func TestClusterPutGetDeleteScan(t *testing.T) {
 	if _, err := cl.Get(ctx, []byte("absent")); !errors.Is(err, client.ErrNotFound) {
 		t.Fatalf("absent key: %v", err)
 	}
-	if after := c.handled(); fmt.Sprint(after) != fmt.Sprint(before) {
+	if after := handled(c); fmt.Sprint(after) != fmt.Sprint(before) {
 		t.Fatalf("servers handled requests during %d GETs: %v -> %v", 2*n+1, before, after)
 	}
 
@@ -288,12 +166,9 @@ func TestClusterServerFailureAndRestart(t *testing.T) {
 		}
 	}
 	victim := "s2"
-	oldGen := c.servers[victim].Generation()
-	if err := c.servers[victim].Close(); err != nil {
-		t.Fatalf("closing %s: %v", victim, err)
-	}
-	c.servers[victim] = nil
-	delete(c.servers, victim)
+	oldGen := c.Server(victim).Generation()
+	epoch := c.Map().Epoch()
+	c.Stop(victim)
 	waitFor(t, 10*time.Second, func() error {
 		if m, ok := cl.Membership().View().Member(victim); !ok || m.State == membership.StateAlive {
 			return fmt.Errorf("%s still alive in the client's view", victim)
@@ -304,8 +179,8 @@ func TestClusterServerFailureAndRestart(t *testing.T) {
 		start := time.Now()
 		v, err := cl.Get(ctx, key(i))
 		if owner[i] == victim {
-			var u *client.ErrUnavailable
-			if !errors.As(err, &u) || u.Node != victim {
+			var u *client.UnavailableError
+			if !errors.As(err, &u) || u.Node != victim || !errors.Is(err, client.ErrUnavailable) {
 				t.Fatalf("key %d of the closed server: %q, %v", i, v, err)
 			}
 			if d := time.Since(start); d > 100*time.Millisecond {
@@ -320,16 +195,17 @@ func TestClusterServerFailureAndRestart(t *testing.T) {
 			t.Fatalf("key %d on %s while %s is down: %q, %v", i, owner[i], victim, v, err)
 		}
 	}
-	if err := cl.Put(ctx, []byte("while-down"), []byte("ok")); err != nil {
-		var u *client.ErrUnavailable
-		if !errors.As(err, &u) {
-			t.Fatalf("put while a server is down: %v", err)
-		}
+	if err := cl.Put(ctx, []byte("while-down"), []byte("ok")); err != nil && !errors.Is(err, client.ErrUnavailable) {
+		t.Fatalf("put while a server is down: %v", err)
+	}
+	// A server down is not a map change: its shards wait for it.
+	if got := c.Map().Epoch(); got != epoch {
+		t.Fatalf("the map changed (epoch %d -> %d) while %s was down", epoch, got, victim)
 	}
 
 	// Restart on the same data dir: new generation, new rkeys; the
 	// client recovers by itself.
-	s := c.restart(victim)
+	s := c.Restart(victim)
 	if s.Generation() != oldGen+1 {
 		t.Fatalf("generation %d after restart, was %d", s.Generation(), oldGen)
 	}
@@ -379,38 +255,45 @@ func TestClusterMultiGet(t *testing.T) {
 		keys = append(keys, key(i))
 	}
 	keys = append(keys, []byte("empty"))
+	// The absent keys' shards: a miss costs one shard word READ per
+	// shard.
+	absentShards := map[proto.Shard]bool{}
+	for i := n; i < n+50; i++ {
+		absentShards[proto.ShardOf(key(i))] = true
+	}
 	// A fresh client: nothing in its location cache.
 	cold := newClient(t, c)
-	before, reads := c.handled(), cold.Reads()
+	before, reads := handled(c), cold.Reads()
 	vals, err := cold.MultiGet(ctx, keys)
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Batched: one index READ per key and one record READ per present key;
-	// a key that fell back to Get alone would add more.
-	if got, want := cold.Reads()-reads, uint64(len(keys)+n+1); got != want {
-		t.Errorf("cold MultiGet of %d keys (%d present) posted %d READs, want %d", len(keys), n+1, got, want)
+	// Batched: one index READ per key, one record READ per present key,
+	// one shard word per absent keys' shard; a key read again would add
+	// more.
+	if got, want := cold.Reads()-reads, uint64(len(keys)+n+1+len(absentShards)); got != want {
+		t.Errorf("cold MultiGet of %d keys (%d present, %d absent shards) posted %d READs, want %d", len(keys), n+1, len(absentShards), got, want)
 	}
 	// The fresh client's only requests were one Hello per server.
-	for name, n := range c.handled() {
+	for name, n := range handled(c) {
 		if n > before[name]+1 {
 			t.Errorf("cold MultiGet: %s handled %d requests, more than a Hello", name, n-before[name])
 		}
 	}
 	// Warm (the puts cached every location): one record READ per present
-	// key, one index READ per absent one.
-	before, reads = c.handled(), cl.Reads()
+	// key, one index READ per absent one, and the shard words.
+	before, reads = handled(c), cl.Reads()
 	warm, err := cl.MultiGet(ctx, keys)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := cl.Reads()-reads, uint64(len(keys)); got != want {
+	if got, want := cl.Reads()-reads, uint64(len(keys)+len(absentShards)); got != want {
 		t.Errorf("warm MultiGet of %d keys posted %d READs, want %d", len(keys), got, want)
 	}
 	if fmt.Sprint(warm) != fmt.Sprint(vals) {
 		t.Fatalf("warm and cold MultiGets differ")
 	}
-	if after := c.handled(); fmt.Sprint(after) != fmt.Sprint(before) {
+	if after := handled(c); fmt.Sprint(after) != fmt.Sprint(before) {
 		t.Fatalf("MultiGet ran server handlers: %v -> %v", before, after)
 	}
 	for i, v := range vals[:n+50] {
@@ -439,7 +322,7 @@ func TestClusterPutRecoversFromRevokedLease(t *testing.T) {
 	if err := cl.Put(ctx, []byte("a"), []byte("1")); err != nil {
 		t.Fatal(err)
 	}
-	st := c.servers["s1"].Store()
+	st := c.Server("s1").Store()
 	granted := st.Stats().LeasesGranted
 	revoked := 0
 	for id := uint64(1); id <= granted+8; id++ { // lease IDs count from 1

@@ -2,42 +2,54 @@ package client_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"time"
 
 	"github.com/rkv-io/rkv/client"
-	"github.com/rkv-io/rkv/membership"
+	"github.com/rkv-io/rkv/rdma"
+	_ "github.com/rkv-io/rkv/rdma/soft"
 	"github.com/rkv-io/rkv/server"
+	"github.com/rkv-io/rkv/store"
 )
 
-// exampleCluster starts one server in a temporary directory and a client
-// joined to it; stop undoes both.
+// exampleCluster starts one server in a temporary directory, bootstrapping
+// a cluster of its own, and a client joined to it; stop undoes both.
 func exampleCluster() (cl *client.Client, stop func()) {
 	dir, err := os.MkdirTemp("", "rkv-example")
 	if err != nil {
 		panic(err)
 	}
-	cfg := serverConfig(dir, "s1", 0, nil)
-	cfg.Logger = slog.New(slog.DiscardHandler)
-	s, err := server.New(context.Background(), cfg)
+	quiet := slog.New(slog.DiscardHandler)
+	// main picks the RDMA provider: here the pure-Go one, on loopback.
+	sdev, err := rdma.Open("soft", "", rdma.Options{ListenAddr: "127.0.0.1:0"})
+	if err != nil {
+		panic(err)
+	}
+	s, err := server.New(context.Background(), server.Config{
+		Name: "s1", Device: sdev, Bootstrap: true, Logger: quiet,
+		Store: store.Options{Dir: dir, ArenaSize: 4 << 20, ArenaCount: 1, IndexSlots: 1 << 12, LeaseSize: 256 << 10},
+	})
+	if err != nil {
+		panic(err)
+	}
+	cdev, err := rdma.Open("soft", "", rdma.Options{ListenAddr: "127.0.0.1:0"})
 	if err != nil {
 		panic(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	cl, err = client.New(ctx, client.Config{
-		Seeds:      []string{s.GossipAddr()},
-		Logger:     slog.New(slog.DiscardHandler),
-		Membership: membership.Config{Tuning: fast},
-	})
+	cl, err = client.New(ctx, client.Config{Seeds: []string{s.GossipAddr()}, Device: cdev, Logger: quiet})
 	if err != nil {
 		panic(err)
 	}
 	return cl, func() {
 		cl.Close()
+		cdev.Close()
 		s.Close()
+		sdev.Close()
 		os.RemoveAll(dir)
 	}
 }
@@ -53,7 +65,7 @@ func ExampleClient_Get() {
 	v, err := cl.Get(ctx, []byte("greeting")) // two RDMA_READs, no server code
 	fmt.Printf("%s %v\n", v, err)
 	_, err = cl.Get(ctx, []byte("nothing"))
-	fmt.Println(err == client.ErrNotFound)
+	fmt.Println(errors.Is(err, client.ErrNotFound))
 	// Output:
 	// hello, RDMA <nil>
 	// true

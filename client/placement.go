@@ -134,7 +134,7 @@ func (t target) since(s proto.Shard) uint64 {
 // keys, and the client never asks one that would answer "not found".
 func (c *Client) targetOf(m *clustermap.Map, name string) (target, error) {
 	srv, ok := m.Server(name)
-	if !ok {
+	if !ok || srv.State == proto.ServerRemoved {
 		return target{}, &UnavailableError{Node: name, Reason: fmt.Sprintf("not in the cluster map (epoch %d)", m.Epoch())}
 	}
 	mb, in := c.ml.View().Member(name)

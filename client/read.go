@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/rkv-io/rkv/proto"
 	"github.com/rkv-io/rkv/rdma"
@@ -25,10 +26,10 @@ const maxReadBatch = 64
 //     the value. Records of other keys (fingerprint collisions) say
 //     nothing; a torn neighborhood, or a record of the key that is torn
 //     or superseded, means retry.
-//  3. No record of the key: READ the shard's word in the index region. If
-//     it is the epoch since which the map says the server owns the shard,
-//     the key is absent; otherwise the map is behind (or the server's
-//     is): refresh and retry.
+//  3. No record of the key: confirm the miss with the shard's word
+//     (misses): only if the server owned the shard since the epoch the map
+//     says, for the whole time, is the key absent; otherwise the map is
+//     behind (or the server's is): refresh and retry.
 //
 // Each step posts the READs of every key that needs it together, in
 // batches that fit the buffer. It returns one value per key (nil: absent;
@@ -43,10 +44,15 @@ func (sc *serverConn) read(ctx context.Context, t target, keys [][]byte) ([][]by
 		return nil, err
 	}
 	r := &keyReads{sc: sc, t: t, keys: keys, vals: make([][]byte, len(keys)), state: make([]readState, len(keys))}
-	for _, step := range []func(context.Context) error{r.cached, r.indexed, r.misses} {
-		if err := step(ctx); err != nil {
-			return nil, err
-		}
+	if err := r.cached(ctx); err != nil {
+		return nil, err
+	}
+	candidates, err := r.indexed(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := r.misses(ctx, candidates); err != nil {
+		return nil, err
 	}
 	return r.vals, nil
 }
@@ -107,8 +113,9 @@ func (r *keyReads) record(ctx context.Context, b *readBatch, i int, loc proto.Lo
 }
 
 // indexed reads the neighborhoods of the unresolved keys, then every
-// candidate record.
-func (r *keyReads) indexed(ctx context.Context) error {
+// candidate record; it returns each key's candidate locations, which the
+// check of a miss compares with a second READ.
+func (r *keyReads) indexed(ctx context.Context) ([][]proto.Location, error) {
 	idx := r.meta().Index
 	geo := idx.Geometry
 	nb := geo.NeighborhoodBytes()
@@ -127,14 +134,14 @@ func (r *keyReads) indexed(ctx context.Context) error {
 			}
 			candidates[i] = found
 		}); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	if err := b.flush(ctx); err != nil {
-		return err
+		return nil, err
 	}
 	if torn != nil {
-		return torn
+		return nil, torn
 	}
 	stale := make([]error, len(r.keys))
 	for i := range r.keys {
@@ -154,57 +161,92 @@ func (r *keyReads) indexed(ctx context.Context) error {
 					stale[i] = retry(r.sc.name, "record of %q at %+v: %w", r.keys[i], loc, err)
 				}
 			}); err != nil {
-				return err
+				return nil, err
 			}
 		}
 	}
 	if err := b.flush(ctx); err != nil {
-		return err
+		return nil, err
 	}
 	for i := range r.keys {
 		if r.state[i] == missing && stale[i] != nil {
 			// A record of the key was there but torn or superseded: the
 			// key may well exist.
-			return stale[i]
+			return nil, stale[i]
 		}
 	}
-	return nil
+	return candidates, nil
 }
 
-// misses READs the shard word of each missing key's shard: a miss is an
-// answer only from the shard's owner at the map's epoch.
-func (r *keyReads) misses(ctx context.Context) error {
+// misses confirms each missing key's absence with its shard's word: it
+// READs the word, the key's neighborhood again and the word again, each
+// fenced behind the one before, in one post. A miss is an answer only if
+// both words are equal and say the server owns the shard since the epoch
+// the map says, and the neighborhood still holds no slot for the key but
+// those of other keys seen before: the server then owned the shard, with
+// every key of it indexed, for the whole time the index was read (see
+// proto's shard words).
+func (r *keyReads) misses(ctx context.Context, candidates [][]proto.Location) error {
 	idx := r.meta().Index
-	words := map[proto.Shard]uint64{}
-	b := r.sc.batch()
+	geo := idx.Geometry
+	nb := geo.NeighborhoodBytes()
+	// A group is the missing keys of one shard that one post checks:
+	// word, neighborhoods, word.
+	type group struct {
+		shard         proto.Shard
+		keys          []int
+		before, after uint64
+	}
+	var groups []*group
+	open := map[proto.Shard]*group{}
 	for i, k := range r.keys {
 		if r.state[i] != missing {
 			continue
 		}
 		s := proto.ShardOf(k)
-		if _, ok := words[s]; ok {
-			continue
+		g := open[s]
+		if g == nil || len(g.keys) == maxReadBatch-2 {
+			g = &group{shard: s}
+			open[s] = g
+			groups = append(groups, g)
 		}
-		words[s] = 0
-		if err := b.add(ctx, proto.ShardWordSize, idx.Addr+uint64(idx.Geometry.ShardWordOffset(s)), idx.RKey, func(buf []byte) {
-			words[s] = proto.DecodeShardWord(buf)
-		}); err != nil {
+		g.keys = append(g.keys, i)
+	}
+	again := make([]bool, len(r.keys)) // the neighborhood changed: read the key again
+	b := r.sc.batch()
+	for _, g := range groups {
+		word := idx.Addr + uint64(geo.ShardWordOffset(g.shard))
+		if err := b.addFenced(ctx, proto.ShardWordSize, word, idx.RKey, false, func(buf []byte) { g.before = proto.DecodeShardWord(buf) }); err != nil {
+			return err
+		}
+		for _, i := range g.keys {
+			h := geo.Hash(r.keys[i])
+			if err := b.addFenced(ctx, nb, idx.Addr+uint64(geo.NeighborhoodOffset(geo.Home(h))), idx.RKey, true, func(buf []byte) {
+				found, err := proto.FindInNeighborhood(buf, h, nil)
+				again[i] = err != nil || !slices.Equal(found, candidates[i])
+			}); err != nil {
+				return err
+			}
+		}
+		if err := b.addFenced(ctx, proto.ShardWordSize, word, idx.RKey, true, func(buf []byte) { g.after = proto.DecodeShardWord(buf) }); err != nil {
 			return err
 		}
 	}
 	if err := b.flush(ctx); err != nil {
 		return err
 	}
-	for i, k := range r.keys {
-		if r.state[i] != missing {
-			continue
+	for _, g := range groups {
+		since := r.t.since(g.shard)
+		if since == 0 || g.before != g.after || proto.ShardWordSince(g.before) != since {
+			return retryWithMap(r.sc.name, newerMap, "%s: %v's word read %#x then %#x, the map (epoch %d) says it owns the shard since %d",
+				r.sc.name, g.shard, g.before, g.after, r.t.epoch, since)
 		}
-		s := proto.ShardOf(k)
-		since := r.t.since(s)
-		if w := words[s]; since == 0 || w != since {
-			return retryWithMap(r.sc.name, newerMap, "%s: shard %d's word is %d, the map (epoch %d) says it owns the shard since %d", r.sc.name, s, w, r.t.epoch, since)
+		for _, i := range g.keys {
+			if again[i] {
+				return retry(r.sc.name, "the index of %q changed while its absence was checked", r.keys[i])
+			}
+			r.state[i] = absent
 		}
-		r.state[i] = absent
 	}
 	return nil
 }
@@ -225,18 +267,33 @@ func (sc *serverConn) batch() *readBatch {
 }
 
 func (b *readBatch) add(ctx context.Context, n int, raddr uint64, rkey uint32, then func([]byte)) error {
+	return b.addFenced(ctx, n, raddr, rkey, false, then)
+}
+
+// addFenced is add, with the READ fenced behind the READs before it in
+// the post when fence is set (rdma.Fence): the target reads its memory
+// only after theirs is read. A fenced READ is never the first of a post,
+// so the batch is not flushed in front of it.
+func (b *readBatch) addFenced(ctx context.Context, n int, raddr uint64, rkey uint32, fence bool, then func([]byte)) error {
 	sc := b.sc
 	size := len(sc.mem.Bytes())
 	if n > size {
 		return fmt.Errorf("%w: a record of %d bytes does not fit the client buffer (%d)", ErrTooLarge, n, size)
 	}
-	if b.off+n > size || len(b.then) == maxReadBatch {
+	if !fence && (b.off+n > size || len(b.then) >= maxReadBatch) {
 		if err := b.flush(ctx); err != nil {
 			return err
 		}
 	}
+	if b.off+n > size {
+		return fmt.Errorf("rkv: %d READs of up to %d bytes do not fit the client buffer (%d)", len(b.then)+1, n, size)
+	}
+	var flags rdma.SendFlags
+	if fence {
+		flags = rdma.Fence
+	}
 	sc.sges = append(sc.sges, rdma.SGE{MR: sc.mr, Offset: b.off, Length: n})
-	sc.wrs = append(sc.wrs, rdma.SendWR{Op: rdma.OpRead, RemoteAddr: raddr, RKey: rkey})
+	sc.wrs = append(sc.wrs, rdma.SendWR{Op: rdma.OpRead, Flags: flags, RemoteAddr: raddr, RKey: rkey})
 	b.then = append(b.then, then)
 	b.off += n
 	return nil

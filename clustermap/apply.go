@@ -26,6 +26,9 @@ var (
 	ErrServerBusy = errors.New("clustermap: server still holds shards")
 	// ErrLastServer: the change would leave no active server.
 	ErrLastServer = errors.New("clustermap: no other active server")
+	// ErrRemoved: the server was removed from the map; its data directory
+	// cannot rejoin (the name can, with an empty one).
+	ErrRemoved = errors.New("clustermap: server removed from the cluster")
 	// ErrBadMove: a move command that does not match the map (owner,
 	// target, phase or start epoch).
 	ErrBadMove = errors.New("clustermap: move does not match the map")
@@ -35,8 +38,10 @@ var (
 
 // Apply returns the map after command c, with an epoch one higher; or m
 // itself when c changes nothing (adding a server that is already there,
-// draining one that is draining, removing one that is gone, aborting moves
-// that ended); or an error, and the map unchanged. It is a pure function
+// draining one that is draining, removing one that is removed or was never
+// there, aborting moves that ended); or an error, and the map unchanged.
+// A removed server stays in the map, holding nothing, so that its data
+// directory is never taken back: its name rejoins with another one. It is a pure function
 // of m and c, so every replica of the log computes the same maps.
 //
 // The first AddServer bootstraps the map: epoch 1, that server the owner
@@ -138,16 +143,23 @@ func (d *draft) addServer(name, id string) (bool, error) {
 	if name == "" || id == "" {
 		return false, fmt.Errorf("clustermap: adding a server needs a name and an ID (got %q, %q)", name, id)
 	}
+	for _, s := range d.servers {
+		if s.ID == id && s.State == proto.ServerRemoved {
+			return false, fmt.Errorf("%w: the data directory %s of %s was removed from the cluster; to rejoin, start the server on an empty data directory", ErrRemoved, id, s.Name)
+		}
+		if s.ID == id && s.Name != name {
+			return false, fmt.Errorf("%w: data directory ID %s belongs to %s, not %s (a server's name must not change)", ErrIDMismatch, id, s.Name, name)
+		}
+	}
 	if s := d.server(name); s != nil {
-		if s.ID != id {
+		switch {
+		case s.State == proto.ServerRemoved: // the name rejoins, empty
+			*s = proto.MapServer{Name: name, ID: id, State: proto.ServerActive, Added: d.epoch}
+			return true, nil
+		case s.ID != id:
 			return false, fmt.Errorf("%w: %s is in the map with data directory ID %s, not %s (a server that lost its data dir must be forgotten first)", ErrIDMismatch, name, s.ID, id)
 		}
 		return false, nil
-	}
-	for _, s := range d.servers {
-		if s.ID == id {
-			return false, fmt.Errorf("%w: data directory ID %s belongs to %s, not %s (a server's name must not change)", ErrIDMismatch, id, s.Name, name)
-		}
 	}
 	d.servers = append(d.servers, proto.MapServer{Name: name, ID: id, State: proto.ServerActive, Added: d.epoch})
 	if d.shards == nil { // the bootstrap
@@ -165,8 +177,11 @@ func (d *draft) drainServer(name string) (bool, error) {
 	if s == nil {
 		return false, fmt.Errorf("%w: %s", ErrUnknownServer, name)
 	}
-	if s.State == proto.ServerDraining {
+	switch s.State {
+	case proto.ServerDraining:
 		return false, nil
+	case proto.ServerRemoved:
+		return false, fmt.Errorf("%w: %s", ErrRemoved, name)
 	}
 	if d.activeExcept(name) == 0 {
 		return false, fmt.Errorf("%w: %s is the only active server; add another before draining it", ErrLastServer, name)
@@ -186,7 +201,7 @@ func (d *draft) activeExcept(name string) int {
 }
 
 func (d *draft) removeServer(name string, force bool) (bool, error) {
-	if d.server(name) == nil {
+	if s := d.server(name); s == nil || s.State == proto.ServerRemoved {
 		return false, nil
 	}
 	var owned, moving int
@@ -204,7 +219,7 @@ func (d *draft) removeServer(name string, force bool) (bool, error) {
 	if owned > 0 && d.activeExcept(name) == 0 {
 		return false, fmt.Errorf("%w: the shards of %s would have nowhere to go", ErrLastServer, name)
 	}
-	d.servers = slices.DeleteFunc(d.servers, func(s proto.MapServer) bool { return s.Name == name })
+	d.server(name).State = proto.ServerRemoved
 	counts := d.counts()
 	for s := range d.shards {
 		sh := &d.shards[s]

@@ -120,8 +120,19 @@ func TestDrainAndRemove(t *testing.T) {
 	}
 	checkBalanced(t, m)
 	m = must(t, m, &proto.MapCommand{Op: proto.MapRemoveServer, Server: proto.MapServer{Name: "b"}})
-	if _, ok := m.Server("b"); ok || len(m.Servers()) != 2 {
-		t.Fatalf("b still in the map: %v", m)
+	if srv, ok := m.Server("b"); !ok || srv.State != proto.ServerRemoved || m.Member("b") || !m.Member("a") {
+		t.Fatalf("b after its removal: %+v in %v", srv, m)
+	}
+	// Its data directory never comes back; its name does, on a new one.
+	if _, err := Apply(m, add("b")); !errors.Is(err, ErrRemoved) {
+		t.Fatalf("re-adding a removed data directory: %v", err)
+	}
+	if _, err := Apply(m, &proto.MapCommand{Op: proto.MapAddServer, Server: proto.MapServer{Name: "z", ID: "id-b"}}); !errors.Is(err, ErrRemoved) {
+		t.Fatalf("a removed data directory under another name: %v", err)
+	}
+	back := must(t, m, &proto.MapCommand{Op: proto.MapAddServer, Server: proto.MapServer{Name: "b", ID: "id-b2"}})
+	if srv, _ := back.Server("b"); srv.State != proto.ServerActive || srv.ID != "id-b2" || srv.Added != back.Epoch() {
+		t.Fatalf("b rejoining on an empty data directory: %+v", srv)
 	}
 	if again := must(t, m, &proto.MapCommand{Op: proto.MapRemoveServer, Server: proto.MapServer{Name: "b"}}); again != m {
 		t.Fatal("removing a removed server changed the map")

@@ -94,6 +94,12 @@ func (m *Map) Server(name string) (Server, bool) {
 	return m.pm.Servers[i], true
 }
 
+// Member reports whether name is a server of the map that was not removed.
+func (m *Map) Member(name string) bool {
+	s, ok := m.Server(name)
+	return ok && s.State != proto.ServerRemoved
+}
+
 // ServerByID returns the server whose data directory has id.
 func (m *Map) ServerByID(id string) (Server, bool) {
 	for _, s := range m.pm.Servers {

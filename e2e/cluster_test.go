@@ -82,6 +82,8 @@ func (c *cluster) start(n *node, join bool) {
 		"--arena-size", "4MiB", "--arena-count", "2", "--index-slots", "4096", "--lease-size", "256KiB"}
 	if join {
 		args = append(args, "--join", c.seeds(n.name))
+	} else {
+		args = append(args, "--bootstrap")
 	}
 	logf, err := os.OpenFile(n.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {

@@ -50,6 +50,10 @@ const (
 	// ServerDraining: the server is being removed; its shards move away
 	// and it takes no new ones.
 	ServerDraining
+	// ServerRemoved: the server was removed (forgotten). It holds nothing;
+	// its entry stays so that the data directory it ran on is never taken
+	// back: the name rejoins only with another (empty) one.
+	ServerRemoved
 	serverStateEnd
 )
 
@@ -59,6 +63,8 @@ func (s ServerState) String() string {
 		return "active"
 	case ServerDraining:
 		return "draining"
+	case ServerRemoved:
+		return "removed"
 	}
 	return fmt.Sprintf("ServerState(%d)", uint8(s))
 }
@@ -199,6 +205,9 @@ func (m *ClusterMap) Validate() error {
 			if int(o) >= len(m.Servers) {
 				return badMap("shard %d: owner %d of %d servers", i, o, len(m.Servers))
 			}
+			if m.Servers[o].State == ServerRemoved {
+				return badMap("shard %d: owned by %s, which is removed", i, m.Servers[o].Name)
+			}
 			if slices.Contains(sh.Owners[:j], o) {
 				return badMap("shard %d: owner %s twice", i, m.Servers[o].Name)
 			}
@@ -210,7 +219,7 @@ func (m *ClusterMap) Validate() error {
 			return badMap("shard %d: origin epoch %d not before since %d", i, sh.Origin, sh.Since)
 		}
 		if mv := sh.Move; mv != nil {
-			if int(mv.To) >= len(m.Servers) || slices.Contains(sh.Owners, mv.To) {
+			if int(mv.To) >= len(m.Servers) || slices.Contains(sh.Owners, mv.To) || m.Servers[mv.To].State == ServerRemoved {
 				return badMap("shard %d: move to server %d (of %d, owners %v)", i, mv.To, len(m.Servers), sh.Owners)
 			}
 			if mv.Phase == 0 || mv.Phase >= movePhaseEnd {
@@ -359,7 +368,7 @@ type MapOp uint8
 const (
 	MapAddServer    MapOp = iota + 1 // add Server (Name, ID); the first one bootstraps the shards
 	MapDrainServer                   // mark Server.Name draining
-	MapRemoveServer                  // remove Server.Name (Force: even while it owns shards)
+	MapRemoveServer                  // mark Server.Name removed (Force: even while it owns shards)
 	MapStartMoves                    // start Moves
 	MapFreezeMoves                   // freeze Moves (they must be in progress as given)
 	MapFinishMoves                   // give the shards of Moves to their targets

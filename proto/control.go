@@ -189,6 +189,9 @@ type Hello struct {
 	// a Hello for another ID (a restarted server on a reused address must
 	// not take Raft traffic meant for its predecessor). Empty: any.
 	Target string
+	// NoQP asks for a session of control requests only: no QP is
+	// connected after the Hello (Raft sessions never have one).
+	NoQP bool
 }
 
 // HelloReply names the server, its generation (which changes with every
@@ -531,11 +534,12 @@ func (m *Hello) encode(e *encoder) {
 	if m.Kind >= sessionKindEnd {
 		e.fail("session kind %d", m.Kind)
 	}
-	e.array(4)
+	e.array(5)
 	e.str(m.Client)
 	e.bytes(m.Token)
 	e.uint(uint64(m.Kind))
 	e.str(m.Target)
+	e.bool(m.NoQP)
 }
 
 func (m *HelloReply) encode(e *encoder) {
@@ -809,7 +813,7 @@ func DecodeFrame(b []byte) (id uint64, m Message, err error) {
 // ---- decoding ----
 
 func (m *Hello) decode(d *decoder) error {
-	if err := d.fields("Hello", 4); err != nil {
+	if err := d.fields("Hello", 5); err != nil {
 		return err
 	}
 	var err error
@@ -824,7 +828,10 @@ func (m *Hello) decode(d *decoder) error {
 		return err
 	}
 	m.Kind = SessionKind(k)
-	m.Target, err = d.str("target", MaxServerIDLen)
+	if m.Target, err = d.str("target", MaxServerIDLen); err != nil {
+		return err
+	}
+	m.NoQP, err = d.bool("no QP")
 	return err
 }
 

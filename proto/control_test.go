@@ -16,7 +16,7 @@ import (
 func controlSamples() []Message {
 	return []Message{
 		&Hello{Client: "client-1", Token: []byte("secret")},
-		&Hello{Client: "c", Kind: SessionRaft, Target: "0123456789abcdef"},
+		&Hello{Client: "c", Kind: SessionRaft, Target: "0123456789abcdef", NoQP: true},
 		&HelloReply{Server: "s1", Generation: 7, ServerID: "0123456789abcdef", MapEpoch: 12},
 		&GrantLease{Epoch: 4},
 		&LeaseReply{ID: 3, Arena: 1, Addr: 0x7f00_1234_5000, Size: 1 << 20, RKey: 0xdeadbeef, TTL: 30 * time.Second, VersionBase: 100, VersionCount: 32768},
@@ -124,7 +124,7 @@ func TestControlDecodeRejects(t *testing.T) {
 		"long key":         body(t, ControlVersion, MsgDelete, 1, []any{make([]byte, MaxKeyLen+1), 0, 0, 0}),
 		"nil epoch":        body(t, ControlVersion, MsgDelete, 1, []any{[]byte("k"), nil, 0, 0}),
 		"shard 1024":       body(t, ControlVersion, MsgFenceShards, 1, []any{[]any{NumShards}, 1}),
-		"session kind 3":   body(t, ControlVersion, MsgHello, 1, []any{"c", nil, 3, ""}),
+		"session kind 3":   body(t, ControlVersion, MsgHello, 1, []any{"c", nil, 3, "", false}),
 		"forget no name":   body(t, ControlVersion, MsgForget, 1, []any{"", false}),
 		"bool as int":      body(t, ControlVersion, MsgForget, 1, []any{"n", 1}),
 		"arena 4096":       body(t, ControlVersion, MsgCommitReply, 1, []any{4096, 0, 1, 1}),
@@ -132,7 +132,7 @@ func TestControlDecodeRejects(t *testing.T) {
 		"error code 0":     body(t, ControlVersion, MsgError, 1, []any{0, "x"}),
 		"error code 99":    body(t, ControlVersion, MsgError, 1, []any{99, "x"}),
 		"trailing":         append(body(t, ControlVersion, MsgAck, 1, []any{}), 0),
-		"long token":       body(t, ControlVersion, MsgHello, 1, []any{"c", make([]byte, MaxControlToken+1), 0, ""}),
+		"long token":       body(t, ControlVersion, MsgHello, 1, []any{"c", make([]byte, MaxControlToken+1), 0, "", false}),
 		"entries overflow": {0x94, ControlVersion, byte(MsgScanReply), 0x01, 0x92, 0xdd, 0x7f, 0xff, 0xff, 0xff},
 		"bytes overflow":   {0x94, ControlVersion, byte(MsgDelete), 0x01, 0x94, 0xc6, 0x7f, 0xff, 0xff, 0xff},
 	} {

@@ -40,21 +40,39 @@ func ShardOf(key []byte) Shard {
 func (s Shard) String() string { return fmt.Sprintf("shard %d", uint16(s)) }
 
 // Shard words. A server's index region is its hash table followed by one
-// little-endian 8-byte word per shard: the map epoch since which the server
-// owns that shard (the shard's Since in the map that made it the owner),
-// or 0 while it does not. The server sets a word when it starts serving the
-// shard and clears it when it hands the shard over, before anyone else may
-// write it.
+// little-endian 8-byte word per shard. While the server owns the shard the
+// word holds, in its low 48 bits, the map epoch since which it owns it (the
+// shard's Since in the map that made it the owner) and, in its top 16
+// bits, a sequence number the server bumps at every activation of a shard;
+// it is 0 while the server does not own the shard. The server sets the
+// word once the shard's keys are all in its index, and clears it before it
+// takes any out when it hands the shard over.
 //
 // A one-sided reader needs it for one case only. A record it finds live
 // (the key's, with a valid CRC) is current whoever owns the shard, because
 // a server marks its records of a shard dead before it gives the shard up
 // and keeps records of a shard it is receiving dead until it owns it. But
 // "not found" in a server's index means something only if that server
-// owns the shard: so on a miss the reader READs the shard's word, and
-// unless it equals the Since of the shard in the reader's map, the answer
-// is "refresh the map and retry", never "not found".
+// owned the shard for the whole time the index was read: so on a miss the
+// reader READs the word, the key's neighborhood again, and the word again,
+// each fenced behind the one before. Only if both words are equal and say
+// the Since of the shard in the reader's map, and the neighborhood still
+// holds no record of the key, is the key absent; otherwise the reader
+// refreshes its map and retries, never answering "not found". The
+// sequence number makes an ownership that ended and began again between
+// the two READs (a move away aborted) show as a change.
 const ShardWordSize = 8
+
+// MaxShardSince is the largest epoch a shard word holds.
+const MaxShardSince = 1<<48 - 1
+
+// ShardWord is the word of a shard owned since epoch since, at activation
+// seq.
+func ShardWord(since, seq uint64) uint64 { return since&MaxShardSince | seq<<48 }
+
+// ShardWordSince is the epoch a shard word says, 0 when it says the
+// server does not own the shard.
+func ShardWordSince(w uint64) uint64 { return w & MaxShardSince }
 
 // ShardWordsBytes is the size of the shard words at the end of an index
 // region.

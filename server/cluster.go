@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
@@ -42,7 +41,7 @@ func (s *Server) watchMap() {
 	gossiped := uint64(0)
 	for {
 		changed := s.node.Changed()
-		m := s.node.Map()
+		m := s.Map()
 		s.reconcile(m)
 		s.moves.sync(m)
 		if m.Epoch() != gossiped {
@@ -53,6 +52,9 @@ func (s *Server) watchMap() {
 			}
 			s.log.Info("cluster map", "epoch", m.Epoch(), "map", m.String())
 		}
+		if !m.Bootstrapped() {
+			s.checkAdmission()
+		}
 		select {
 		case <-s.stop:
 			return
@@ -62,33 +64,87 @@ func (s *Server) watchMap() {
 	}
 }
 
-// reconciledFile records the newest map epoch whose shard changes the store
-// has made: after a restart the replica's map may lag (the log is replayed
-// as the leader confirms it), and applying an older map than one already
-// acted on would undo a hand-over.
-const reconciledFile = "map-epoch"
-
-func (s *Server) loadReconciled() (uint64, error) {
-	b, err := os.ReadFile(filepath.Join(s.cfg.Store.Dir, reconciledFile))
-	if errors.Is(err, os.ErrNotExist) {
-		return 0, nil
+// checkAdmission is what a server waiting to be added does: it asks a
+// live server for the map, and if that map knows this server's name under
+// another data directory (this one lost its data, or took another's name)
+// it reports itself refused (Err) instead of waiting forever.
+func (s *Server) checkAdmission() {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	for _, mb := range s.ml.View().Servers() {
+		if mb.Name == s.cfg.Name || mb.Meta.MapEpoch == 0 || mb.Meta.ServerID == "" {
+			continue
+		}
+		r, err := s.peers.call(ctx, mb.Meta.ServerID, mb.Meta.ControlAddr, &proto.GetMap{})
+		if err != nil {
+			continue
+		}
+		m, err := clustermap.Decode(r.(*proto.MapReply).Map)
+		if err != nil {
+			continue
+		}
+		if srv, ok := m.Server(s.cfg.Name); ok && srv.ID != s.id && srv.State != proto.ServerRemoved {
+			s.fatal(fmt.Errorf("server: the cluster map (epoch %d, from %s) knows %s with data directory ID %s, and this data directory is %s: refused. If %s lost its data, remove it first (rkv-client forget %s --force), then start this one again",
+				m.Epoch(), mb.Name, s.cfg.Name, srv.ID, s.id, s.cfg.Name, s.cfg.Name))
+		}
+		if _, ok := m.ServerByID(s.id); ok {
+			if srv, _ := m.ServerByID(s.id); srv.State == proto.ServerRemoved {
+				s.fatal(fmt.Errorf("server: this data directory (%s) was removed from the cluster (map epoch %d): to rejoin, start on an empty data directory", s.id, m.Epoch()))
+			}
+		}
+		return
 	}
-	if err != nil {
-		return 0, err
-	}
-	v, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
-	if err != nil {
-		return 0, fmt.Errorf("server: %s: %w", reconciledFile, err)
-	}
-	return v, nil
 }
 
-func (s *Server) saveReconciled(epoch uint64) error {
-	path := filepath.Join(s.cfg.Store.Dir, reconciledFile)
-	if err := writeSynced(path+".tmp", []byte(strconv.FormatUint(epoch, 10)+"\n")); err != nil {
+// mapFile holds the newest map whose shard changes the store has made.
+// After a restart the replica's map may lag (Raft replays the log once the
+// leader confirms it): the server serves this one until the replica
+// catches up, and never applies an older map than it (which would undo a
+// hand-over). Maps of one cluster form one history, so the one of the
+// higher epoch is the newer.
+const mapFile = "cluster.map"
+
+func (s *Server) loadSavedMap() error {
+	b, err := os.ReadFile(filepath.Join(s.cfg.Store.Dir, mapFile))
+	if errors.Is(err, os.ErrNotExist) {
+		s.saved.Store(clustermap.Empty)
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("server: reading the saved cluster map: %w", err)
+	}
+	m, err := clustermap.Decode(b)
+	if err != nil {
+		return fmt.Errorf("server: %s: %w (remove it only if the data directory is not in use: the server then waits for the map's replica)", mapFile, err)
+	}
+	s.saved.Store(m)
+	return nil
+}
+
+func (s *Server) saveMap(m *clustermap.Map) error {
+	b, err := m.Encode()
+	if err != nil {
 		return err
 	}
-	return os.Rename(path+".tmp", path)
+	path := filepath.Join(s.cfg.Store.Dir, mapFile)
+	if err := writeSynced(path+".tmp", b); err != nil {
+		return err
+	}
+	if err := os.Rename(path+".tmp", path); err != nil {
+		return err
+	}
+	s.saved.Store(m)
+	return nil
+}
+
+// Map is the cluster map this server holds now: its replica's, or the one
+// it saved when that is newer (just after a restart).
+func (s *Server) Map() *clustermap.Map {
+	m, saved := s.node.Map(), s.saved.Load()
+	if saved.Epoch() > m.Epoch() {
+		return saved
+	}
+	return m
 }
 
 // shardActions is what one reconcile asks of the store.
@@ -113,11 +169,16 @@ type shardActions struct {
 func (s *Server) reconcile(m *clustermap.Map) {
 	s.shardMu.Lock()
 	defer s.shardMu.Unlock()
-	if !m.Bootstrapped() || m.Epoch() < s.reconciled {
+	if !m.Bootstrapped() || m.Epoch() < s.saved.Load().Epoch() {
 		return
 	}
 	me := s.cfg.Name
-	if srv, ok := m.Server(me); ok && srv.ID != s.id {
+	switch srv, ok := m.Server(me); {
+	case ok && srv.ID == s.id && srv.State == proto.ServerRemoved:
+		// Removed: it gives everything up below, and has nothing to
+		// serve after.
+		s.fatal(fmt.Errorf("server: %s was removed from the cluster (map epoch %d): it serves nothing; stop it (to rejoin, start it on an empty data directory)", me, m.Epoch()))
+	case ok && srv.ID != s.id && srv.State != proto.ServerRemoved:
 		s.fatal(fmt.Errorf("server: the cluster map knows %s with data directory ID %s, and this data directory is %s: it was refused (a server that lost its data must be forgotten first: rkv-client forget %s --force)", me, srv.ID, s.id, me))
 		return
 	}
@@ -148,13 +209,10 @@ func (s *Server) reconcile(m *clustermap.Map) {
 			a.dropFirst(sh, st)
 		}
 	}
-	failed := s.apply(&a)
-	if !failed && m.Epoch() > s.reconciled {
-		if err := s.saveReconciled(m.Epoch()); err != nil {
-			s.log.Error("recording the map epoch applied", "err", err)
-			return
+	if failed := s.apply(&a); !failed && m.Epoch() > s.saved.Load().Epoch() {
+		if err := s.saveMap(m); err != nil {
+			s.log.Error("saving the map applied", "epoch", m.Epoch(), "err", err)
 		}
-		s.reconciled = m.Epoch()
 	}
 }
 
@@ -320,6 +378,9 @@ func (l *leader) duties(ctx context.Context) {
 	}
 	now := time.Now()
 	for _, srv := range m.Servers() {
+		if srv.State == proto.ServerRemoved {
+			continue
+		}
 		if alive(srv.Name) {
 			delete(l.down, srv.Name)
 		} else if _, ok := l.down[srv.Name]; !ok {
@@ -335,7 +396,9 @@ func (l *leader) duties(ctx context.Context) {
 			continue
 		}
 		switch srv, ok := m.Server(mb.Name); {
-		case !ok:
+		case ok && srv.State == proto.ServerRemoved && srv.ID == mb.Meta.ServerID:
+			l.warn("removed/"+mb.Name, "a server removed from the cluster still runs: stop it", "server", mb.Name, "id", srv.ID)
+		case !ok, srv.State == proto.ServerRemoved: // new, or the name rejoining on an empty data directory
 			if next := l.propose(ctx, &proto.MapCommand{Op: proto.MapAddServer, Server: proto.MapServer{Name: mb.Name, ID: mb.Meta.ServerID}}); next != nil {
 				s.log.Info("server added to the cluster map", "server", mb.Name, "id", mb.Meta.ServerID, "epoch", next.Epoch())
 				m = next
@@ -384,8 +447,14 @@ func (l *leader) voters(ctx context.Context, m *clustermap.Map, alive func(strin
 			voters++
 		}
 	}
-	want := desiredVoters(len(m.Servers()), s.cfg.Voters)
+	var servers []clustermap.Server
 	for _, srv := range m.Servers() {
+		if srv.State != proto.ServerRemoved {
+			servers = append(servers, srv)
+		}
+	}
+	want := desiredVoters(len(servers), s.cfg.Voters)
+	for _, srv := range servers {
 		addr, ok := s.raftAddrOf(srv.ID)
 		if !ok || !alive(srv.Name) {
 			continue
@@ -409,7 +478,7 @@ func (l *leader) voters(ctx context.Context, m *clustermap.Map, alive func(strin
 		}
 	}
 	for id := range in {
-		if _, ok := m.ServerByID(id); !ok && id != s.id {
+		if srv, ok := m.ServerByID(id); (!ok || srv.State == proto.ServerRemoved) && id != s.id {
 			if err := s.node.RemoveMember(ctx, id); err != nil {
 				s.log.Warn("removing a Raft member", "id", id, "err", err)
 			} else {
@@ -458,6 +527,7 @@ func (l *leader) removeServers(ctx context.Context, m *clustermap.Map) {
 	counts := m.Counts()
 	for _, srv := range m.Servers() {
 		switch {
+		case srv.State == proto.ServerRemoved:
 		case srv.State == proto.ServerDraining && counts[srv.Name] == 0 && !busy[srv.Name]:
 			if next := l.propose(ctx, &proto.MapCommand{Op: proto.MapRemoveServer, Server: proto.MapServer{Name: srv.Name}}); next != nil {
 				s.log.Info("drained server removed from the cluster map", "server", srv.Name, "epoch", next.Epoch())
@@ -519,13 +589,13 @@ func (s *Server) forward(ctx context.Context, id, ctl string, c *proto.MapComman
 func (s *Server) waitEpoch(ctx context.Context, epoch uint64) (*clustermap.Map, error) {
 	for {
 		changed := s.node.Changed()
-		if m := s.node.Map(); m.Epoch() >= epoch {
+		if m := s.Map(); m.Epoch() >= epoch {
 			return m, nil
 		}
 		select {
 		case <-changed:
 		case <-ctx.Done():
-			return nil, fmt.Errorf("server: waiting for map epoch %d (at %d): %w", epoch, s.node.Map().Epoch(), ctx.Err())
+			return nil, fmt.Errorf("server: waiting for map epoch %d (at %d): %w", epoch, s.Map().Epoch(), ctx.Err())
 		}
 	}
 }
@@ -551,10 +621,10 @@ func (s *Server) mapChange(req *proto.MapChange) proto.Message {
 // forget starts a server's removal: a live one is drained (the leader
 // removes it once its shards moved), a dead one with Force is dropped.
 func (s *Server) forget(req *proto.Forget) proto.Message {
-	m := s.node.Map()
+	m := s.Map()
 	srv, ok := m.Server(req.Node)
-	if !ok {
-		return &proto.Error{Code: proto.CodeNotFound, Message: fmt.Sprintf("no server %q in the cluster map (epoch %d)", req.Node, m.Epoch())}
+	if !ok || srv.State == proto.ServerRemoved {
+		return &proto.Error{Code: proto.CodeNotFound, Message: fmt.Sprintf("no server %q in the cluster map (epoch %d), or it was removed already", req.Node, m.Epoch())}
 	}
 	mb, in := s.ml.View().Member(req.Node)
 	up := in && mb.State == membership.StateAlive && mb.Meta.ServerID == srv.ID
@@ -585,7 +655,7 @@ type encodedMap struct {
 }
 
 func (s *Server) mapReply(have uint64) proto.Message {
-	m := s.node.Map()
+	m := s.Map()
 	if m.Epoch() <= have {
 		return &proto.MapReply{Epoch: m.Epoch()}
 	}
@@ -604,7 +674,7 @@ func (s *Server) statsReply() *proto.StatsReply {
 	st := s.st.Stats()
 	r := &proto.StatsReply{Generation: s.gen, Keys: uint64(max(st.Keys, 0)), Commits: st.Commits, Deletes: st.Deletes,
 		LeasesActive: uint64(st.LeasesActive), Connections: uint64(max(s.connections.Load(), 0)), Handled: s.Stats().Total(),
-		MapEpoch: s.node.Map().Epoch()}
+		MapEpoch: s.Map().Epoch()}
 	for _, sh := range s.st.Shards() {
 		switch sh.State {
 		case store.ShardOwned:

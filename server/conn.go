@@ -98,6 +98,9 @@ func (c *conn) serve() {
 		}
 		reply := c.handle(m)
 		s.handled[m.Type()].Add(1)
+		if drop := s.dropReply.Load(); drop != nil && (*drop)(m) {
+			return // tests: the reply lost, as in a crash of the connection
+		}
 		if err := proto.WriteFrame(c.nc, id, reply); err != nil {
 			log.Debug("writing reply", "err", err)
 			return
@@ -150,10 +153,10 @@ func (c *conn) handshake() error {
 		return fmt.Errorf("%s session from %q for server ID %s, not this one", h.Kind, h.Client, h.Target)
 	}
 	c.client, c.kind = h.Client, h.Kind
-	if err := proto.WriteFrame(c.nc, id, &proto.HelloReply{Server: s.cfg.Name, Generation: s.gen, ServerID: s.id, MapEpoch: s.node.Map().Epoch()}); err != nil {
+	if err := proto.WriteFrame(c.nc, id, &proto.HelloReply{Server: s.cfg.Name, Generation: s.gen, ServerID: s.id, MapEpoch: s.Map().Epoch()}); err != nil {
 		return err
 	}
-	if c.kind == proto.SessionRaft {
+	if c.kind == proto.SessionRaft || h.NoQP {
 		_ = c.nc.SetDeadline(time.Time{})
 		return nil
 	}
@@ -277,7 +280,7 @@ func (c *conn) handle(m proto.Message) proto.Message {
 func (s *Server) fenceReply(clientEpoch uint64, err error) *proto.Error {
 	e := errorReply(err)
 	if e.Code == proto.CodeNotOwner || e.Code == proto.CodeShardMoving {
-		e.Message = fmt.Sprintf("%s (this server's map epoch %d, the request's %d)", e.Message, s.node.Map().Epoch(), clientEpoch)
+		e.Message = fmt.Sprintf("%s (this server's map epoch %d, the request's %d)", e.Message, s.Map().Epoch(), clientEpoch)
 	}
 	return e
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/rkv-io/rkv/client"
+	"github.com/rkv-io/rkv/clustermap/replica"
 	"github.com/rkv-io/rkv/membership"
 	"github.com/rkv-io/rkv/proto"
 	"github.com/rkv-io/rkv/rdma"
@@ -28,14 +29,30 @@ func testLogger() *slog.Logger {
 	return slog.New(slog.DiscardHandler)
 }
 
-// newTestServer starts a small server on loopback; mod, if not nil,
-// adjusts its configuration first. The caller closes it.
+// testDevice opens a soft RDMA device on loopback, closed at the end of
+// the test (after the servers registered later).
+func testDevice(t testing.TB) rdma.Device {
+	t.Helper()
+	dev, err := rdma.Open("soft", "", rdma.Options{ListenAddr: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { dev.Close() })
+	return dev
+}
+
+// newTestServer starts a small server on loopback, a cluster of its own,
+// and waits until it serves every shard; mod, if not nil, adjusts its
+// configuration first. The caller closes it.
 func newTestServer(t *testing.T, mod func(*Config)) *Server {
 	t.Helper()
 	cfg := Config{
 		Name:       "s1",
+		Device:     testDevice(t),
 		Store:      store.Options{Dir: t.TempDir(), ArenaSize: 4 << 20, ArenaCount: 2, IndexSlots: 1 << 12, LeaseSize: 256 << 10},
 		Membership: membership.Config{Tuning: fastGossip},
+		Bootstrap:  true,
+		Raft:       fastRaft,
 		Logger:     testLogger(),
 	}
 	if mod != nil {
@@ -45,7 +62,28 @@ func newTestServer(t *testing.T, mod func(*Config)) *Server {
 	if err != nil {
 		t.Fatal(err)
 	}
+	waitServing(t, s, proto.NumShards)
 	return s
+}
+
+var fastRaft = replica.Tuning{HeartbeatTimeout: 200 * time.Millisecond, ElectionTimeout: 200 * time.Millisecond,
+	LeaderLeaseTimeout: 150 * time.Millisecond, CommitTimeout: 5 * time.Millisecond}
+
+// waitServing waits until s serves n shards.
+func waitServing(t testing.TB, s *Server, n int) {
+	t.Helper()
+	waitFor(t, 20*time.Second, s.Name()+" serving its shards", func() error {
+		owned := 0
+		for _, sh := range s.Store().Shards() {
+			if sh.State == store.ShardOwned {
+				owned++
+			}
+		}
+		if owned != n {
+			return fmt.Errorf("%d shards served, want %d (map %v)", owned, n, s.Map())
+		}
+		return nil
+	})
 }
 
 func testServer(t *testing.T, token string) *Server {
@@ -123,10 +161,10 @@ func call(t *testing.T, nc net.Conn, id uint64, m proto.Message) proto.Message {
 	return r
 }
 
-// session is a hand-driven client: a control connection past its Hello,
+// rawSession is a hand-driven client: a control connection past its Hello,
 // a QP connected to the server over it, and a registered buffer, so a test
 // can post any RDMA request and send any control frame.
-type session struct {
+type rawSession struct {
 	t   *testing.T
 	nc  net.Conn
 	dev rdma.Device
@@ -139,7 +177,7 @@ type session struct {
 }
 
 // openSession dials s, says Hello with token and connects a QP.
-func openSession(t *testing.T, s *Server, token string) *session {
+func openSession(t *testing.T, s *Server, token string) *rawSession {
 	t.Helper()
 	nc := dial(t, s)
 	if r, ok := call(t, nc, 1, &proto.Hello{Client: t.Name(), Token: []byte(token)}).(*proto.HelloReply); !ok {
@@ -151,11 +189,11 @@ func openSession(t *testing.T, s *Server, token string) *session {
 }
 
 // newRDMASession connects a QP over nc, which has passed its Hello.
-func newRDMASession(t *testing.T, nc net.Conn) *session {
+func newRDMASession(t *testing.T, nc net.Conn) *rawSession {
 	t.Helper()
-	ss := &session{t: t, nc: nc}
+	ss := &rawSession{t: t, nc: nc}
 	var err error
-	if ss.dev, err = rdma.Open("soft", "", rdma.Options{}); err != nil {
+	if ss.dev, err = rdma.Open("soft", "", rdma.Options{ListenAddr: "127.0.0.1:0"}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(ss.close)
@@ -184,7 +222,7 @@ func newRDMASession(t *testing.T, nc net.Conn) *session {
 }
 
 // close releases everything; safe on a partly built session.
-func (ss *session) close() {
+func (ss *rawSession) close() {
 	ss.nc.Close()
 	if ss.qp != nil {
 		ss.qp.Close()
@@ -205,14 +243,14 @@ func (ss *session) close() {
 }
 
 // call sends one control request and returns its reply.
-func (ss *session) call(m proto.Message) proto.Message {
+func (ss *rawSession) call(m proto.Message) proto.Message {
 	ss.t.Helper()
 	ss.id++
 	return call(ss.t, ss.nc, ss.id, m)
 }
 
 // lease asks for a write lease.
-func (ss *session) lease() *proto.LeaseReply {
+func (ss *rawSession) lease() *proto.LeaseReply {
 	ss.t.Helper()
 	lr, ok := ss.call(&proto.GrantLease{}).(*proto.LeaseReply)
 	if !ok {
@@ -223,7 +261,7 @@ func (ss *session) lease() *proto.LeaseReply {
 
 // post runs one signaled request on [off, off+n) of the buffer against
 // (raddr, rkey) and returns its completion.
-func (ss *session) post(op rdma.Opcode, off, n int, raddr uint64, rkey uint32) rdma.Completion {
+func (ss *rawSession) post(op rdma.Opcode, off, n int, raddr uint64, rkey uint32) rdma.Completion {
 	ss.t.Helper()
 	wr := rdma.SendWR{Op: op, Flags: rdma.Signaled, SGL: []rdma.SGE{{MR: ss.mr, Offset: off, Length: n}}, RemoteAddr: raddr, RKey: rkey}
 	if err := ss.qp.PostSend([]rdma.SendWR{wr}); err != nil {
@@ -239,7 +277,7 @@ func (ss *session) post(op rdma.Opcode, off, n int, raddr uint64, rkey uint32) r
 }
 
 // mustPost is post that fails the test unless the request succeeds.
-func (ss *session) mustPost(op rdma.Opcode, off, n int, raddr uint64, rkey uint32) {
+func (ss *rawSession) mustPost(op rdma.Opcode, off, n int, raddr uint64, rkey uint32) {
 	ss.t.Helper()
 	if wc := ss.post(op, off, n, raddr, rkey); wc.Status != rdma.StatusSuccess {
 		ss.t.Fatalf("%v of %d bytes at %#x rkey %#x: %v", op, n, raddr, rkey, wc.Status)
@@ -249,7 +287,7 @@ func (ss *session) mustPost(op rdma.Opcode, off, n int, raddr uint64, rkey uint3
 // writeRecord encodes a record into the buffer and RDMA_WRITEs its first
 // n bytes (all of it when n < 0) at offset off of the lease. It returns
 // the record's full size.
-func (ss *session) writeRecord(l *proto.LeaseReply, off uint64, version uint64, key, value []byte, n int) int {
+func (ss *rawSession) writeRecord(l *proto.LeaseReply, off uint64, version uint64, key, value []byte, n int) int {
 	ss.t.Helper()
 	size, err := proto.EncodeRecord(ss.mem.Bytes(), version, 0, key, value)
 	if err != nil {
@@ -268,14 +306,22 @@ func newClient(t *testing.T, s *Server, token string, key []byte) *client.Client
 	return newClientWith(t, s, client.Config{AuthToken: token, SecretKey: key})
 }
 
-// newClientWith is newClient with more of the configuration: its seeds,
-// logger and gossip tuning are set here.
-func newClientWith(t *testing.T, s *Server, cfg client.Config) *client.Client {
+// dialClient starts a client library instance against s; its seeds,
+// device, logger and gossip tuning are set here.
+func dialClient(t *testing.T, s *Server, cfg client.Config) (*client.Client, error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	cfg.Seeds, cfg.Logger, cfg.Membership = []string{s.GossipAddr()}, testLogger(), membership.Config{Tuning: fastGossip}
-	cl, err := client.New(ctx, cfg)
+	cfg.Device = testDevice(t)
+	return client.New(ctx, cfg)
+}
+
+// newClientWith is newClient with more of the configuration (see
+// dialClient).
+func newClientWith(t *testing.T, s *Server, cfg client.Config) *client.Client {
+	t.Helper()
+	cl, err := dialClient(t, s, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

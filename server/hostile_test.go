@@ -27,7 +27,7 @@ func noLeaks(t *testing.T) {
 
 // wantRemoteAccessError checks that wc failed with REM_ACCESS_ERR, that
 // the session's QP moved to ERR and that a later request is flushed.
-func wantRemoteAccessError(t *testing.T, ss *session, what string, wc rdma.Completion) {
+func wantRemoteAccessError(t *testing.T, ss *rawSession, what string, wc rdma.Completion) {
 	t.Helper()
 	if wc.Status != rdma.StatusRemAccessErr {
 		t.Fatalf("%s: completed with %v, want REM_ACCESS_ERR", what, wc.Status)
@@ -151,7 +151,7 @@ func TestHostileFrames(t *testing.T) {
 	noLeaks(t)
 	s := startServer(t, nil)
 	cl := newClient(t, s, "", nil)
-	hello := []any{proto.ControlVersion, uint8(proto.MsgHello), 1, []any{"c", []byte{}, 0, ""}}
+	hello := []any{proto.ControlVersion, uint8(proto.MsgHello), 1, []any{"c", []byte{}, 0, "", false}}
 	stats := []any{proto.ControlVersion, uint8(proto.MsgStats), 2, []any{}}
 	huge := []byte{0x00, 0x10, 0x00, 0x00} // MaxFrame: too large for a Hello, not for a request
 	for _, c := range []struct {
@@ -180,7 +180,7 @@ func TestHostileFrames(t *testing.T) {
 		{name: "a payload with a field too many", raw: func(f []any) []byte {
 			f[3] = append(f[3].([]any), 7)
 			return framed(mp(t, f))
-		}, pre: "Hello of 5 elements (limit 4", post: "Stats of 1 elements (limit 0"},
+		}, pre: "Hello of 6 elements (limit 5", post: "Stats of 1 elements (limit 0"},
 		{name: "trailing bytes after the message", raw: func(f []any) []byte { return framed(append(mp(t, f), 0)) },
 			pre: "1 bytes after the end of Hello", post: "1 bytes after the end of Stats"},
 		{name: "a negative request id", raw: func(f []any) []byte { f[2] = -1; return framed(mp(t, f)) },

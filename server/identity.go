@@ -21,6 +21,9 @@ const identityFile = "server.id"
 // ID together, and a renamed data directory would look like a stranger
 // holding another server's data.
 func loadIdentity(dir, name string) (string, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", fmt.Errorf("server: the data directory: %w", err)
+	}
 	path := filepath.Join(dir, identityFile)
 	b, err := os.ReadFile(path)
 	switch {

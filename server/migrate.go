@@ -192,7 +192,7 @@ func shardsOf(moves []clustermap.Move) []proto.Shard {
 // attempt runs the protocol above from wherever the group's moves stand.
 func (mv *mover) attempt(ctx context.Context, g moveGroup) error {
 	s := mv.s
-	m := s.node.Map()
+	m := s.Map()
 	moves := mv.groupMoves(m, g)
 	if len(moves) == 0 {
 		return errMoveGone
@@ -254,7 +254,7 @@ func (mv *mover) attempt(ctx context.Context, g moveGroup) error {
 // gone is err, or errMoveGone when the moves ended meanwhile (an abort
 // makes the freeze, fence, release and finish fail).
 func (mv *mover) gone(g moveGroup, err error) error {
-	if len(mv.groupMoves(mv.s.node.Map(), g)) == 0 {
+	if len(mv.groupMoves(mv.s.Map(), g)) == 0 {
 		return errMoveGone
 	}
 	return err
@@ -589,7 +589,7 @@ func (s *Server) releaseShards(req *proto.ReleaseShards) proto.Message {
 	}
 	s.shardMu.Lock()
 	defer s.shardMu.Unlock()
-	if err := s.frozenHere(s.node.Map(), req.Shards); err != nil {
+	if err := s.frozenHere(s.Map(), req.Shards); err != nil {
 		return &proto.Error{Code: proto.CodeBadRequest, Message: err.Error()}
 	}
 	for _, sh := range req.Shards {

@@ -81,16 +81,12 @@ func TestAuthToken(t *testing.T) {
 		t.Fatalf("%d leases granted to unauthenticated peers", n-granted)
 	}
 
-	// The client library says what is wrong, for GET and PUT alike.
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
+	// The client library says what is wrong, at once: it cannot even
+	// fetch the cluster map.
 	for _, tok := range []string{"", "wrong"} {
-		bad := newClient(t, s, tok, nil)
-		if err := bad.Put(ctx, []byte("k"), []byte("v")); !errors.Is(err, client.ErrUnauthenticated) || !strings.Contains(err.Error(), "wrong auth token") {
-			t.Fatalf("PUT with token %q: %v, want ErrUnauthenticated", tok, err)
-		}
-		if _, err := bad.Get(ctx, []byte("healthy/start")); !errors.Is(err, client.ErrUnauthenticated) {
-			t.Fatalf("GET with token %q: %v, want ErrUnauthenticated", tok, err)
+		_, err := dialClient(t, s, client.Config{AuthToken: tok})
+		if !errors.Is(err, client.ErrUnauthenticated) || !strings.Contains(err.Error(), "wrong auth token") {
+			t.Fatalf("a client with token %q: %v, want ErrUnauthenticated", tok, err)
 		}
 	}
 
@@ -174,7 +170,7 @@ func TestGossipKey(t *testing.T) {
 	}
 	for _, k := range [][]byte{nil, bytes.Repeat([]byte{8}, 32)} {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		cl, err := client.New(ctx, client.Config{Seeds: []string{s.GossipAddr()}, SecretKey: k, Logger: testLogger(),
+		cl, err := client.New(ctx, client.Config{Seeds: []string{s.GossipAddr()}, Device: testDevice(t), SecretKey: k, Logger: testLogger(),
 			Membership: membership.Config{Tuning: fastGossip}})
 		cancel()
 		if err == nil {
@@ -195,13 +191,17 @@ func TestGossipKey(t *testing.T) {
 func TestControlTLS(t *testing.T) {
 	noLeaks(t)
 	pki := testpki.New(t, "127.0.0.1")
-	if _, err := New(context.Background(), Config{Name: "x", Store: store.Options{Dir: t.TempDir()}, TLS: &tls.Config{}}); err == nil ||
+	if _, err := New(context.Background(), Config{Name: "x", Device: testDevice(t), Store: store.Options{Dir: t.TempDir()}, TLS: &tls.Config{}}); err == nil ||
 		!strings.Contains(err.Error(), "no certificate") {
 		t.Fatalf("a TLS config without a certificate: %v", err)
 	}
+	if _, err := New(context.Background(), Config{Name: "x", Device: testDevice(t), Store: store.Options{Dir: t.TempDir()}, TLS: pki.ServerConfig()}); err == nil ||
+		!strings.Contains(err.Error(), "PeerTLS") {
+		t.Fatalf("TLS without a configuration for the connections to other servers: %v", err)
+	}
 	s := startServer(t, func(c *Config) {
 		c.AuthToken = "sesame"
-		c.TLS = pki.ServerConfig()
+		c.TLS, c.PeerTLS = pki.ServerConfig(), pki.ClientConfig()
 	})
 	good := pki.ClientConfig()
 	cl := newClientWith(t, s, client.Config{AuthToken: "sesame", TLS: good})
@@ -234,12 +234,14 @@ func TestControlTLS(t *testing.T) {
 		{"a client without a certificate", noCert, "certificate required"},
 		{"a client that does not trust the server's CA", untrusting, "certificate signed by unknown authority"},
 	} {
-		bad := newClientWith(t, s, client.Config{AuthToken: "sesame", TLS: c.tls, RetryAttempts: 2})
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		err := bad.Put(ctx, []byte("k"), []byte("v"))
-		cancel()
+		// The client fails at once: it cannot even fetch the map.
+		start := time.Now()
+		_, err := dialClient(t, s, client.Config{AuthToken: "sesame", TLS: c.tls, RetryAttempts: 2})
 		if err == nil || !strings.Contains(err.Error(), c.want) {
-			t.Fatalf("%s: PUT returned %v, want an error saying %q", c.name, err, c.want)
+			t.Fatalf("%s: client.New returned %v, want an error saying %q", c.name, err, c.want)
+		}
+		if d := time.Since(start); d > 5*time.Second {
+			t.Errorf("%s: refused after %v, not at once", c.name, d)
 		}
 		healthy(t, cl, c.name)
 	}

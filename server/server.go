@@ -183,10 +183,10 @@ type Server struct {
 	// the map: reconcile, FenceShards, ReleaseShards.
 	shardMu sync.Mutex
 
-	mapCache   atomic.Pointer[encodedMap]
-	mlReady    atomic.Pointer[membership.Membership] // ml, once made: Raft asks it for addresses from the start
-	reconciled uint64                                // the newest map epoch applied to the store; guarded by shardMu
-	moves      *mover
+	mapCache atomic.Pointer[encodedMap]
+	mlReady  atomic.Pointer[membership.Membership] // ml, once made: Raft asks it for addresses from the start
+	saved    atomic.Pointer[clustermap.Map]        // the newest map applied to the store (mapFile)
+	moves    *mover
 	errs       chan error // fatal conditions after the start (Err)
 
 	mu     sync.Mutex
@@ -197,6 +197,10 @@ type Server struct {
 
 	handled     [proto.NumMsgTypes]atomic.Uint64
 	connections atomic.Int64
+
+	// dropReply, set by tests, closes a connection instead of sending the
+	// reply to a request it reports true for.
+	dropReply atomic.Pointer[func(proto.Message) bool]
 }
 
 // New starts a server: it opens the store and the control listener, the
@@ -220,7 +224,7 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	if s.id, err = loadIdentity(cfg.Store.Dir, cfg.Name); err != nil {
 		return nil, err
 	}
-	if s.reconciled, err = s.loadReconciled(); err != nil {
+	if err := s.loadSavedMap(); err != nil {
 		return nil, err
 	}
 	if s.pd, err = s.dev.AllocPD(); err != nil {
@@ -273,7 +277,7 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		return nil, fmt.Errorf("server: %w", err)
 	}
 	undo = append(undo, s.node.Close)
-	m := s.node.Map()
+	m := s.Map()
 	if !s.node.HasState() && !cfg.Bootstrap && len(cfg.Membership.Seeds) == 0 {
 		return nil, fmt.Errorf("server: %s holds no cluster state and there is nothing to join: start the first server of a new cluster with Bootstrap (--bootstrap), the others with Membership.Seeds (--join)", cfg.Store.Dir)
 	}
@@ -387,9 +391,6 @@ func (s *Server) Store() *store.Store { return s.st }
 
 // Membership is the server's membership.
 func (s *Server) Membership() *membership.Membership { return s.ml }
-
-// Map is the cluster map this server holds now.
-func (s *Server) Map() *clustermap.Map { return s.node.Map() }
 
 // MapNode is the server's replica of the map (tests, status).
 func (s *Server) MapNode() *replica.Node { return s.node }

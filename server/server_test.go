@@ -6,11 +6,13 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
 
+	"github.com/rkv-io/rkv/membership"
 	"github.com/rkv-io/rkv/proto"
 	"github.com/rkv-io/rkv/store"
 )
@@ -108,8 +110,17 @@ func TestServerConfig(t *testing.T) {
 	if _, err := New(context.Background(), Config{Name: "x"}); err == nil {
 		t.Fatal("server without a data directory")
 	}
-	_, err := New(context.Background(), Config{Name: "x", Provider: "nope", Store: store.Options{Dir: t.TempDir()}, Logger: slog.New(slog.DiscardHandler)})
+	if _, err := New(context.Background(), Config{Name: "x", Store: store.Options{Dir: t.TempDir()}, Logger: slog.New(slog.DiscardHandler)}); err == nil {
+		t.Fatal("server without a device")
+	}
+	dev := testDevice(t)
+	_, err := New(context.Background(), Config{Name: "x", Device: dev, Store: store.Options{Dir: t.TempDir()}, Logger: slog.New(slog.DiscardHandler)})
+	if err == nil || !strings.Contains(err.Error(), "--bootstrap") {
+		t.Fatalf("a server with no cluster state and nothing to join: %v", err)
+	}
+	_, err = New(context.Background(), Config{Name: "x", Device: dev, Bootstrap: true, Membership: membership.Config{Seeds: []string{"127.0.0.1:1"}},
+		Store: store.Options{Dir: t.TempDir()}, Logger: slog.New(slog.DiscardHandler)})
 	if err == nil || errors.Is(err, context.Canceled) {
-		t.Fatalf("unknown provider: %v", err)
+		t.Fatalf("bootstrap and seeds together: %v", err)
 	}
 }

@@ -175,7 +175,7 @@ func BenchmarkScan(b *testing.B) {
 	opts.IndexSlots = 1 << 18
 	sv := newBareServer(b, opts)
 	s := sv.s
-	if err := s.BeginIncoming(AllShards()); err != nil {
+	if err := s.BeginIncoming(AllShards(), 1); err != nil {
 		b.Fatal(err)
 	}
 	byShard := make([][][]byte, proto.NumShards)

@@ -330,7 +330,7 @@ func (c *client) read(key []byte, since uint64) ([]byte, readerResult) {
 	switch {
 	case ok:
 		return v, readFound
-	case c.shardWord(proto.ShardOf(key)) == since:
+	case proto.ShardWordSince(c.shardWord(proto.ShardOf(key))) == since:
 		return nil, readNotFound
 	}
 	return nil, readRefresh

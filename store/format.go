@@ -94,8 +94,7 @@ func decodeShardRecord(b []byte) (ShardState, uint64, error) {
 	switch {
 	case st == ShardOwned && since == 0:
 		return 0, 0, fmt.Errorf("store: shard record: owned since epoch 0: corrupt")
-	case st == ShardOwned:
-	case (st == ShardIncoming || st == ShardReleased) && since == 0:
+	case st == ShardOwned, st == ShardIncoming, st == ShardReleased:
 	default:
 		return 0, 0, fmt.Errorf("store: shard record: state %d since %d: corrupt", b[1], since)
 	}

@@ -137,7 +137,7 @@ func TestIngestMovesAShardBetweenStores(t *testing.T) {
 	if err := b.s.Ingest(context.Background(), sh, nil, nil, nil); !errors.Is(err, ErrShardState) {
 		t.Fatalf("Ingest before BeginIncoming: %v, want ErrShardState", err)
 	}
-	if err := b.s.BeginIncoming([]proto.Shard{sh}); err != nil {
+	if err := b.s.BeginIncoming([]proto.Shard{sh}, 1); err != nil {
 		t.Fatal(err)
 	}
 	if n := copyShard(t, a.s, b.s, sh); n != 30 {
@@ -274,7 +274,7 @@ func TestIngestMovesAShardBetweenStores(t *testing.T) {
 
 	// Misuse changes nothing.
 	other := keysIn(sh+2, "x", 1)[0]
-	if err := b.s.BeginIncoming([]proto.Shard{sh + 2}); err != nil {
+	if err := b.s.BeginIncoming([]proto.Shard{sh + 2}, 1); err != nil {
 		t.Fatal(err)
 	}
 	rec := make([]byte, proto.RecordSize(len(other), 1))
@@ -320,7 +320,7 @@ func ingestChild() {
 	t := &childT{}
 	round, _ := strconv.Atoi(os.Getenv("RKV_CRASH_ROUND"))
 	sv := newBareServer(t, ingestOptions(os.Getenv(ingestChildEnv)))
-	if err := sv.s.BeginIncoming([]proto.Shard{ingestShard}); err != nil {
+	if err := sv.s.BeginIncoming([]proto.Shard{ingestShard}, 1); err != nil {
 		t.Fatal(err)
 	}
 	var earlier [][]byte
@@ -456,7 +456,7 @@ func TestIngestSurvivesKill9(t *testing.T) {
 		}
 
 		sv = newBareServer(t, ingestOptions(dir))
-		if st, _ := sv.s.ShardState(ingestShard); st != ShardIncoming {
+		if st := sv.s.ShardState(ingestShard).State; st != ShardIncoming {
 			t.Fatalf("round %d: the shard is %v after the kill, want incoming", round, st)
 		}
 		got := checkIngestedShard(t, sv.s)

@@ -87,10 +87,16 @@ var (
 
 // ShardStatus is one shard's state and size.
 type ShardStatus struct {
-	Shard  proto.Shard
-	State  ShardState
-	Since  uint64 // the epoch since which it is owned; 0 unless Owned
-	Frozen bool
+	Shard proto.Shard
+	State ShardState
+	// Since is the epoch since which an Owned shard is owned; a Released
+	// shard keeps the one it had, so that a migration aborted after the
+	// release serves it again under the same epoch. 0 otherwise.
+	Since uint64
+	// Started is the epoch of the migration an Incoming shard is copied
+	// in for (BeginIncoming); 0 otherwise.
+	Started uint64
+	Frozen  bool
 	// Keys and LiveBytes count the shard's current records (its Pebble
 	// entries) in any state: an incoming or released shard's too.
 	Keys      int64
@@ -99,7 +105,10 @@ type ShardStatus struct {
 
 // shardInfo is a shard's in-memory state, guarded by Store.mu.
 type shardInfo struct {
-	state  ShardState
+	state ShardState
+	// since is ShardStatus.Since for an Owned or Released shard and
+	// ShardStatus.Started for an Incoming one; it is persisted with the
+	// state.
 	since  uint64
 	frozen bool // FreezeShards
 	moving bool // ReleaseShards is draining it
@@ -177,19 +186,29 @@ func shardWordsOf(region []byte, geo proto.IndexGeometry) []uint64 {
 	return unsafe.Slice((*uint64)(unsafe.Pointer(unsafe.SliceData(w))), proto.NumShards)
 }
 
-// setWord publishes shard sh's word with one aligned 8-byte store.
+// setWord publishes shard sh's word (proto.ShardWord) with one aligned
+// 8-byte store.
 func (s *Store) setWord(sh proto.Shard, v uint64) { atomic.StoreUint64(&s.words[sh], v) }
 
 func (s *Store) word(sh proto.Shard) uint64 { return atomic.LoadUint64(&s.words[sh]) }
 
-// ShardState returns shard sh's state and, when owned, since when.
-func (s *Store) ShardState(sh proto.Shard) (ShardState, uint64) {
+// ShardState returns shard sh's status.
+func (s *Store) ShardState(sh proto.Shard) ShardStatus {
 	if sh >= proto.NumShards {
-		return ShardNone, 0
+		return ShardStatus{Shard: sh}
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.shards[sh].state, s.shards[sh].since
+	return s.statusLocked(sh)
+}
+
+func (s *Store) statusLocked(sh proto.Shard) ShardStatus {
+	info := &s.shards[sh]
+	st := ShardStatus{Shard: sh, State: info.state, Since: info.since, Frozen: info.frozen, Keys: info.keys, LiveBytes: info.live}
+	if info.state == ShardIncoming {
+		st.Since, st.Started = 0, info.since
+	}
+	return st
 }
 
 // Shards returns every shard's status, in shard order.
@@ -198,8 +217,7 @@ func (s *Store) Shards() []ShardStatus {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for i := range out {
-		sh := &s.shards[i]
-		out[i] = ShardStatus{Shard: proto.Shard(i), State: sh.state, Since: sh.since, Frozen: sh.frozen, Keys: sh.keys, LiveBytes: sh.live}
+		out[i] = s.statusLocked(proto.Shard(i))
 	}
 	return out
 }
@@ -229,12 +247,17 @@ func (s *Store) loadShards() error {
 	return it.Error()
 }
 
-// persistShards writes the shards' states in one synced batch.
-func (s *Store) persistShards(shards []proto.Shard, st ShardState, since uint64) error {
+// persistShards writes the shards' states in one synced batch, each with
+// its since (sinceOf; nil: 0).
+func (s *Store) persistShards(shards []proto.Shard, st ShardState, sinceOf func(proto.Shard) uint64) error {
 	b := s.db.NewBatch()
 	defer b.Close()
 	for _, sh := range shards {
 		var err error
+		var since uint64
+		if sinceOf != nil {
+			since = sinceOf(sh)
+		}
 		if st == ShardNone {
 			err = b.Delete(shardStateKey(sh), nil)
 		} else {
@@ -250,11 +273,13 @@ func (s *Store) persistShards(shards []proto.Shard, st ShardState, since uint64)
 	return nil
 }
 
-// BeginIncoming marks shards as being copied in: from ShardNone to
-// ShardIncoming, persisted (synced) before it returns; a shard already
-// Incoming is left as it is. Any other state fails with ErrShardState and
+// BeginIncoming marks shards as being copied in by the migration that
+// started at epoch started: from ShardNone to ShardIncoming{started},
+// persisted (synced) before it returns; a shard already Incoming for that
+// migration is left as it is. Any other state, an Incoming shard of
+// another migration included (drop it first), fails with ErrShardState and
 // changes nothing. It does not block on commits.
-func (s *Store) BeginIncoming(shards []proto.Shard) error {
+func (s *Store) BeginIncoming(shards []proto.Shard, started uint64) error {
 	list, err := normShards(shards)
 	if err != nil {
 		return err
@@ -267,11 +292,15 @@ func (s *Store) BeginIncoming(shards []proto.Shard) error {
 	var todo []proto.Shard
 	s.mu.Lock()
 	for _, sh := range list {
-		switch st := s.shards[sh].state; st {
-		case ShardNone:
+		switch info := &s.shards[sh]; {
+		case info.state == ShardNone:
 			todo = append(todo, sh)
-		case ShardIncoming:
+		case info.state == ShardIncoming && info.since == started:
+		case info.state == ShardIncoming:
+			s.mu.Unlock()
+			return fmt.Errorf("%w: BeginIncoming of %v for the migration of epoch %d, which comes in for the migration of epoch %d: drop it first", ErrShardState, sh, started, info.since)
 		default:
+			st := info.state
 			s.mu.Unlock()
 			return fmt.Errorf("%w: BeginIncoming of %v, which is %v here (only a shard with no data here can come in)", ErrShardState, sh, st)
 		}
@@ -280,12 +309,12 @@ func (s *Store) BeginIncoming(shards []proto.Shard) error {
 	if len(todo) == 0 {
 		return nil
 	}
-	if err := s.persistShards(todo, ShardIncoming, 0); err != nil {
+	if err := s.persistShards(todo, ShardIncoming, func(proto.Shard) uint64 { return started }); err != nil {
 		return err
 	}
 	s.mu.Lock()
 	for _, sh := range todo {
-		s.shards[sh].state = ShardIncoming
+		s.shards[sh].state, s.shards[sh].since = ShardIncoming, started
 	}
 	s.mu.Unlock()
 	return nil
@@ -304,8 +333,8 @@ func (s *Store) BeginIncoming(shards []proto.Shard) error {
 // ErrIndexFull and changes nothing; on any error the shards keep the state
 // they had.
 func (s *Store) ActivateShards(shards []proto.Shard, since uint64) error {
-	if since == 0 {
-		return fmt.Errorf("store: ActivateShards since epoch 0: epochs start at 1 (a shard word of 0 means not owned)")
+	if since == 0 || since > proto.MaxShardSince {
+		return fmt.Errorf("store: ActivateShards since epoch %d: epochs run from 1 (a shard word of 0 means not owned) to %d", since, uint64(proto.MaxShardSince))
 	}
 	list, err := normShards(shards)
 	if err != nil {
@@ -338,15 +367,17 @@ func (s *Store) ActivateShards(shards []proto.Shard, since uint64) error {
 	}
 	indexed := 0
 	var done []proto.Shard
+	old := make(map[proto.Shard]uint64, len(update))
+	for _, sh := range update {
+		old[sh] = s.word(sh)
+	}
 	undo := func() {
 		for _, sh := range done {
 			s.setWord(sh, 0)
 			_, _ = s.unindexShard(sh)
 		}
-		s.mu.Lock()
-		defer s.mu.Unlock()
 		for _, sh := range update {
-			s.setWord(sh, s.shards[sh].since) // since is only changed below, after the persist
+			s.setWord(sh, old[sh])
 		}
 	}
 	for _, sh := range todo {
@@ -358,10 +389,13 @@ func (s *Store) ActivateShards(shards []proto.Shard, since uint64) error {
 			return fmt.Errorf("store: activating %v: %w", sh, err)
 		}
 	}
+	// Every key indexed: publish the words, with a new activation number
+	// (proto.ShardWord), so a reader sees this ownership as a new one.
+	w := proto.ShardWord(since, s.activations.Add(1))
 	for _, sh := range append(slices.Clone(todo), update...) {
-		s.setWord(sh, since)
+		s.setWord(sh, w)
 	}
-	if err := s.persistShards(append(slices.Clone(todo), update...), ShardOwned, since); err != nil {
+	if err := s.persistShards(append(slices.Clone(todo), update...), ShardOwned, func(proto.Shard) uint64 { return since }); err != nil {
 		undo()
 		return err
 	}
@@ -561,13 +595,17 @@ func (s *Store) ReleaseShards(shards []proto.Shard) error {
 	s.mu.Lock()
 	for _, sh := range owned {
 		info := &s.shards[sh]
-		info.state, info.since, info.frozen, info.moving = ShardReleased, 0, false, false
+		info.state, info.frozen, info.moving = ShardReleased, false, false // since stays
+	}
+	sinces := make(map[proto.Shard]uint64, len(list))
+	for _, sh := range list {
+		sinces[sh] = s.shards[sh].since
 	}
 	s.mu.Unlock()
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("store: releasing %d shards: %w", len(owned), err)
 	}
-	return s.persistShards(list, ShardReleased, 0)
+	return s.persistShards(list, ShardReleased, func(sh proto.Shard) uint64 { return sinces[sh] })
 }
 
 // DropShards deletes shards' data: their Pebble range (one synced

@@ -45,7 +45,7 @@ func TestShardActivateReleaseDrop(t *testing.T) {
 
 	owned := func(stage string, keys [][]byte, since uint64) {
 		t.Helper()
-		if got := c.shardWord(proto.ShardOf(keys[0])); got != since {
+		if got := proto.ShardWordSince(c.shardWord(proto.ShardOf(keys[0]))); got != since {
 			t.Fatalf("%s: word of %v is %d, want %d", stage, proto.ShardOf(keys[0]), got, since)
 		}
 		for _, k := range keys {
@@ -152,8 +152,8 @@ func TestShardActivateReleaseDrop(t *testing.T) {
 		t.Fatal(err)
 	}
 	owned("activated again", mk, 8)
-	if st, since := sv.s.ShardState(moved); st != ShardOwned || since != 8 {
-		t.Fatalf("ShardState = %v since %d", st, since)
+	if st := sv.s.ShardState(moved); st.State != ShardOwned || st.Since != 8 {
+		t.Fatalf("ShardState = %+v", st)
 	}
 	sv.restart()
 	waitArenas(t, sv.s, 2)
@@ -165,7 +165,7 @@ func TestShardActivateReleaseDrop(t *testing.T) {
 	if err := sv.s.DropShards([]proto.Shard{moved}); !errors.Is(err, ErrShardState) {
 		t.Fatalf("drop of an owned shard: %v", err)
 	}
-	if err := sv.s.BeginIncoming([]proto.Shard{moved}); !errors.Is(err, ErrShardState) {
+	if err := sv.s.BeginIncoming([]proto.Shard{moved}, 1); !errors.Is(err, ErrShardState) {
 		t.Fatalf("BeginIncoming of an owned shard: %v", err)
 	}
 	if err := sv.s.ActivateShards([]proto.Shard{moved}, 0); err == nil {
@@ -246,7 +246,7 @@ func TestCommitsRefusedOutsideOwnedShards(t *testing.T) {
 	if got, err := sv.s.Scan(nil, nil, nil, 0); err != nil || len(got) != 0 {
 		t.Fatalf("scan of a store owning nothing: %v, %v", got, err)
 	}
-	if err := sv.s.BeginIncoming([]proto.Shard{sh, sh}); err != nil {
+	if err := sv.s.BeginIncoming([]proto.Shard{sh, sh}, 1); err != nil {
 		t.Fatal(err)
 	}
 	refused("incoming", "incoming")

@@ -55,6 +55,9 @@ type Store struct {
 	indexReg *rdma.Registration
 	index    *Index
 	words    []uint64
+	// activations numbers the activations of shards, for their words
+	// (proto.ShardWord).
+	activations atomic.Uint64
 
 	arenas []*arena
 	ready  chan ArenaInfo // each arena once, as its registration completes
@@ -528,9 +531,10 @@ func (s *Store) rebuild() (int, error) {
 	for _, a := range s.arenas {
 		a.dead = a.head - a.live
 	}
+	seq := s.activations.Add(1)
 	for i := range s.shards {
 		if s.shards[i].state == ShardOwned {
-			s.setWord(proto.Shard(i), s.shards[i].since)
+			s.setWord(proto.Shard(i), proto.ShardWord(s.shards[i].since, seq))
 		}
 	}
 	s.stats.keys.Store(int64(n))

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/rkv-io/rkv/client"
+	"github.com/rkv-io/rkv/rdma"
+	_ "github.com/rkv-io/rkv/rdma/soft" // the comparison runs on the soft provider
 	"github.com/rkv-io/rkv/internal/freeport"
 	"github.com/rkv-io/rkv/loadgen"
 )
@@ -113,6 +115,8 @@ func StartServer(opts ServerOptions) (*Server, error) {
 		"--index-slots", fmt.Sprint(opts.IndexSlots), "--lease-size", fmt.Sprint(opts.LeaseSize)}
 	if len(opts.Join) > 0 {
 		args = append(args, "--join", strings.Join(opts.Join, ","))
+	} else {
+		args = append(args, "--bootstrap")
 	}
 	p, err := StartProcess("rkv-server "+opts.Name, filepath.Join(opts.Dir, "server.log"), opts.Binary, args...)
 	if err != nil {
@@ -276,7 +280,14 @@ type RKVOptions struct {
 // concurrent use); Counters reports the RDMA READs it posted and the
 // attempts it retried.
 type RKV struct {
-	c *client.Client
+	c   *client.Client
+	dev rdma.Device
+}
+
+// OpenDevice opens the soft RDMA device a client of the comparison runs
+// on (loopback).
+func OpenDevice() (rdma.Device, error) {
+	return rdma.Open("soft", "", rdma.Options{ListenAddr: "127.0.0.1:0"})
 }
 
 // NewRKV creates the client and waits for its view (bounded by ctx).
@@ -296,22 +307,29 @@ func NewRKV(ctx context.Context, opts RKVOptions) (*RKV, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	}
-	c, err := client.New(ctx, client.Config{Seeds: opts.Seeds, ConnsPerServer: opts.Conns, Logger: opts.Logger})
+	dev, err := OpenDevice()
 	if err != nil {
+		return nil, fmt.Errorf("rkv target: %w", err)
+	}
+	c, err := client.New(ctx, client.Config{Seeds: opts.Seeds, Device: dev, ConnsPerServer: opts.Conns, Logger: opts.Logger})
+	if err != nil {
+		dev.Close()
 		return nil, fmt.Errorf("rkv target: joining %v: %w", opts.Seeds, err)
 	}
+	r := &RKV{c: c, dev: dev}
 	if err := WaitView(ctx, c, opts.Servers, opts.Arenas); err != nil {
-		c.Close()
+		r.Close()
 		return nil, err
 	}
-	return &RKV{c: c}, nil
+	return r, nil
 }
 
 // Client is the target's client.
 func (r *RKV) Client() *client.Client { return r.c }
 
 // WaitView waits until c sees at least servers servers, each
-// advertising at least arenas arenas.
+// advertising at least arenas arenas, and holds a map of them with no
+// shard move in progress (a measurement during moves would measure them).
 func WaitView(ctx context.Context, c *client.Client, servers, arenas int) error {
 	for {
 		n := 0
@@ -320,14 +338,16 @@ func WaitView(ctx context.Context, c *client.Client, servers, arenas int) error 
 				n++
 			}
 		}
-		if n >= servers {
+		m := c.Map()
+		if n >= servers && len(m.Servers()) >= servers && len(m.Moves()) == 0 {
 			return nil
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("rkv target: waiting for %d servers with %d arenas each in the view (have %d): %w", servers, arenas, n, ctx.Err())
+			return fmt.Errorf("rkv target: waiting for %d servers with %d arenas each in the view (have %d) and a settled map (%v): %w", servers, arenas, n, m, ctx.Err())
 		case <-time.After(10 * time.Millisecond):
 		}
+		_ = c.WaitMap(ctx, m.Epoch()+1, 50*time.Millisecond)
 	}
 }
 
@@ -358,4 +378,4 @@ func (r *RKV) Counters() map[string]uint64 {
 }
 
 // Close closes the client.
-func (r *RKV) Close() error { return r.c.Close() }
+func (r *RKV) Close() error { return errors.Join(r.c.Close(), r.dev.Close()) }

@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/rkv-io/rkv/client"
+	"github.com/rkv-io/rkv/clustermap"
 	"github.com/rkv-io/rkv/membership"
 	"github.com/rkv-io/rkv/proto"
 )
@@ -310,7 +311,8 @@ rkey). Clients are listed with --all.
 
 With --expect-servers N it first waits (up to --timeout) until N servers are
 alive, each advertising its index and at least --expect-arenas arenas, and
-exits 3 if they never are: scripts use it to wait for a cluster to converge.`,
+the cluster map holds N servers with no shard move in progress; it exits 3
+if that never happens: scripts use it to wait for a cluster to settle.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return g.withClient(cmd, func(ctx context.Context, c *client.Client) error {
@@ -323,14 +325,17 @@ exits 3 if they never are: scripts use it to wait for a cluster to converge.`,
 								n++
 							}
 						}
-						if n >= expect {
+						m := c.Map()
+						if n >= expect && members(m) >= expect && len(m.Moves()) == 0 {
 							break
 						}
 						select {
 						case <-ctx.Done():
-							return &exitError{exitUnavailable, fmt.Errorf("%d of %d servers ready (alive, index and %d arenas advertised) after %v", n, expect, expectArenas, g.timeout)}
+							return &exitError{exitUnavailable, fmt.Errorf("%d of %d servers ready (alive, index and %d arenas advertised), the map: %v, after %v",
+								n, expect, expectArenas, m, g.timeout)}
 						case <-time.After(50 * time.Millisecond):
 						}
+						_ = c.WaitMap(ctx, m.Epoch()+1, 100*time.Millisecond)
 						view = c.Membership().View()
 					}
 				}
@@ -614,7 +619,7 @@ directory makes it drop that data.`,
 				last := ""
 				for {
 					m := c.Map()
-					if _, ok := m.Server(node); !ok {
+					if !m.Member(node) {
 						fmt.Fprintf(out, "%s: removed from the map (epoch %d)\n", node, m.Epoch())
 						return nil
 					}
@@ -644,4 +649,15 @@ directory makes it drop that data.`,
 	cmd.Flags().BoolVar(&force, "force", false, "remove a dead server at once, giving its shards to the others empty (its keys are lost)")
 	cmd.Flags().BoolVar(&noWait, "no-wait", false, "return once the drain has started")
 	return cmd
+}
+
+// members is how many servers the map holds that were not removed.
+func members(m *clustermap.Map) int {
+	n := 0
+	for _, s := range m.Servers() {
+		if s.State != proto.ServerRemoved {
+			n++
+		}
+	}
+	return n
 }

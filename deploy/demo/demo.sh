@@ -95,7 +95,7 @@ start_all() {
 	local seed
 	seed=127.0.0.1:$(gossip_port 1)
 	for i in 1 2 3; do
-		local name=${nodes[$i - 1]} join=()
+		local name=${nodes[$i - 1]} join=(--bootstrap)
 		[[ $i -gt 1 ]] && join=(--join "$seed")
 		: >"$state/$name.log"
 		"$bin/rkv-server" --name "$name" --data-dir "$state/$name" --provider soft \

@@ -31,7 +31,8 @@ type Config struct {
 	TLS *tls.Config
 	// PD and Device, when set, get a QP connected over the connection
 	// after the Hello (rdma.ConnectQP); QP gives its AckTimeout and
-	// RetryCount, CQSize the depth of its CQ (default 128).
+	// RetryCount, CQSize the depth of its CQ (default 128). Without them
+	// the session carries control requests only (Hello.NoQP).
 	Device rdma.Device
 	PD     rdma.PD
 	QP     rdma.QPConfig
@@ -94,7 +95,8 @@ func Dial(ctx context.Context, addr, target string, cfg Config) (_ *Conn, err er
 			c.Close()
 		}
 	}()
-	r, err := c.Call(ctx, &proto.Hello{Client: cfg.Name, Token: cfg.Token, Kind: cfg.Kind, Target: target})
+	noQP := cfg.PD == nil || cfg.Kind == proto.SessionRaft
+	r, err := c.Call(ctx, &proto.Hello{Client: cfg.Name, Token: cfg.Token, Kind: cfg.Kind, Target: target, NoQP: noQP})
 	if err != nil {
 		var pe *proto.Error
 		if errors.As(err, &pe) && (pe.Code == proto.CodeUnauthenticated || pe.Code == proto.CodeBadRequest) {
@@ -103,7 +105,7 @@ func Dial(ctx context.Context, addr, target string, cfg Config) (_ *Conn, err er
 		return nil, refusal(addr, err)
 	}
 	c.Hello = *r.(*proto.HelloReply)
-	if cfg.PD == nil {
+	if noQP {
 		return c, nil
 	}
 	size := cfg.CQSize

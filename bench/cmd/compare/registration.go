@@ -141,10 +141,15 @@ func timeStart(ctx context.Context, so target.ServerOptions) (_ report.Registrat
 	defer func() { err = errors.Join(err, s.Close()) }()
 	t0 := s.Process().Started
 	quiet := slog.New(slog.DiscardHandler) // failed attempts are expected until the server serves
+	dev, err := target.OpenDevice()
+	if err != nil {
+		return report.Registration{}, err
+	}
+	defer dev.Close()
 	var c *client.Client
 	for c == nil {
 		jctx, jcancel := context.WithTimeout(ctx, 2*time.Second)
-		c, err = client.New(jctx, client.Config{Seeds: []string{s.Gossip}, Logger: quiet, RetryAttempts: 1, RetryTimeout: 50 * time.Millisecond})
+		c, err = client.New(jctx, client.Config{Seeds: []string{s.Gossip}, Device: dev, Logger: quiet, RetryAttempts: 1, RetryTimeout: 50 * time.Millisecond})
 		jcancel()
 		if err != nil {
 			select {
