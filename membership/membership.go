@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/netip"
 	"slices"
 	"sync"
@@ -55,6 +56,9 @@ type Membership struct {
 
 	view         atomic.Pointer[View]
 	pushDisabled atomic.Bool // tests: leave arena lists to push/pull
+	staleSelf    atomic.Bool // a join showed a record of this node other than its current one
+
+	syncs sync.WaitGroup // exchanges syncServers started; Add under mu, while not closed
 
 	wake chan struct{} // cap 1: pushes queued
 	stop chan struct{}
@@ -93,7 +97,7 @@ func Create(cfg Config) (*Membership, error) {
 		m.warn = "gossip is not encrypted: node metadata, including the rkeys that let any host on the network RDMA_READ server memory, travels in clear text; set Config.SecretKey"
 	}
 	d := &delegate{m}
-	s.ml.Delegate, s.ml.Events = d, d
+	s.ml.Delegate, s.ml.Events, s.ml.Merge = d, d, d
 	// memberlist calls the delegates from here on, before it returns.
 	ml, err := memberlist.Create(s.ml)
 	if err != nil {
@@ -115,15 +119,21 @@ func Create(cfg Config) (*Membership, error) {
 
 // Join contacts the seeds ("host:port"), exchanging full state with each
 // that answers, and returns how many answered; it fails only if none did.
-// It blocks for up to Tuning.TCPTimeout per seed.
+// It blocks for up to Tuning.TCPTimeout per seed. A server, and a node
+// whose join showed the cluster still holding a previous incarnation of
+// it (a restart), then exchanges state with the alive servers until they
+// hold its current incarnation (see settle), for up to Tuning.TCPTimeout
+// more per round.
 func (m *Membership) Join(seeds []string) (int, error) {
 	if err := m.usable(); err != nil {
 		return 0, err
 	}
+	m.staleSelf.Store(false)
 	n, err := m.ml.Join(seeds)
 	if err != nil {
 		return n, fmt.Errorf("membership: joining through %v: %w", seeds, err)
 	}
+	m.settle()
 	return n, nil
 }
 
@@ -251,8 +261,8 @@ func (m *Membership) Leave(timeout time.Duration) error {
 // Shutdown stops gossip at once, without telling the cluster (others
 // declare this node dead after their suspicion timeout; call Leave first
 // to leave cleanly), and closes every Subscribe channel. It waits for an
-// arena push in flight, up to Tuning.TCPTimeout, and for a Leave or
-// SetMeta in progress. Shutdown after Shutdown does nothing.
+// arena push or a state exchange in flight, up to Tuning.TCPTimeout, and
+// for a Leave or SetMeta in progress. Shutdown after Shutdown does nothing.
 func (m *Membership) Shutdown() error {
 	m.setMu.Lock() // memberlist panics on a Leave after its Shutdown
 	defer m.setMu.Unlock()
@@ -269,10 +279,23 @@ func (m *Membership) Shutdown() error {
 	m.mu.Unlock()
 	close(m.stop)
 	<-m.done
+	m.syncs.Wait() // memberlist must not push/pull after its Shutdown
 	if err := m.ml.Shutdown(); err != nil {
 		return fmt.Errorf("membership: %w", err)
 	}
 	return nil
+}
+
+// isServer reports whether this node is a server.
+func (m *Membership) isServer() bool { return m.s.Role == proto.RoleServer }
+
+// changeLevel is the level of this node's logs of membership changes:
+// INFO on a server, DEBUG on a client.
+func (m *Membership) changeLevel() slog.Level {
+	if m.isServer() {
+		return slog.LevelInfo
+	}
+	return slog.LevelDebug
 }
 
 // Name is this node's name.
@@ -452,8 +475,7 @@ func (m *Membership) observe(n *memberlist.Node, kind EventKind) {
 		mb = &Member{Name: n.Name}
 		m.members[n.Name] = mb
 	}
-	ip, _ := netip.AddrFromSlice(n.Addr)
-	mb.Addr = netip.AddrPortFrom(ip.Unmap(), n.Port)
+	mb.Addr = nodeAddr(n)
 	if old, ok := m.raw[n.Name]; !ok || !bytes.Equal(old, n.Meta) {
 		m.raw[n.Name] = bytes.Clone(n.Meta)
 		m.decodeLocked(mb, n.Meta)
@@ -481,6 +503,12 @@ func (m *Membership) observe(n *memberlist.Node, kind EventKind) {
 		m.pushTo[n.Name] = struct{}{}
 		m.kick()
 	}
+}
+
+// nodeAddr is a memberlist node's gossip address.
+func nodeAddr(n *memberlist.Node) netip.AddrPort {
+	ip, _ := netip.AddrFromSlice(n.Addr)
+	return netip.AddrPortFrom(ip.Unmap(), n.Port)
 }
 
 // decodeLocked decodes a member's metadata into mb, attaching its arena

@@ -1,0 +1,139 @@
+// Full-state exchanges with the servers, so that a restart or a departure reaches them over TCP, not by gossip alone.
+
+package membership
+
+import (
+	"bytes"
+	"context"
+	"math/rand/v2"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+)
+
+// maxSyncTargets bounds the servers one syncServers round exchanges state
+// with; in a larger cluster the rest learn by gossip from those, and by
+// push/pull.
+const maxSyncTargets = 8
+
+// maxSettleRounds bounds settle's rounds: two suffice for a restart (one
+// to deliver the refutation, one in which no server shows the old
+// record), a third covers a refutation caused by the second.
+const maxSettleRounds = 3
+
+// settle runs after a join, so that the servers hold this node's current
+// incarnation.
+//
+// A node restarted under its name (same address) starts memberlist with a
+// low incarnation number, which members still holding its previous
+// incarnation, alive, suspect or dead, ignore. Its join shows it that
+// record (NotifyMerge notes it in staleSelf), and memberlist refutes it
+// with a higher number, but only by gossip: a UDP broadcast sent to
+// random members a few times, which can miss a member (the more so when
+// dead members not yet detected are among those picked), that then keeps
+// the old incarnation, old generation and old control address until a
+// push/pull happens to pair it with a member that knows better (15 s to
+// minutes). The seed it joined through is the first such member, and
+// everyone who joins through it inherits its view.
+//
+// So settle exchanges full state (memberlist's push/pull, over TCP) with
+// the alive servers, in rounds, until an exchange shows no record of this
+// node other than its current one: the exchange that delivers the
+// refutation can itself show an old record elsewhere. A server always
+// runs the first round, since the seed it joined through may have
+// forgotten its previous incarnation when another server has not.
+func (m *Membership) settle() {
+	for round := range maxSettleRounds {
+		stale := m.staleSelf.Swap(false)
+		if !stale && (round > 0 || !m.isServer()) {
+			return
+		}
+		if m.usable() != nil {
+			return
+		}
+		if stale {
+			m.s.Logger.Log(context.Background(), m.changeLevel(), "the cluster holds a previous incarnation of this node: announcing this one to the servers", "round", round+1)
+		}
+		if m.syncServers(time.Now().Add(m.s.ml.TCPTimeout)) == 0 {
+			return
+		}
+	}
+}
+
+// syncServers exchanges full state (memberlist's push/pull, over TCP)
+// with up to maxSyncTargets alive servers other than this node, chosen at
+// random, all at once, and returns how many answered by deadline. An
+// exchange still running at deadline goes on in the background, bounded by
+// Tuning.TCPTimeout; Shutdown waits for it.
+func (m *Membership) syncServers(deadline time.Time) int {
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return 0
+	}
+	var targets []string
+	for name, mb := range m.members {
+		if name != m.name && mb.IsServer() {
+			targets = append(targets, mb.Addr.String())
+		}
+	}
+	rand.Shuffle(len(targets), func(i, j int) { targets[i], targets[j] = targets[j], targets[i] })
+	targets = targets[:min(len(targets), maxSyncTargets)]
+	m.syncs.Add(len(targets))
+	m.mu.Unlock()
+
+	answers := make(chan int, len(targets))
+	for _, addr := range targets {
+		go func() {
+			defer m.syncs.Done()
+			// Join is memberlist's one way to push/pull with a given
+			// address; with a member it already knows it merges state
+			// both ways and nothing else.
+			n, _ := m.ml.Join([]string{addr})
+			answers <- n
+		}()
+	}
+	timer := time.NewTimer(time.Until(deadline))
+	defer timer.Stop()
+	answered := 0
+	for range targets {
+		select {
+		case n := <-answers:
+			answered += n
+		case <-timer.C:
+			return answered
+		}
+	}
+	return answered
+}
+
+// noteRecords looks, in the member list of a node this one joins or
+// exchanges state with (or that joins it), for a record of this node, at
+// this node's address, that is not its current one: not alive, or with
+// other metadata. Such a record is a previous incarnation (or an older
+// announcement of this one) that memberlist is about to refute.
+func (m *Membership) noteRecords(peers []*memberlist.Node) {
+	m.mu.Lock()
+	raw := m.localRaw
+	var self Member
+	if me := m.members[m.name]; me != nil {
+		self = *me
+	}
+	m.mu.Unlock()
+	for _, p := range peers {
+		if p.Name != m.name || nodeAddr(p) != self.Addr {
+			continue // another node, or a name conflict (NotifyConflict)
+		}
+		if p.State != memberlist.StateAlive || !bytes.Equal(p.Meta, raw) {
+			m.staleSelf.Store(true)
+		}
+	}
+}
+
+// NotifyMerge receives the member list of a node this one joins (Join,
+// syncServers) or that joins this one, before memberlist merges it. It
+// never refuses a merge.
+func (d *delegate) NotifyMerge(peers []*memberlist.Node) error {
+	d.m.noteRecords(peers)
+	return nil
+}
