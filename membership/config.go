@@ -115,8 +115,7 @@ type Tuning struct {
 	// placed on the other servers, and with one replica a server that
 	// returns after that brings back its old values over the writes made
 	// meanwhile (docs/ARCHITECTURE.md, "Placement"). Default 1 h. Other
-	// members (clients) are reaped after the profile's
-	// GossipToTheDeadTime (15 s local, 30 s LAN).
+	// members (clients) are reaped as soon as they are dead or left.
 	DeadRetention time.Duration
 }
 
@@ -127,10 +126,9 @@ const DefaultDeadRetention = time.Hour
 // The configuration with defaults filled in and checked.
 type settings struct {
 	Config
-	ml              *memberlist.Config
-	keyring         *memberlist.Keyring
-	deadRetention   time.Duration // servers
-	clientRetention time.Duration // every other role
+	ml            *memberlist.Config
+	keyring       *memberlist.Keyring
+	deadRetention time.Duration // servers; other members are reaped at once
 }
 
 func (c Config) settings() (*settings, error) {
@@ -217,11 +215,10 @@ func (c Config) settings() (*settings, error) {
 	if t.SuspicionMult > 0 {
 		mc.SuspicionMult = t.SuspicionMult
 	}
-	s := &settings{deadRetention: t.DeadRetention, clientRetention: mc.GossipToTheDeadTime}
+	s := &settings{deadRetention: t.DeadRetention}
 	if s.deadRetention <= 0 {
 		s.deadRetention = DefaultDeadRetention
 	}
-	s.clientRetention = min(s.clientRetention, s.deadRetention)
 
 	mc.Name = c.Name
 	mc.BindAddr, mc.BindPort = c.BindAddr, c.BindPort

@@ -220,11 +220,16 @@ func (m *Membership) usableLocked() error {
 	return nil
 }
 
-// Leave announces that this node leaves the cluster and waits up to
-// timeout for the announcement to go out: first metadata with Leaving
-// set, so that others record StateLeft rather than StateDead, then
-// memberlist's leave message. Other nodes then drop this one from
-// placement. timeout must be positive. Call Shutdown afterwards. Leave
+// Leave announces that this node leaves the cluster, taking up to
+// timeout: first metadata with Leaving set, so that others record
+// StateLeft rather than StateDead, then memberlist's leave message. Each
+// goes out by gossip, which sends it to members picked at random (some of
+// them perhaps gone too) a fixed number of times, and by a full-state
+// exchange (push/pull, over TCP) with up to 8 alive servers, which spread
+// it further. Other nodes then drop this one from placement, and a client
+// from their views at once. Leave fails only when nothing confirms the
+// departure: the leave message was not sent in time and no server
+// answered. timeout must be positive. Call Shutdown afterwards. Leave
 // after Leave does nothing.
 func (m *Membership) Leave(timeout time.Duration) error {
 	if timeout <= 0 {
@@ -244,16 +249,20 @@ func (m *Membership) Leave(timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	meta.Leaving = true
 	// The leave message would replace a queued alive message of the same
-	// node, so the Leaving metadata must be sent first: wait for it, with
-	// half the time.
-	if err := m.setMeta(meta, func() { _ = m.ml.UpdateNode(timeout / 2) }); err != nil {
+	// node, so the Leaving metadata goes first: by gossip, waiting up to a
+	// quarter of the time for it to be sent, and by exchanges with the
+	// servers, up to a third of what remains.
+	if err := m.setMeta(meta, func() { _ = m.ml.UpdateNode(timeout / 4) }); err != nil {
 		return err
 	}
+	m.syncServers(time.Now().Add(time.Until(deadline) / 3))
 	m.mu.Lock()
 	m.left = true
 	m.mu.Unlock()
-	if err := m.ml.Leave(max(time.Until(deadline), time.Millisecond)); err != nil {
-		return fmt.Errorf("membership: leaving: %w", err)
+	gossipErr := m.ml.Leave(max(time.Until(deadline)/2, time.Millisecond))
+	tried, told := m.syncServers(deadline)
+	if gossipErr != nil && told == 0 {
+		return fmt.Errorf("membership: leaving: %w, and none of the %d servers tried answered within %v", gossipErr, tried, timeout)
 	}
 	return nil
 }
@@ -408,10 +417,10 @@ func (m *Membership) kick() {
 }
 
 // run pushes this node's arena table to members that need it and reaps
-// members dead or left for longer than their retention.
+// servers dead or left for longer than their retention.
 func (m *Membership) run() {
 	defer close(m.done)
-	tick := time.NewTicker(min(max(m.s.clientRetention/4, 10*time.Millisecond), time.Second))
+	tick := time.NewTicker(min(max(m.s.deadRetention/4, 10*time.Millisecond), time.Second))
 	defer tick.Stop()
 	for {
 		select {
@@ -425,24 +434,32 @@ func (m *Membership) run() {
 	}
 }
 
+// reap drops the servers dead or left for Tuning.DeadRetention. (Other
+// members go as soon as they are dead or left: observe.)
 func (m *Membership) reap(now time.Time) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.closed {
 		return
 	}
-	for name, mb := range m.members {
-		retention := m.s.clientRetention
-		if mb.MetaErr == nil && mb.Meta.Role == proto.RoleServer {
-			retention = m.s.deadRetention
-		}
-		if mb.State != StateAlive && now.Sub(mb.Since) >= retention {
-			delete(m.members, name)
-			delete(m.raw, name)
-			delete(m.pending, name)
-			m.publishLocked(EventReap, *mb)
+	for _, mb := range m.members {
+		if mb.State != StateAlive && now.Sub(mb.Since) >= m.s.deadRetention {
+			m.reapLocked(mb)
 		}
 	}
+}
+
+// retained reports whether mb stays in the view for Tuning.DeadRetention
+// once dead or left: a server (whose keys must not move while it
+// restarts). Other members are reaped at once.
+func retained(mb *Member) bool { return mb.MetaErr == nil && mb.Meta.Role == proto.RoleServer }
+
+// reapLocked drops mb from the view. The caller holds mu.
+func (m *Membership) reapLocked(mb *Member) {
+	delete(m.members, mb.Name)
+	delete(m.raw, mb.Name)
+	delete(m.pending, mb.Name)
+	m.publishLocked(EventReap, *mb)
 }
 
 // publishLocked makes a new view and delivers its event. The caller holds
@@ -499,9 +516,12 @@ func (m *Membership) observe(n *memberlist.Node, kind EventKind) {
 		mb.Since = now
 	}
 	m.publishLocked(kind, *mb)
-	if kind == EventJoin && n.Name != m.name && m.localTable != nil {
+	switch {
+	case kind == EventJoin && n.Name != m.name && m.localTable != nil:
 		m.pushTo[n.Name] = struct{}{}
 		m.kick()
+	case mb.State != StateAlive && !retained(mb) && n.Name != m.name:
+		m.reapLocked(mb)
 	}
 }
 

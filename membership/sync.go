@@ -54,7 +54,7 @@ func (m *Membership) settle() {
 		if stale {
 			m.s.Logger.Log(context.Background(), m.changeLevel(), "the cluster holds a previous incarnation of this node: announcing this one to the servers", "round", round+1)
 		}
-		if m.syncServers(time.Now().Add(m.s.ml.TCPTimeout)) == 0 {
+		if _, answered := m.syncServers(time.Now().Add(m.s.ml.TCPTimeout)); answered == 0 {
 			return
 		}
 	}
@@ -62,14 +62,15 @@ func (m *Membership) settle() {
 
 // syncServers exchanges full state (memberlist's push/pull, over TCP)
 // with up to maxSyncTargets alive servers other than this node, chosen at
-// random, all at once, and returns how many answered by deadline. An
+// random, all at once, and returns how many it tried and how many
+// answered by deadline. An
 // exchange still running at deadline goes on in the background, bounded by
 // Tuning.TCPTimeout; Shutdown waits for it.
-func (m *Membership) syncServers(deadline time.Time) int {
+func (m *Membership) syncServers(deadline time.Time) (tried, answered int) {
 	m.mu.Lock()
 	if m.closed {
 		m.mu.Unlock()
-		return 0
+		return 0, 0
 	}
 	var targets []string
 	for name, mb := range m.members {
@@ -89,22 +90,24 @@ func (m *Membership) syncServers(deadline time.Time) int {
 			// Join is memberlist's one way to push/pull with a given
 			// address; with a member it already knows it merges state
 			// both ways and nothing else.
-			n, _ := m.ml.Join([]string{addr})
+			n, err := m.ml.Join([]string{addr})
+			if err != nil {
+				m.s.Logger.Debug("exchanging state", "with", addr, "err", err)
+			}
 			answers <- n
 		}()
 	}
 	timer := time.NewTimer(time.Until(deadline))
 	defer timer.Stop()
-	answered := 0
 	for range targets {
 		select {
 		case n := <-answers:
 			answered += n
 		case <-timer.C:
-			return answered
+			return len(targets), answered
 		}
 	}
-	return answered
+	return len(targets), answered
 }
 
 // noteRecords looks, in the member list of a node this one joins or
