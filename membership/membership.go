@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net/netip"
 	"slices"
 	"sync"
@@ -298,15 +297,6 @@ func (m *Membership) Shutdown() error {
 // isServer reports whether this node is a server.
 func (m *Membership) isServer() bool { return m.s.Role == proto.RoleServer }
 
-// changeLevel is the level of this node's logs of membership changes:
-// INFO on a server, DEBUG on a client.
-func (m *Membership) changeLevel() slog.Level {
-	if m.isServer() {
-		return slog.LevelInfo
-	}
-	return slog.LevelDebug
-}
-
 // Name is this node's name.
 func (m *Membership) Name() string { return m.name }
 
@@ -460,6 +450,7 @@ func (m *Membership) reapLocked(mb *Member) {
 	delete(m.raw, mb.Name)
 	delete(m.pending, mb.Name)
 	m.publishLocked(EventReap, *mb)
+	m.logReapLocked(mb)
 }
 
 // publishLocked makes a new view and delivers its event. The caller holds
@@ -488,10 +479,12 @@ func (m *Membership) observe(n *memberlist.Node, kind EventKind) {
 		return
 	}
 	mb := m.members[n.Name]
+	known := mb != nil
 	if mb == nil {
 		mb = &Member{Name: n.Name}
 		m.members[n.Name] = mb
 	}
+	before := *mb
 	mb.Addr = nodeAddr(n)
 	if old, ok := m.raw[n.Name]; !ok || !bytes.Equal(old, n.Meta) {
 		m.raw[n.Name] = bytes.Clone(n.Meta)
@@ -516,6 +509,9 @@ func (m *Membership) observe(n *memberlist.Node, kind EventKind) {
 		mb.Since = now
 	}
 	m.publishLocked(kind, *mb)
+	if n.Name != m.name {
+		m.logChangeLocked(kind, before, known, mb)
+	}
 	switch {
 	case kind == EventJoin && n.Name != m.name && m.localTable != nil:
 		m.pushTo[n.Name] = struct{}{}
