@@ -42,6 +42,8 @@ type Membership struct {
 	mu         sync.Mutex
 	closed     bool
 	left       bool
+	creating   bool                          // Create has not returned: a name conflict fails it
+	nameErr    error                         // the name conflict Create fails with
 	local      proto.NodeMeta                // as given, full arena list
 	localRaw   []byte                        // as gossiped, at most memberlist.MetaMaxSize bytes
 	localTable *proto.ArenaTable             // the arena list, when it does not fit in localRaw
@@ -66,6 +68,8 @@ type Membership struct {
 
 // Create starts gossip on the configured address, with this node as the
 // only member, then joins Config.Seeds if any (failing if none answers).
+// It fails if the cluster has a live member of the same name at another
+// address (memberlist refuses the newcomer; the members log it at ERROR).
 // Without a gossip key it logs a warning (see Warning).
 func Create(cfg Config) (*Membership, error) {
 	s, err := cfg.settings()
@@ -87,6 +91,7 @@ func Create(cfg Config) (*Membership, error) {
 		pending:    map[string][]proto.ArenaTable{},
 		subs:       map[*subscriber]struct{}{},
 		pushTo:     map[string]struct{}{},
+		creating:   true,
 		wake:       make(chan struct{}, 1),
 		stop:       make(chan struct{}),
 		done:       make(chan struct{}),
@@ -96,7 +101,7 @@ func Create(cfg Config) (*Membership, error) {
 		m.warn = "gossip is not encrypted: node metadata, including the rkeys that let any host on the network RDMA_READ server memory, travels in clear text; set Config.SecretKey"
 	}
 	d := &delegate{m}
-	s.ml.Delegate, s.ml.Events, s.ml.Merge = d, d, d
+	s.ml.Delegate, s.ml.Events, s.ml.Merge, s.ml.Conflict = d, d, d, d
 	// memberlist calls the delegates from here on, before it returns.
 	ml, err := memberlist.Create(s.ml)
 	if err != nil {
@@ -112,6 +117,16 @@ func Create(cfg Config) (*Membership, error) {
 			_ = m.Shutdown()
 			return nil, err
 		}
+	}
+	m.mu.Lock()
+	m.creating = false
+	nameErr := m.nameErr
+	m.mu.Unlock()
+	if nameErr != nil {
+		// Without Leave: its leave message would be about the name,
+		// and could make others take the live member for gone.
+		_ = m.Shutdown()
+		return nil, nameErr
 	}
 	return m, nil
 }
@@ -132,7 +147,12 @@ func (m *Membership) Join(seeds []string) (int, error) {
 	if err != nil {
 		return n, fmt.Errorf("membership: joining through %v: %w", seeds, err)
 	}
-	m.settle()
+	m.mu.Lock()
+	refused := m.nameErr != nil
+	m.mu.Unlock()
+	if !refused {
+		m.settle()
+	}
 	return n, nil
 }
 
