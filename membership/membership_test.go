@@ -169,16 +169,17 @@ func waitSeenAs(t *testing.T, d time.Duration, observers []*Membership, name str
 	t.Helper()
 	seen := map[string]bool{}
 	return waitFor(t, d, fmt.Sprintf("%s seen %v", name, state), func() error {
-		for _, n := range observers {
-			if mb, ok := n.View().Member(name); ok && mb.State == state {
+		var err error
+		for _, n := range observers { // every one, every time: a state may last only DeadRetention
+			mb, ok := n.View().Member(name)
+			if ok && mb.State == state {
 				seen[n.Name()] = true
 			}
-			if !seen[n.Name()] {
-				mb, _ := n.View().Member(name)
-				return fmt.Errorf("%s sees %s %v", n.Name(), name, mb.State)
+			if !seen[n.Name()] && err == nil {
+				err = fmt.Errorf("%s sees %s %v (present %v)", n.Name(), name, mb.State, ok)
 			}
 		}
-		return nil
+		return err
 	})
 }
 
