@@ -74,10 +74,22 @@ func TestMembershipChangesLogged(t *testing.T) {
 	both("s2 joined", "member joined", "member=s2", "role=server", "addr="+s2.LocalNode().Addr.String(), "generation=102", "control=127.0.0.1:7402")
 	both("c1 joined", "member joined", "member=c1", "role=client")
 
-	if err := closeClient(c1); err != nil {
+	if err := closeClient(t, c1); err != nil {
 		t.Fatal(err)
 	}
-	both("c1 left", "member left", "member=c1", "role=client")
+	// c1 leaves through the servers; another client learns it by gossip,
+	// and, should that miss, by failure detection.
+	expect("server: c1 left", slog.LevelInfo, &sbuf, "member left", "node=s1", "member=c1", "role=client")
+	var line string
+	waitFor(t, 10*time.Second, "client: c1 gone", func() error {
+		l, err := logLine(&cbuf, slog.LevelDebug, "member left", "node=obs", "member=c1", "role=client")
+		if err != nil {
+			l, err = logLine(&cbuf, slog.LevelDebug, "member dead", "node=obs", "member=c1", "role=client")
+		}
+		line = l
+		return err
+	})
+	t.Logf("client: c1 gone: %s", line)
 	expect("c1 reaped", slog.LevelDebug, &sbuf, "member reaped", "member=c1", "state=left")
 
 	if err := s3.Shutdown(); err != nil {

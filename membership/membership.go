@@ -267,14 +267,16 @@ func (m *Membership) Leave(timeout time.Duration) error {
 	}
 	deadline := time.Now().Add(timeout)
 	meta.Leaving = true
-	// The leave message would replace a queued alive message of the same
-	// node, so the Leaving metadata goes first: by gossip, waiting up to a
-	// quarter of the time for it to be sent, and by exchanges with the
-	// servers, up to a third of what remains.
+	// The Leaving metadata must be merged before the leave message
+	// arrives, which would otherwise be taken for a death (and would
+	// replace the metadata's gossip if still queued): it goes first, by
+	// gossip, waiting up to a quarter of the time for it to be sent, and
+	// to the servers until they show it, for up to three quarters of the
+	// time in all.
 	if err := m.setMeta(meta, func() { _ = m.ml.UpdateNode(timeout / 4) }); err != nil {
 		return err
 	}
-	m.syncServers(time.Now().Add(time.Until(deadline) / 3))
+	m.announce(deadline.Add(-timeout / 4))
 	m.mu.Lock()
 	m.left = true
 	m.mu.Unlock()

@@ -16,10 +16,10 @@ import (
 // push/pull.
 const maxSyncTargets = 8
 
-// maxSettleRounds bounds settle's rounds: two suffice for a restart (one
-// to deliver the refutation, one in which no server shows the old
-// record), a third covers a refutation caused by the second.
-const maxSettleRounds = 3
+// maxAnnounceRounds bounds announce's rounds: two suffice (one to deliver
+// this node's record, one whose answers show it merged), a third covers a
+// refutation caused by the second.
+const maxAnnounceRounds = 3
 
 // settle runs after a join, so that the servers hold this node's current
 // incarnation.
@@ -36,28 +36,42 @@ const maxSettleRounds = 3
 // minutes). The seed it joined through is the first such member, and
 // everyone who joins through it inherits its view.
 //
-// So settle exchanges full state (memberlist's push/pull, over TCP) with
-// the alive servers, in rounds, until an exchange shows no record of this
-// node other than its current one: the exchange that delivers the
-// refutation can itself show an old record elsewhere. A server always
-// runs the first round, since the seed it joined through may have
-// forgotten its previous incarnation when another server has not.
+// So settle announces this node's record to the alive servers when the
+// join showed an old one, and on a server always, since the seed it
+// joined through may have forgotten its previous incarnation when another
+// server has not.
 func (m *Membership) settle() {
-	for round := range maxSettleRounds {
-		stale := m.staleSelf.Swap(false)
-		if !stale && (round > 0 || !m.isServer()) {
-			return
+	stale := m.staleSelf.Load()
+	if !stale && !m.isServer() {
+		return
+	}
+	if stale {
+		m.s.Logger.Log(context.Background(), m.changeLevel(), "the cluster holds a previous incarnation of this node: announcing this one to the servers")
+	}
+	m.announce(time.Now().Add(maxAnnounceRounds * m.s.ml.TCPTimeout))
+}
+
+// announce exchanges full state (memberlist's push/pull, over TCP) with
+// the alive servers, in rounds, until their answers show this node's
+// current record (or none answers, or deadline passes), and returns how
+// many servers the last round tried and how many answered. A server
+// sends its answer before it merges what it received, so the first
+// round's answers show the record as it was and a second round
+// confirms; and an exchange that delivers a refutation can itself show
+// an old record elsewhere, and cause another.
+func (m *Membership) announce(deadline time.Time) (tried, answered int) {
+	for range maxAnnounceRounds {
+		m.staleSelf.Store(false)
+		round := time.Now().Add(m.s.ml.TCPTimeout)
+		if deadline.Before(round) {
+			round = deadline
 		}
-		if m.usable() != nil {
-			return
-		}
-		if stale {
-			m.s.Logger.Log(context.Background(), m.changeLevel(), "the cluster holds a previous incarnation of this node: announcing this one to the servers", "round", round+1)
-		}
-		if _, answered := m.syncServers(time.Now().Add(m.s.ml.TCPTimeout)); answered == 0 {
-			return
+		tried, answered = m.syncServers(round)
+		if answered == 0 || !m.staleSelf.Load() || time.Now().After(deadline) {
+			return tried, answered
 		}
 	}
+	return tried, answered
 }
 
 // syncServers exchanges full state (memberlist's push/pull, over TCP)
