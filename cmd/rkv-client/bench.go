@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -126,9 +125,7 @@ whole result, with a latency CDF per kind (durations in nanoseconds).`,
 				}
 				f.load = false
 			}
-			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt)
-			defer stop()
-			return runBench(ctx, cmd, g, f, o)
+			return runBench(cmd.Context(), cmd, g, f, o) // which main cancels on SIGINT and SIGTERM
 		},
 	}
 	fl := cmd.Flags()
@@ -203,7 +200,7 @@ func runBench(ctx context.Context, cmd *cobra.Command, g *globals, f *benchFlags
 	}
 	switch {
 	case errors.Is(runErr, context.Canceled):
-		return &exitError{exitOther, errors.New("bench: interrupted (the report covers the operations done)")}
+		return &exitError{exitOther, errors.New("bench: stopped early (the report covers the operations done)")}
 	case runErr != nil: // every operation failed
 		code := exitOther
 		if len(res.Errors) == 1 && res.Errors[errKindUnavailable] > 0 {

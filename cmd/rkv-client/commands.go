@@ -331,6 +331,9 @@ if that never happens: scripts use it to wait for a cluster to settle.`,
 						}
 						select {
 						case <-ctx.Done():
+							if errors.Is(ctx.Err(), context.Canceled) { // a signal
+								return ctx.Err()
+							}
 							return &exitError{exitUnavailable, fmt.Errorf("%d of %d servers ready (alive, index and %d arenas advertised), the map: %v, after %v",
 								n, expect, expectArenas, m, g.timeout)}
 						case <-time.After(50 * time.Millisecond):

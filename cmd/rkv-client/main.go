@@ -5,11 +5,14 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
 	"strings"
+	"syscall"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -35,7 +38,8 @@ const exitCodesHelp = `Exit codes:
   3  unavailable: no server reachable, the key's server is down or
      unreachable, or the wait of members --expect-servers timed out
   4  any other error (refused by the server, too large, server full,
-     unauthenticated, ...)`
+     unauthenticated, ...), or interrupted by SIGINT or SIGTERM (after
+     leaving the cluster; a second signal exits at once)`
 
 // exitError carries the exit code of a failed command.
 type exitError struct {
@@ -65,23 +69,38 @@ func classify(err error) error {
 }
 
 func main() {
-	os.Exit(run(os.Args[1:], os.Getenv, os.Stdin, os.Stdout, os.Stderr))
+	// SIGINT (Ctrl-C) and SIGTERM cancel the command's context, so that
+	// it unwinds through client.Close, which leaves the cluster: without
+	// that, the servers would take the client for alive until failure
+	// detection caught up. A second signal kills at once.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	go func() {
+		<-ctx.Done()
+		stop()
+	}()
+	os.Exit(run(ctx, os.Args[1:], os.Getenv, os.Stdin, os.Stdout, os.Stderr))
 }
 
-func run(args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) int {
+// run runs the command line args, in ctx: when ctx ends (a signal), the
+// command is cancelled and returns, closing its client.
+func run(ctx context.Context, args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) int {
 	g := &globals{getenv: getenv, stdin: stdin}
 	root := newRoot(g)
 	root.SetArgs(args)
 	root.SetIn(stdin)
 	root.SetOut(stdout)
 	root.SetErr(stderr)
-	err := root.Execute()
+	err := root.ExecuteContext(ctx)
 	if perr := g.stopProfile(); perr != nil && err == nil {
 		err = &exitError{exitOther, perr}
 	}
 	g.closeDevice()
 	if err == nil {
 		return exitOK
+	}
+	if ctx.Err() != nil { // whatever the command made of it
+		fmt.Fprintf(stderr, "rkv-client: interrupted (%v): %v\n", context.Cause(ctx), err)
+		return exitOther
 	}
 	var ee *exitError
 	if errors.As(err, &ee) {

@@ -18,7 +18,7 @@ import (
 
 func runCLI(env map[string]string, args ...string) (string, string, int) {
 	var out, errb bytes.Buffer
-	code := run(args, func(k string) string { return env[k] }, strings.NewReader(""), &out, &errb)
+	code := run(context.Background(), args, func(k string) string { return env[k] }, strings.NewReader(""), &out, &errb)
 	return out.String(), errb.String(), code
 }
 
@@ -92,6 +92,14 @@ func TestTLSFlagErrors(t *testing.T) {
 // index and arenas are advertised.
 func startServerWith(t *testing.T, tlsConfig *tls.Config) string {
 	t.Helper()
+	return startServer(t, tlsConfig).GossipAddr()
+}
+
+// startServer runs one rkv server in-process with tlsConfig on its control
+// port (nil: plaintext) and returns it once its index and arenas are
+// advertised.
+func startServer(t *testing.T, tlsConfig *tls.Config) *server.Server {
+	t.Helper()
 	s, err := server.New(context.Background(), server.Config{
 		Name: "s1",
 		Store: store.Options{
@@ -114,7 +122,7 @@ func startServerWith(t *testing.T, tlsConfig *tls.Config) string {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	return s.GossipAddr()
+	return s
 }
 
 // TestTLSAgainstAServer: against a server requiring client certificates,
