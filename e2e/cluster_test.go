@@ -119,10 +119,16 @@ func (c *cluster) start(n *node, join bool) {
 // stderr and exit code.
 func (c *cluster) run(stdin string, args ...string) (string, string, int) {
 	c.t.Helper()
+	return c.runVia(c.seeds(""), stdin, args...)
+}
+
+// runVia runs rkv-client joining through seeds only.
+func (c *cluster) runVia(seeds, stdin string, args ...string) (string, string, int) {
+	c.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, c.cli, append([]string{"--timeout", "5s"}, args...)...)
-	cmd.Env = append(os.Environ(), "RKV_JOIN="+c.seeds(""))
+	cmd.Env = append(os.Environ(), "RKV_JOIN="+seeds)
 	cmd.Stdin = strings.NewReader(stdin)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
@@ -150,6 +156,53 @@ func (c *cluster) must(args ...string) string {
 func (c *cluster) waitConverged() {
 	c.t.Helper()
 	c.must("--timeout", "20s", "members", "--expect-servers", fmt.Sprint(len(c.nodes)), "--expect-arenas", "2")
+}
+
+// memberJSON is the part of `members --output json` the test reads.
+type memberJSON struct {
+	Name        string `json:"name"`
+	State       string `json:"state"`
+	Role        string `json:"role"`
+	ControlAddr string `json:"control_addr"`
+	Generation  uint64 `json:"generation"`
+}
+
+// viewOf returns n's view of the cluster, through a client that joins
+// through n alone (a client joining through several nodes merges their
+// views), without the client itself.
+func (c *cluster) viewOf(n *node) []memberJSON {
+	c.t.Helper()
+	out, errs, code := c.runVia(fmt.Sprintf("127.0.0.1:%d", n.port), "", "members", "--all", "-o", "json")
+	if code != 0 {
+		c.t.Fatalf("members through %s: exit %d\n%s", n.name, code, errs)
+	}
+	var ms []memberJSON
+	if err := json.Unmarshal([]byte(out), &ms); err != nil {
+		c.t.Fatalf("members through %s: %v\n%s", n.name, err, out)
+	}
+	return ms
+}
+
+// eventually looks at every node's view with check until it passes or d
+// has gone, and says how many looks it took and how long.
+func (c *cluster) eventually(d time.Duration, what string, check func(n *node, view []memberJSON) error) string {
+	c.t.Helper()
+	begin := time.Now()
+	for looks := 1; ; looks++ {
+		var err error
+		for _, n := range c.nodes {
+			if err = check(n, c.viewOf(n)); err != nil {
+				break
+			}
+		}
+		if err == nil {
+			return fmt.Sprintf("%d look(s) at the %d views, %v", looks, len(c.nodes), time.Since(begin).Round(time.Millisecond))
+		}
+		if time.Since(begin) > d {
+			c.t.Fatalf("%s: not within %v: %v", what, d, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 func (c *cluster) logs() string {
@@ -242,6 +295,18 @@ func TestClusterThroughCLI(t *testing.T) {
 		t.Fatalf("get without a key: exit %d, want 2 (usage)", code)
 	}
 
+	// Every command's client left as it closed: no node's view holds one
+	// (they used to linger as alive members when their leave was lost).
+	took := c.eventually(3*time.Second, "no client left behind", func(n *node, view []memberJSON) error {
+		for _, m := range view {
+			if m.Role == "client" {
+				return fmt.Errorf("%s's view holds %s (%s)", n.name, m.Name, m.State)
+			}
+		}
+		return nil
+	})
+	t.Logf("after about 45 commands, no client in any node's view (%s)", took)
+
 	// Owners: pick a victim that holds keys, among n2 and n3 (n1 is the
 	// cluster's first node, but any would do: every node joins through all).
 	owner := map[string]string{}
@@ -294,8 +359,34 @@ func TestClusterThroughCLI(t *testing.T) {
 		}
 	}
 
-	// Restart the victim on its data dir: every acknowledged write reads back.
+	// Restart the victim on its data dir: every node's own view has its
+	// new generation and control address at once (before, one could keep
+	// the old ones for minutes, and hand them to clients joining through
+	// it); every acknowledged write reads back.
 	c.start(victim, true)
+	var newGen uint64
+	var newCtl string
+	for _, m := range c.viewOf(victim) {
+		if m.Name == victim.name {
+			newGen, newCtl = m.Generation, m.ControlAddr
+		}
+	}
+	if newGen < 2 {
+		t.Fatalf("the restarted %s sees itself at generation %d", victim.name, newGen)
+	}
+	took = c.eventually(5*time.Second, "the restarted "+victim.name+" everywhere", func(n *node, view []memberJSON) error {
+		for _, m := range view {
+			if m.Name != victim.name {
+				continue
+			}
+			if m.State != "alive" || m.Generation != newGen || m.ControlAddr != newCtl {
+				return fmt.Errorf("%s sees %s %s at generation %d, control %s; want alive at %d, %s", n.name, m.Name, m.State, m.Generation, m.ControlAddr, newGen, newCtl)
+			}
+			return nil
+		}
+		return fmt.Errorf("%s does not see %s", n.name, victim.name)
+	})
+	t.Logf("%s restarted at generation %d, in every node's view once it was ready (%s)", victim.name, newGen, took)
 	c.waitConverged()
 	deadline := time.Now().Add(15 * time.Second)
 	for k, v := range vals {
