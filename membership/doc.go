@@ -40,15 +40,55 @@
 // which RDMA's data path requires of it anyway. For thousands of
 // short-lived clients, a view proxy would be the better design.
 //
+// # Joining, restarting, leaving
+//
+// memberlist spreads news by gossip: UDP messages sent to a few members
+// picked at random, a fixed number of times, and by a periodic full-state
+// exchange (push/pull, TCP) with one random member. Gossip can miss a
+// member, and does more often when members that are gone but not yet
+// detected are among those picked; then only the next push/pull repairs
+// it. Two events are not left to that:
+//
+//   - A restart. A node started again under its name and address starts
+//     memberlist at a low incarnation number, which members that still
+//     hold its previous incarnation (alive, suspect or dead) ignore. When
+//     its join shows it such a record (memberlist's MergeDelegate),
+//     memberlist refutes it with a higher number, and Join then exchanges
+//     full state with the alive servers (up to 8) until their answers
+//     show the current record; a server does so after every join. So when
+//     Create returns, the servers hold the new incarnation, generation and
+//     control address, and so does every client that joins through them.
+//   - A departure. Leave sends the Leaving metadata and then memberlist's
+//     leave message by gossip, and each also by exchanges with the alive
+//     servers (the first until the servers show it, so that none takes the
+//     leave for a death), which spread them further. A node that stops
+//     without Leave is declared dead by failure detection, after
+//     memberlist's suspicion timeout.
+//
+// Names are unique: memberlist refuses a node that claims the name of a
+// live member at another address. The members that see the claim, that
+// member included, log it at ERROR (memberlist's ConflictDelegate), and
+// the newcomer's Create fails with an error naming the name and the live
+// member's address. A dead member's name is free again once memberlist
+// forgets it (GossipToTheDeadTime); a restart at the same address reuses
+// it at once.
+//
 // # The view
 //
 // View returns an immutable snapshot: the members (name, gossip address,
 // state, decoded metadata) and a version that grows by one per change.
 // Dead and left servers stay in it (StateDead, StateLeft) for
-// Tuning.DeadRetention (default 1 h), other members for memberlist's
-// GossipToTheDeadTime, then are reaped. memberlist's suspect state is not
-// observable through its API, so a suspect member stays StateAlive until
-// it is declared dead.
+// Tuning.DeadRetention (default 1 h), then are reaped; other members
+// (clients) are reaped as soon as they are dead or left. memberlist's
+// suspect state is not observable through its API, so a suspect member
+// stays StateAlive until it is declared dead. Whether a member left or
+// died is told by its Leaving metadata: a member whose leave message
+// arrives before that metadata is recorded dead.
+//
+// A server logs each change of another member at INFO: joined (with its
+// generation and control address), left, dead, restarted (same name, new
+// generation: old and new generation and control address), and a server
+// reaped; a client logs them at DEBUG. Name conflicts are logged at ERROR.
 //
 // Subscribe delivers each change as an Event carrying the view it produced.
 // memberlist calls its event delegate while holding its own lock, so
