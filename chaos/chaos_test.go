@@ -205,7 +205,7 @@ func waitRecovered(ctx context.Context, c *cluster, cl *client.Client) error {
 			}
 		}
 		m := cl.Map()
-		if alive == len(c.nodes) && len(m.Servers()) == len(c.nodes) && len(m.Moves()) == 0 {
+		if alive == len(c.nodes) && len(m.Servers()) == len(c.nodes) && m.Settled() {
 			return nil
 		}
 		select {

@@ -63,7 +63,9 @@ type Config struct {
 	// the client's own for mTLS. Default: plaintext TCP.
 	TLS *tls.Config
 	// RetryAttempts bounds one operation's attempts (torn reads, broken
-	// connections, server restarts, a shard moving). Default 8.
+	// connections, server restarts, a shard's last copy in a move); the
+	// attempts back off from 1 ms to 100 ms, so with the default the time
+	// budget ends first. Default 32.
 	RetryAttempts int
 	// RetryTimeout bounds one operation when its ctx has no deadline; a
 	// ctx deadline is honored as it is. Default 2s.
@@ -182,7 +184,7 @@ func New(ctx context.Context, cfg Config) (_ *Client, err error) {
 		return nil, errors.New("rkv: Config.Device is required (rdma.Open)")
 	}
 	if cfg.RetryAttempts <= 0 {
-		cfg.RetryAttempts = 8
+		cfg.RetryAttempts = 32
 	}
 	if cfg.RetryTimeout <= 0 {
 		cfg.RetryTimeout = 2 * time.Second

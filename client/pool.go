@@ -52,7 +52,7 @@ func (p *serverPool) acquire(ctx context.Context) (*serverConn, error) {
 		p.all = append(p.all, sc)
 		return sc, nil
 	case <-ctx.Done():
-		return nil, retry("waiting for a connection to %s: %w", p.name, ctx.Err())
+		return nil, retry(p.name, "waiting for a connection to %s: %w", p.name, ctx.Err())
 	}
 }
 

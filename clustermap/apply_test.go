@@ -130,6 +130,9 @@ func TestDrainAndRemove(t *testing.T) {
 	if _, err := Apply(m, &proto.MapCommand{Op: proto.MapAddServer, Server: proto.MapServer{Name: "z", ID: "id-b"}}); !errors.Is(err, ErrRemoved) {
 		t.Fatalf("a removed data directory under another name: %v", err)
 	}
+	if !m.Settled() {
+		t.Fatalf("a map whose removed server holds nothing is not settled: %v", m)
+	}
 	back := must(t, m, &proto.MapCommand{Op: proto.MapAddServer, Server: proto.MapServer{Name: "b", ID: "id-b2"}})
 	if srv, _ := back.Server("b"); srv.State != proto.ServerActive || srv.ID != "id-b2" || srv.Added != back.Epoch() {
 		t.Fatalf("b rejoining on an empty data directory: %+v", srv)

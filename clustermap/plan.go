@@ -28,7 +28,7 @@ func Plan(m *Map, live func(name string) bool, budget int) []proto.MoveCommand {
 		switch {
 		case s.State == proto.ServerDraining:
 			draining[s.Name] = true
-		case live(s.Name):
+		case s.State == proto.ServerActive && live(s.Name):
 			targets = append(targets, s.Name)
 		}
 	}
@@ -114,4 +114,11 @@ func lightest(targets []string, load map[string]int, not string) string {
 		}
 	}
 	return best
+}
+
+// Settled reports whether m has no move in progress and none to plan with
+// every server live: the shards are where they will stay until a server
+// is added, drained or removed.
+func (m *Map) Settled() bool {
+	return m.Bootstrapped() && len(m.Moves()) == 0 && len(Plan(m, func(string) bool { return true }, 1)) == 0
 }

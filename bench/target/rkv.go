@@ -339,7 +339,7 @@ func WaitView(ctx context.Context, c *client.Client, servers, arenas int) error 
 			}
 		}
 		m := c.Map()
-		if n >= servers && len(m.Servers()) >= servers && len(m.Moves()) == 0 {
+		if n >= servers && len(m.Servers()) >= servers && m.Settled() {
 			return nil
 		}
 		select {

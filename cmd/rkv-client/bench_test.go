@@ -78,7 +78,7 @@ func TestBenchAgainstAServer(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a server")
 	}
-	join := startServerWith(t, nil)
+	join := startServerWith(t, nil, nil)
 	env := map[string]string{"RKV_JOIN": join}
 
 	// The old bench: put every key, get them back and check them.

@@ -311,8 +311,9 @@ rkey). Clients are listed with --all.
 
 With --expect-servers N it first waits (up to --timeout) until N servers are
 alive, each advertising its index and at least --expect-arenas arenas, and
-the cluster map holds N servers with no shard move in progress; it exits 3
-if that never happens: scripts use it to wait for a cluster to settle.`,
+the cluster map holds N servers with its shards balanced and no move in
+progress; it exits 3 if that never happens: scripts use it to wait for a
+cluster to settle.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return g.withClient(cmd, func(ctx context.Context, c *client.Client) error {
@@ -326,7 +327,7 @@ if that never happens: scripts use it to wait for a cluster to settle.`,
 							}
 						}
 						m := c.Map()
-						if n >= expect && members(m) >= expect && len(m.Moves()) == 0 {
+						if n >= expect && members(m) >= expect && m.Settled() {
 							break
 						}
 						select {
@@ -518,7 +519,7 @@ func moving(r statusJSON) string {
 	if r.ShardsIncoming == 0 && r.ShardsMovedIn == 0 {
 		return "-"
 	}
-	return fmt.Sprintf("%d now, %d done, %d keys, %s at %.1f MiB/s", r.ShardsIncoming, r.ShardsMovedIn, r.CopiedKeys, human(r.CopiedBytes), r.CopyMiBPerSec)
+	return fmt.Sprintf("%d now, %d done, %d keys, %s at %.1f MiB/s", r.ShardsIncoming, r.ShardsMovedIn, r.CopiedKeys, humanBytes(r.CopiedBytes), r.CopyMiBPerSec)
 }
 
 type mapServerJSON struct {
@@ -663,4 +664,17 @@ func members(m *clustermap.Map) int {
 		}
 	}
 	return n
+}
+
+// humanBytes is n in the largest binary unit it reaches, one decimal.
+func humanBytes(n uint64) string {
+	for _, u := range []struct {
+		s string
+		m uint64
+	}{{"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}} {
+		if n >= u.m {
+			return fmt.Sprintf("%.1f %s", float64(n)/float64(u.m), u.s)
+		}
+	}
+	return fmt.Sprintf("%d B", n)
 }

@@ -196,7 +196,10 @@ func (g *globals) connect(cmd *cobra.Command) (*client.Client, error) {
 		Membership:     membership.Config{BindAddr: host, BindPort: port},
 		Logger:         log,
 	})
-	if err != nil {
+	switch {
+	case errors.Is(err, client.ErrUnauthenticated):
+		return nil, &exitError{exitOther, fmt.Errorf("joining through %s: %w", strings.Join(g.join, ","), err)}
+	case err != nil:
 		return nil, &exitError{exitUnavailable, fmt.Errorf("%w: joining through %s: %w", errNoCluster, strings.Join(g.join, ","), err)}
 	}
 	return c, nil

@@ -4,16 +4,13 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
-	"log/slog"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
+	"github.com/rkv-io/rkv/internal/testcluster"
 	"github.com/rkv-io/rkv/internal/testpki"
-	"github.com/rkv-io/rkv/membership"
 	"github.com/rkv-io/rkv/server"
-	"github.com/rkv-io/rkv/store"
 )
 
 func runCLI(env map[string]string, args ...string) (string, string, int) {
@@ -88,41 +85,23 @@ func TestTLSFlagErrors(t *testing.T) {
 }
 
 // startServerWith runs one rkv server in-process with tlsConfig on its
-// control port (nil: plaintext) and returns its gossip address once its
-// index and arenas are advertised.
-func startServerWith(t *testing.T, tlsConfig *tls.Config) string {
+// control port (nil: plaintext) and returns its gossip address once it
+// serves.
+func startServerWith(t *testing.T, tlsConfig, peerTLS *tls.Config) string {
 	t.Helper()
-	return startServer(t, tlsConfig).GossipAddr()
+	return startServer(t, tlsConfig, peerTLS).GossipAddr()
 }
 
-// startServer runs one rkv server in-process with tlsConfig on its control
-// port (nil: plaintext) and returns it once its index and arenas are
-// advertised.
-func startServer(t *testing.T, tlsConfig *tls.Config) *server.Server {
+// startServer runs one rkv server in-process, a cluster of its own, with
+// tlsConfig on its control port and peerTLS for its connections to other
+// servers (nil: plaintext), and returns it once it serves.
+func startServer(t *testing.T, tlsConfig, peerTLS *tls.Config) *server.Server {
 	t.Helper()
-	s, err := server.New(context.Background(), server.Config{
-		Name: "s1",
-		Store: store.Options{
-			Dir: filepath.Join(t.TempDir(), "s1"), ArenaSize: 4 << 20, ArenaCount: 2, IndexSlots: 1 << 12, LeaseSize: 256 << 10,
-		},
-		Membership: membership.Config{BindAddr: "127.0.0.1"},
-		TLS:        tlsConfig,
-		Logger:     slog.New(slog.DiscardHandler),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Close() })
-	for deadline := time.Now().Add(20 * time.Second); ; {
-		if m := s.Meta(); m.Index != nil && len(m.Arenas) == 2 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("server not ready: %+v", s.Meta())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	return s
+	c := testcluster.Start(t, 1, testcluster.Options{Server: func(c *server.Config) {
+		c.TLS, c.PeerTLS = tlsConfig, peerTLS
+		c.Membership.BindAddr = "127.0.0.1"
+	}})
+	return c.Server("s1")
 }
 
 // TestTLSAgainstAServer: against a server requiring client certificates,
@@ -135,7 +114,7 @@ func TestTLSAgainstAServer(t *testing.T) {
 	}
 	pki := testpki.New(t, "127.0.0.1")
 	files := pki.WriteFiles(t, t.TempDir())
-	join := startServerWith(t, pki.ServerConfig())
+	join := startServerWith(t, pki.ServerConfig(), pki.ClientConfig())
 
 	if out, errs, code := runCLI(map[string]string{"RKV_JOIN": join}, "--tls-ca", files.CA, "--tls-cert", files.ClientCert, "--tls-key", files.ClientKey,
 		"put", "greeting", "hello"); code != exitOK {

@@ -35,7 +35,7 @@ func TestSignalLeaves(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a server and runs rkv-client processes")
 	}
-	srv := startServer(t, nil)
+	srv := startServer(t, nil, nil)
 	for _, sig := range []syscall.Signal{syscall.SIGINT, syscall.SIGTERM} {
 		t.Run(sig.String(), func(t *testing.T) {
 			events, cancel := srv.Membership().Subscribe()

@@ -211,7 +211,7 @@ func TestTLSOptionErrors(t *testing.T) {
 	}{
 		{[]string{"--tls-cert", files.ServerCert}, nil, []string{"--tls-cert and --tls-key: give both or neither"}},
 		{nil, map[string]string{"RKV_TLS_KEY": files.ServerKey}, []string{"--tls-cert and --tls-key: give both or neither"}},
-		{[]string{"--tls-client-ca", files.CA}, nil, []string{"--tls-client-ca needs --tls-cert and --tls-key"}},
+		{[]string{"--tls-client-ca", files.CA}, nil, []string{"--tls-client-ca and --tls-peer-ca need --tls-cert and --tls-key"}},
 		{[]string{"--tls-cert", missing, "--tls-key", files.ServerKey}, nil, []string{"--tls-cert", missing, "no such file"}},
 		{[]string{"--tls-cert", files.ServerCert, "--tls-key", missing}, nil, []string{"--tls-key", missing, "no such file"}},
 		{[]string{"--tls-cert", garbage, "--tls-key", files.ServerKey}, nil, []string{garbage, "PEM data in certificate input"}},

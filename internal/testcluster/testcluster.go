@@ -261,20 +261,8 @@ func (c *Cluster) WaitSettled(d time.Duration) {
 				return fmt.Errorf("%s advertises %d arenas", s.Name(), len(s.Meta().Arenas))
 			}
 		}
-		if n := len(m.Moves()); n > 0 {
-			return fmt.Errorf("%d moves in progress: %v", n, m)
-		}
-		counts := m.Counts()
-		active := 0
-		for _, s := range m.Servers() {
-			if s.State == proto.ServerActive {
-				active++
-			}
-		}
-		for _, s := range m.Servers() {
-			if want := proto.NumShards / active; s.State == proto.ServerActive && counts[s.Name] < want {
-				return fmt.Errorf("%s owns %d shards, share %d: %v", s.Name, counts[s.Name], want, m)
-			}
+		if !m.Settled() {
+			return fmt.Errorf("not settled: %v", m)
 		}
 		return nil
 	})
