@@ -76,13 +76,17 @@ func (c *Client) fetchMap(ctx context.Context, atLeast uint64) error {
 	for _, mb := range servers[:min(3, len(servers))] {
 		have := c.maps.load()
 		var reply *proto.MapReply
-		err := c.withConn(ctx, mb.Name, func(sc *serverConn) error {
-			r, err := sc.call(ctx, mb, &proto.GetMap{Have: have.Epoch()})
+		// A server that is stopped (SIGSTOP, a hung machine) accepts
+		// connections and never answers: give each a short while.
+		actx, cancel := context.WithTimeout(ctx, mapFetchTimeout)
+		err := c.withConn(actx, mb.Name, func(sc *serverConn) error {
+			r, err := sc.call(actx, mb, &proto.GetMap{Have: have.Epoch()})
 			if err == nil {
 				reply = r.(*proto.MapReply)
 			}
 			return err
 		})
+		cancel()
 		if err != nil {
 			last = err
 			continue
@@ -109,6 +113,9 @@ func (c *Client) fetchMap(ctx context.Context, atLeast uint64) error {
 	}
 	return last
 }
+
+// mapFetchTimeout bounds the map fetch from one server.
+const mapFetchTimeout = time.Second
 
 // target is the server a key's request goes to, as of one map.
 type target struct {

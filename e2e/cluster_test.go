@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -26,15 +27,14 @@ const (
 )
 
 // build compiles the two commands into dir.
-func build(t *testing.T, dir string) (server, cli string) {
-	t.Helper()
+func build(dir string) (server, cli string, err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "go", "build", "-o", dir+"/", "github.com/rkv-io/rkv/cmd/rkv-server", "github.com/rkv-io/rkv/cmd/rkv-client")
 	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
+		return "", "", fmt.Errorf("go build: %w\n%s", err, out)
 	}
-	return filepath.Join(dir, "rkv-server"), filepath.Join(dir, "rkv-client")
+	return filepath.Join(dir, "rkv-server"), filepath.Join(dir, "rkv-client"), nil
 }
 
 // freePort returns a port free for both TCP and UDP on 127.0.0.1.
@@ -214,22 +214,48 @@ func (c *cluster) logs() string {
 	return b.String()
 }
 
-func TestClusterThroughCLI(t *testing.T) {
+// binaries are rkv-server and rkv-client, built once per test binary.
+var binaries struct {
+	once        sync.Once
+	dir         string
+	server, cli string
+	err         error
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binaries.dir != "" {
+		os.RemoveAll(binaries.dir)
+	}
+	os.Exit(code)
+}
+
+// startCluster builds the commands (once) and starts n servers: n1
+// bootstraps the cluster, the others join it; it returns once the map
+// holds them all, settled. The servers are killed at the end of the test.
+func startCluster(t *testing.T, n int) *cluster {
+	t.Helper()
 	if testing.Short() {
-		t.Skip("builds binaries and runs a 3-process cluster")
+		t.Skip("builds binaries and runs a multi-process cluster")
 	}
 	t0 := time.Now()
-	bin := t.TempDir()
-	server, cli := build(t, bin)
-	t.Logf("built in %v", time.Since(t0).Round(time.Millisecond))
-	c := &cluster{t: t, server: server, cli: cli, root: t.TempDir()}
-	for i := 1; i <= 3; i++ {
+	binaries.once.Do(func() {
+		if binaries.dir, binaries.err = os.MkdirTemp("", "rkv-e2e-bin"); binaries.err == nil {
+			binaries.server, binaries.cli, binaries.err = build(binaries.dir)
+		}
+	})
+	if binaries.err != nil {
+		t.Fatal(binaries.err)
+	}
+	c := &cluster{t: t, server: binaries.server, cli: binaries.cli, root: t.TempDir()}
+	for i := 1; i <= n; i++ {
 		name := fmt.Sprintf("n%d", i)
 		c.nodes = append(c.nodes, &node{name: name, dir: filepath.Join(c.root, name), log: filepath.Join(c.root, name+".log"), port: freePort(t)})
 	}
 	t.Cleanup(func() {
 		for _, n := range c.nodes {
 			if n.cmd != nil && n.cmd.ProcessState == nil {
+				_ = n.cmd.Process.Signal(syscall.SIGCONT)
 				_ = n.cmd.Process.Kill()
 			}
 		}
@@ -241,7 +267,13 @@ func TestClusterThroughCLI(t *testing.T) {
 		c.start(n, i > 0)
 	}
 	c.waitConverged()
-	t.Logf("cluster up in %v", time.Since(t0).Round(time.Millisecond))
+	t.Logf("cluster of %d up in %v", n, time.Since(t0).Round(time.Millisecond))
+	return c
+}
+
+func TestClusterThroughCLI(t *testing.T) {
+	t0 := time.Now()
+	c := startCluster(t, 3)
 
 	// put/get/del/scan.
 	const nkeys = 20
