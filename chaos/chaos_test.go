@@ -12,6 +12,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -254,6 +255,9 @@ type scenario struct {
 	keys     int
 	mix      mix
 	kinds    []string // fault kinds
+	// netFaults: the scenario wants the network's faults (partitions,
+	// netem), where the network has them.
+	netFaults bool
 	// A fault lasts between minFault and maxFault, with a pause of
 	// between minGap and maxGap before the next.
 	minFault, maxFault, minGap, maxGap time.Duration
@@ -360,7 +364,7 @@ func runScenario(t *testing.T, cfg runConfig, server string, nw network, netNote
 		fmt.Fprintf(&b, "  NOTE: %s\n", netNote)
 	}
 	writeOpTable(&b, ops)
-	writeFaultTable(&b, faults, sc.kinds, nw.name())
+	writeFaultTable(&b, faults, sc, nw)
 	fmt.Fprintf(&b, "  recovery: healed, every server alive and every key read in %v\n", recovered.Round(time.Millisecond))
 	fmt.Fprintf(&b, "  check: porcupine %s over %d operations in %v\n", res.Linearizability, res.Checked, checkTook.Round(time.Millisecond))
 	fmt.Fprintf(&b, "  anomalies: %d\n", len(res.Anomalies))
@@ -395,7 +399,7 @@ func TestChaos(t *testing.T) {
 		}
 	})
 	sc := scenario{seed: cfg.seed, duration: cfg.duration, clients: cfg.clients, workers: 1, keys: cfg.keys, mix: mix{put: 50, delete: 10},
-		kinds: append([]string{faultKill, faultPause}, nw.faultKinds()...),
+		kinds: append([]string{faultKill, faultPause}, nw.faultKinds()...), netFaults: true,
 		minFault: min(500*time.Millisecond, cfg.maxFault), maxFault: cfg.maxFault, minGap: time.Second, maxGap: 3 * time.Second}
 	t.Logf("chaos: %v", sc)
 	runScenario(t, cfg, buildServer(t, t.TempDir()), nw, netNote, sc)
@@ -468,7 +472,7 @@ func writeOpTable(b *strings.Builder, ops []Op) {
 }
 
 // writeFaultTable prints the faults injected by kind.
-func writeFaultTable(b *strings.Builder, faults []Fault, kinds []string, netName string) {
+func writeFaultTable(b *strings.Builder, faults []Fault, sc scenario, nw network) {
 	count := map[string]int{}
 	var total time.Duration
 	for _, f := range faults {
@@ -478,14 +482,13 @@ func writeFaultTable(b *strings.Builder, faults []Fault, kinds []string, netName
 	fmt.Fprintf(b, "  faults: %d, %v in all\n", len(faults), total.Round(time.Millisecond))
 	all := []string{faultKill, faultPause, faultPartition, faultNetem}
 	for _, k := range all {
-		enabled := false
-		for _, e := range kinds {
-			enabled = enabled || e == k
-		}
-		if enabled {
+		switch {
+		case slices.Contains(sc.kinds, k):
 			fmt.Fprintf(b, "    %-10s %d\n", k, count[k])
-		} else {
-			fmt.Fprintf(b, "    %-10s NOT RUN (unavailable on network %s: see NOTE)\n", k, netName)
+		case !sc.netFaults || k == faultKill || k == faultPause || slices.Contains(nw.faultKinds(), k):
+			fmt.Fprintf(b, "    %-10s not in this scenario\n", k)
+		default:
+			fmt.Fprintf(b, "    %-10s NOT RUN (unavailable on network %s: see NOTE)\n", k, nw.name())
 		}
 	}
 }

@@ -18,7 +18,9 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-func startCluster(t *testing.T, n int) *testcluster.Cluster { return testcluster.Start(t, n, testcluster.Options{}) }
+func startCluster(t *testing.T, n int) *testcluster.Cluster {
+	return testcluster.Start(t, n, testcluster.Options{})
+}
 
 func newClient(t *testing.T, c *testcluster.Cluster) *client.Client { return c.Client(t, nil) }
 

@@ -23,8 +23,8 @@ import (
 // documented on each.
 type Config struct {
 	// Name is the node's name in the cluster, unique among its members.
-	// Required for a server: placement hashes it, so a server must keep
-	// its name across restarts to keep its keys. A client defaults to
+	// Required for a server, and it must keep it across restarts: the
+	// cluster map knows servers by name. A client defaults to
 	// "client-<hostname>-<random>".
 	Name string
 
@@ -110,17 +110,14 @@ type Tuning struct {
 	GossipToTheDeadTime time.Duration // how long memberlist keeps gossiping to a dead node
 
 	// DeadRetention is how long a dead or left server stays in the view
-	// (in StateDead or StateLeft) before it is reaped (EventReap). While
-	// it stays, its keys are unavailable; once it is reaped they are
-	// placed on the other servers, and with one replica a server that
-	// returns after that brings back its old values over the writes made
-	// meanwhile (docs/ARCHITECTURE.md, "Placement"). Default 1 h. Other
-	// members (clients) are reaped as soon as they are dead or left.
+	// (in StateDead or StateLeft) before it is reaped (EventReap), so that
+	// its state can be reported (its keys stay unavailable either way: the
+	// cluster map, not the view, places them). Default 1 h. Other members
+	// (clients) are reaped as soon as they are dead or left.
 	DeadRetention time.Duration
 }
 
-// DefaultDeadRetention is Tuning.DeadRetention's default: long enough
-// that a server restarted, rebooted or briefly cut off keeps its keys.
+// DefaultDeadRetention is Tuning.DeadRetention's default.
 const DefaultDeadRetention = time.Hour
 
 // The configuration with defaults filled in and checked.

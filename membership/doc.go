@@ -26,7 +26,7 @@
 // # Clients are light members
 //
 // Clients learn the view from gossip by joining memberlist themselves,
-// with role client; placement ignores them. The alternative, clients
+// with role client; they hold no data. The alternative, clients
 // asking a server for the view over the control RPC and watching it,
 // would need a control protocol and a server to proxy every change, and
 // would put a server on the path of every client's view. As members,
@@ -97,13 +97,11 @@
 // dropped for the newest. Gaps in the versions tell a subscriber that it
 // missed events; the newest event always arrives.
 //
-// # Placement
+// # No placement
 //
-// Placement ranks the alive servers of a view for a key by rendezvous
-// (highest random weight) hashing and returns the R best: the first is
-// the key's primary. Only names and the key enter the score, so every node
-// with the same servers agrees, and a server's departure moves only its
-// keys. The cluster uses R = 1 today.
+// The view says who is alive and where to reach them; it decides nothing
+// about where keys live. That is the cluster map's (package clustermap),
+// which a server being dead, paused or restarted does not change.
 //
 // # Encryption and key rotation
 //

@@ -214,16 +214,6 @@ func converged(nodes []*Membership, want map[string]proto.NodeMeta) error {
 	return nil
 }
 
-func placements(v *View, keys int) []string {
-	out := make([]string, keys)
-	for k := range keys {
-		if p := Placement(v, fmt.Appendf(nil, "key-%d", k), 1); len(p) == 1 {
-			out[k] = p[0].Name
-		}
-	}
-	return out
-}
-
 func TestClusterConverges(t *testing.T) {
 	servers, metas := startCluster(t, 3, 3)
 	client := start(t, "c1", proto.RoleClient, proto.NodeMeta{RKVVersion: "test"}, withSeeds(servers[1]))
@@ -232,21 +222,15 @@ func TestClusterConverges(t *testing.T) {
 	took := waitFor(t, 10*time.Second, "convergence", func() error { return converged(nodes, metas) })
 	t.Logf("3 servers and a client converged in %v", took)
 
-	// Every node places keys alike, on servers only.
-	want := placements(servers[0].View(), 2000)
-	count := map[string]int{}
-	for _, owner := range want {
-		count[owner]++
-	}
-	if len(count) != 3 || count["c1"] != 0 || count[""] != 0 {
-		t.Fatalf("keys placed on %v", count)
-	}
+	// Every node sees the same servers, and only them as servers.
 	for _, n := range nodes {
-		if got := placements(n.View(), 2000); !slices.Equal(got, want) {
-			t.Errorf("%s places keys differently", n.Name())
+		s := n.View().Servers()
+		names := make([]string, len(s))
+		for i, m := range s {
+			names[i] = m.Name
 		}
-		if s := n.View().Servers(); len(s) != 3 {
-			t.Errorf("%s sees servers %v", n.Name(), s)
+		if !slices.Equal(names, []string{"s1", "s2", "s3"}) {
+			t.Errorf("%s sees servers %v", n.Name(), names)
 		}
 	}
 	if me := client.LocalNode(); me.Name != "c1" || me.Meta.Role != proto.RoleClient || me.State != StateAlive {
@@ -341,7 +325,6 @@ func TestShutdownWithoutLeaveIsDead(t *testing.T) {
 	waitFor(t, 10*time.Second, "convergence", func() error { return converged(servers, metas) })
 	events, cancel := servers[0].Subscribe()
 	defer cancel()
-	before := placements(servers[0].View(), 2000)
 
 	if err := servers[3].Shutdown(); err != nil {
 		t.Fatal(err)
@@ -356,12 +339,9 @@ func TestShutdownWithoutLeaveIsDead(t *testing.T) {
 			break
 		}
 	}
-	// Only s4's keys moved.
-	after := placements(servers[0].View(), 2000)
-	for k := range before {
-		if before[k] != "s4" && after[k] != before[k] || after[k] == "s4" {
-			t.Fatalf("key %d moved from %s to %s", k, before[k], after[k])
-		}
+	// A dead server is no server of the view any more.
+	if s := servers[0].View().Servers(); len(s) != 3 {
+		t.Fatalf("%d servers in the view with s4 dead", len(s))
 	}
 }
 

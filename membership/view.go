@@ -7,8 +7,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/cespare/xxhash/v2"
-
 	"github.com/rkv-io/rkv/proto"
 )
 
@@ -84,14 +82,7 @@ func (m Member) String() string {
 type View struct {
 	version uint64
 	members []Member // sorted by name
-	servers []server // members that IsServer, sorted by name
-}
-
-// server is a placement candidate: its index in members and the hash of
-// its name, computed once per view.
-type server struct {
-	i    int
-	hash uint64
+	servers []int    // indexes of the members that IsServer, sorted by name
 }
 
 func newView(version uint64, members []Member) *View {
@@ -99,7 +90,7 @@ func newView(version uint64, members []Member) *View {
 	slices.SortFunc(v.members, func(a, b Member) int { return strings.Compare(a.Name, b.Name) })
 	for i := range v.members {
 		if v.members[i].IsServer() {
-			v.servers = append(v.servers, server{i: i, hash: xxhash.Sum64String(v.members[i].Name)})
+			v.servers = append(v.servers, i)
 		}
 	}
 	return v
@@ -124,12 +115,12 @@ func (v *View) Member(name string) (Member, bool) {
 	return v.members[i], true
 }
 
-// Servers returns the members placement chooses from (alive servers whose
-// metadata decoded), sorted by name, as a new slice.
+// Servers returns the alive servers whose metadata decoded, sorted by
+// name, as a new slice.
 func (v *View) Servers() []Member {
 	out := make([]Member, len(v.servers))
-	for j, s := range v.servers {
-		out[j] = v.members[s.i]
+	for j, i := range v.servers {
+		out[j] = v.members[i]
 	}
 	return out
 }

@@ -89,7 +89,7 @@ func (s *Server) checkAdmission() {
 		}
 		if _, ok := m.ServerByID(s.id); ok {
 			if srv, _ := m.ServerByID(s.id); srv.State == proto.ServerRemoved {
-				s.fatal(fmt.Errorf("server: this data directory (%s) was removed from the cluster (map epoch %d): to rejoin, start on an empty data directory", s.id, m.Epoch()))
+				s.fatal(fmt.Errorf("%w (map epoch %d): this data directory (%s) cannot rejoin; start on an empty one", ErrRemoved, m.Epoch(), s.id))
 			}
 		}
 		return
@@ -177,7 +177,7 @@ func (s *Server) reconcile(m *clustermap.Map) {
 	case ok && srv.ID == s.id && srv.State == proto.ServerRemoved:
 		// Removed: it gives everything up below, and has nothing to
 		// serve after.
-		s.fatal(fmt.Errorf("server: %s was removed from the cluster (map epoch %d): it serves nothing; stop it (to rejoin, start it on an empty data directory)", me, m.Epoch()))
+		s.fatal(fmt.Errorf("%w (map epoch %d): %s serves nothing any more (to rejoin, start it on an empty data directory)", ErrRemoved, m.Epoch(), me))
 	case ok && srv.ID != s.id && srv.State != proto.ServerRemoved:
 		s.fatal(fmt.Errorf("server: the cluster map knows %s with data directory ID %s, and this data directory is %s: it was refused (a server that lost its data must be forgotten first: rkv-client forget %s --force)", me, srv.ID, s.id, me))
 		return

@@ -187,7 +187,7 @@ type Server struct {
 	mlReady  atomic.Pointer[membership.Membership] // ml, once made: Raft asks it for addresses from the start
 	saved    atomic.Pointer[clustermap.Map]        // the newest map applied to the store (mapFile)
 	moves    *mover
-	errs       chan error // fatal conditions after the start (Err)
+	errs     chan error // fatal conditions after the start (Err)
 
 	mu     sync.Mutex
 	closed bool
@@ -395,9 +395,15 @@ func (s *Server) Membership() *membership.Membership { return s.ml }
 // MapNode is the server's replica of the map (tests, status).
 func (s *Server) MapNode() *replica.Node { return s.node }
 
+// ErrRemoved is what Err delivers once the cluster map marks this server
+// removed (a drain that finished, or a forced removal): it has nothing to
+// serve any more, and stopping it is the normal end.
+var ErrRemoved = errors.New("server: removed from the cluster")
+
 // Err delivers a condition that stops the server from serving after New
-// returned (this server's name is taken in the map by another data
-// directory). The command exits on it; the server is not closed.
+// returned: ErrRemoved, or a refusal (this server's name is taken in the
+// map by another data directory). The command stops on it; the server is
+// not closed.
 func (s *Server) Err() <-chan error { return s.errs }
 
 func (s *Server) fatal(err error) {

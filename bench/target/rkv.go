@@ -15,10 +15,10 @@ import (
 	"time"
 
 	"github.com/rkv-io/rkv/client"
-	"github.com/rkv-io/rkv/rdma"
-	_ "github.com/rkv-io/rkv/rdma/soft" // the comparison runs on the soft provider
 	"github.com/rkv-io/rkv/internal/freeport"
 	"github.com/rkv-io/rkv/loadgen"
+	"github.com/rkv-io/rkv/rdma"
+	_ "github.com/rkv-io/rkv/rdma/soft" // the comparison runs on the soft provider
 )
 
 // BuildRKV builds cmd/rkv-server of the rkv module this module depends

@@ -31,11 +31,11 @@ func TestBenchFlagErrorsAreUsage(t *testing.T) {
 
 func TestBenchClassify(t *testing.T) {
 	for err, want := range map[error]string{
-		fmt.Errorf("get k: %w", context.DeadlineExceeded):                        loadgen.ErrKindTimeout,
-		fmt.Errorf("get k: %w", loadgen.ErrNotFound):                             loadgen.ErrKindNotFound,
+		fmt.Errorf("get k: %w", context.DeadlineExceeded):                          loadgen.ErrKindTimeout,
+		fmt.Errorf("get k: %w", loadgen.ErrNotFound):                               loadgen.ErrKindNotFound,
 		fmt.Errorf("get k: %w", &client.UnavailableError{Node: "n1", Reason: "x"}): errKindUnavailable,
-		fmt.Errorf("put k: %w", client.ErrFull):                                  errKindFull,
-		fmt.Errorf("put k: %w", client.ErrUnauthenticated):                       errKindRefused,
+		fmt.Errorf("put k: %w", client.ErrFull):                                    errKindFull,
+		fmt.Errorf("put k: %w", client.ErrUnauthenticated):                         errKindRefused,
 		errors.New("?"): loadgen.ErrKindOther,
 	} {
 		if got := benchClassify(err); got != want {

@@ -178,15 +178,21 @@ func run(args []string, getenv func(string) string, stderr io.Writer, sigs <-cha
 	go logArenas(srv, log, t0, arenasDone)
 
 	var sig os.Signal
+	clean := false // a stop that is not a failure
 	select {
 	case sig = <-sigs:
+		clean = true
 	case err := <-metricsErr:
 		log.Error("metrics server failed", "err", err)
 	case err := <-srv.Err():
-		log.Error("cannot serve", "err", err)
+		if clean = errors.Is(err, server.ErrRemoved); clean {
+			log.Info("removed from the cluster map: stopping", "reason", err)
+		} else {
+			log.Error("cannot serve", "err", err)
+		}
 	}
 	close(arenasDone)
-	log.Info("shutting down: no new leases, finishing commits, deregistering memory, leaving the cluster", "signal", fmt.Sprint(sig))
+	log.Info("shutting down: no new leases, finishing commits, deregistering memory, leaving gossip", "signal", fmt.Sprint(sig))
 	done := make(chan error, 1)
 	go func() {
 		if metrics != nil {
@@ -203,7 +209,7 @@ func run(args []string, getenv func(string) string, stderr io.Writer, sigs <-cha
 			return exitError
 		}
 		log.Info("stopped")
-		if sig == nil {
+		if !clean {
 			return exitError
 		}
 		return exitOK

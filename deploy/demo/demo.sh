@@ -8,7 +8,8 @@
 #
 # It builds nothing: run "make build" first (the make targets do). State lives
 # in .demo/ at the repository root (gitignored): one data dir and log per node,
-# and the pids. Ports: gossip BASE+1..3, control BASE+11..13, data BASE+21..23,
+# and the pids. Ports: gossip BASE+1..3, control BASE+11..13, data BASE+21..23
+# (the run's fourth server, which joins and is forgotten again: BASE+4, 14, 24),
 # BASE=${RKV_DEMO_BASE_PORT:-7400}.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -144,6 +145,33 @@ wait_ready() {
 	fail "$i" "$name not ready after 10s"
 }
 
+# grow_and_shrink: a fourth server joins, takes its share of the shards (the
+# keys move to it while they are read), is forgotten (its shards move back)
+# and stopped; every value is checked after each step.
+grow_and_shrink() {
+	local name=node4 log=$state/node4.log
+	say "growing the cluster: $name joins and takes its share of the shards"
+	echo "\$ rkv-server --name $name --join $RKV_JOIN ... &"
+	: >"$log"
+	"$bin/rkv-server" --name "$name" --data-dir "$state/$name" --provider soft \
+		--gossip-addr "127.0.0.1:$((base + 4))" --control-addr "127.0.0.1:$((base + 14))" \
+		--data-addr "127.0.0.1:$((base + 24))" --join "$RKV_JOIN" \
+		--arena-size 16MiB --arena-count 4 --index-slots 65536 --lease-size 1MiB >"$log" 2>&1 &
+	local pid=$!
+	echo "$pid" >"$state/$name.pid"
+	run_cli 0 --timeout 60s members --expect-servers 4 --expect-arenas 4 >/dev/null
+	run_cli 0 map
+	run_cli 0 status
+	run_cli 0 bench --workload c --keys 1000 --ops 2000 --value-size 128 --concurrency 4 --verify --load=false --quiet
+	say "shrinking it again: $name is forgotten (drained: its shards move back), and stops by itself"
+	run_cli 0 --timeout 60s forget "$name"
+	wait "$pid" || fail "" "$name exited with status $? once removed; log: $log"
+	rm -f "$state/$name.pid"
+	echo "$name stopped cleanly (exit 0): \"$(grep -o 'msg="removed from the cluster map: stopping"' "$log" | head -1)\""
+	run_cli 0 map
+	run_cli 0 bench --workload c --keys 1000 --ops 2000 --value-size 128 --concurrency 4 --verify --load=false --quiet
+}
+
 cli=("$bin/rkv-client")
 # shellcheck source=deploy/demo/session.sh
 source "$root/deploy/demo/session.sh"
@@ -174,7 +202,7 @@ down)
 	;;
 run)
 	t0=$(date +%s%N)
-	trap 'for i in 1 2 3; do alive $i && kill -KILL "$(pid_of $i)" 2>/dev/null; done; true' EXIT
+	trap 'for i in 1 2 3; do alive $i && kill -KILL "$(pid_of $i)" 2>/dev/null; done; [[ -f $state/node4.pid ]] && kill -KILL "$(cat "$state/node4.pid")" 2>/dev/null; true' EXIT
 	say "starting 3 rkv-server processes (soft provider, 127.0.0.1)"
 	start_all
 	RKV_JOIN=127.0.0.1:$(gossip_port 1)
@@ -183,6 +211,7 @@ run)
 	demo_session
 	say "a short bench: load 1000 keys of 128 bytes, then 5000 zipfian gets, every value checked, 4 goroutines"
 	run_cli 0 bench --workload c --keys 1000 --ops 5000 --value-size 128 --concurrency 4 --verify
+	grow_and_shrink
 	say "stopping the cluster (SIGTERM: leases end, commits finish, memory is deregistered, nodes leave)"
 	stop_all || fail "" "not every node stopped cleanly"
 	trap - EXIT

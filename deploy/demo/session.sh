@@ -30,6 +30,7 @@ demo_session() {
 		echo
 	done
 	run_cli 0 members
+	run_cli 0 map
 	for k in user:1 user:2 user:3; do run_cli 0 owner "$k"; done
 	run_cli 0 scan --prefix user: --values
 	run_cli 0 scan
