@@ -531,6 +531,9 @@ type ServerStats struct {
 	CopiedKeys     uint64
 	CopiedBytes    uint64
 	CopyTime       time.Duration
+	// Requests counts the control requests the server handled, by type
+	// name (those it handled at least once).
+	Requests map[string]uint64
 }
 
 // Stats asks the named server for its counters over the control RPC.
@@ -541,7 +544,16 @@ func (c *Client) Stats(ctx context.Context, node string) (ServerStats, error) {
 		if err != nil {
 			return err
 		}
-		st = ServerStats(*r.(*proto.StatsReply))
+		sr := r.(*proto.StatsReply)
+		st = ServerStats{Generation: sr.Generation, Keys: sr.Keys, Commits: sr.Commits, Deletes: sr.Deletes,
+			LeasesActive: sr.LeasesActive, Connections: sr.Connections, Handled: sr.Handled, MapEpoch: sr.MapEpoch,
+			ShardsOwned: sr.ShardsOwned, ShardsIncoming: sr.ShardsIncoming, ShardsMovedIn: sr.ShardsMovedIn,
+			CopiedKeys: sr.CopiedKeys, CopiedBytes: sr.CopiedBytes, CopyTime: sr.CopyTime, Requests: map[string]uint64{}}
+		for t, n := range sr.Requests {
+			if n > 0 {
+				st.Requests[proto.MsgType(t).String()] = n
+			}
+		}
 		return nil
 	})
 	return st, err

@@ -312,6 +312,9 @@ type StatsReply struct {
 	CopiedKeys     uint64
 	CopiedBytes    uint64
 	CopyTime       time.Duration
+	// Requests counts the control requests handled by type (indexed by
+	// MsgType; a sender may know fewer or more types than NumMsgTypes).
+	Requests []uint64
 }
 
 // GetMap asks for the server's cluster map. Have is the epoch the sender
@@ -619,8 +622,13 @@ func (m *StatsReply) encode(e *encoder) {
 	if m.CopyTime < 0 {
 		e.fail("negative copy time %v", m.CopyTime)
 	}
+	if len(m.Requests) > 255 {
+		e.fail("%d request types, limit 255", len(m.Requests))
+	}
+	e.array(2)
 	e.uints(m.Generation, m.Keys, m.Commits, m.Deletes, m.LeasesActive, m.Connections, m.Handled,
 		m.MapEpoch, m.ShardsOwned, m.ShardsIncoming, m.ShardsMovedIn, m.CopiedKeys, m.CopiedBytes, uint64(m.CopyTime))
+	e.uints(m.Requests...)
 }
 
 func (m *Error) encode(e *encoder) {
@@ -985,8 +993,11 @@ func (m *ScanReply) decode(d *decoder) error {
 func (m *EndLease) decode(d *decoder) error { return d.uints("EndLease", &m.ID) }
 
 func (m *StatsReply) decode(d *decoder) error {
+	if err := d.fields("StatsReply", 2); err != nil {
+		return err
+	}
 	var copyTime uint64
-	if err := d.uints("StatsReply", &m.Generation, &m.Keys, &m.Commits, &m.Deletes, &m.LeasesActive, &m.Connections, &m.Handled,
+	if err := d.uints("StatsReply counters", &m.Generation, &m.Keys, &m.Commits, &m.Deletes, &m.LeasesActive, &m.Connections, &m.Handled,
 		&m.MapEpoch, &m.ShardsOwned, &m.ShardsIncoming, &m.ShardsMovedIn, &m.CopiedKeys, &m.CopiedBytes, &copyTime); err != nil {
 		return err
 	}
@@ -994,6 +1005,16 @@ func (m *StatsReply) decode(d *decoder) error {
 		return d.fail("copy time %d out of range", copyTime)
 	}
 	m.CopyTime = time.Duration(copyTime)
+	n, err := d.list("requests by type", 255)
+	if err != nil || n == 0 {
+		return err
+	}
+	m.Requests = make([]uint64, n)
+	for i := range m.Requests {
+		if m.Requests[i], err = d.u64("requests of a type"); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 

@@ -685,5 +685,7 @@ func (s *Server) statsReply() *proto.StatsReply {
 	}
 	ms := s.moves.stats()
 	r.ShardsMovedIn, r.CopiedKeys, r.CopiedBytes, r.CopyTime = ms.shards, ms.keys, ms.bytes, ms.took
+	handled := s.Stats().Handled
+	r.Requests = handled[:]
 	return r
 }

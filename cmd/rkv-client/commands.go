@@ -435,12 +435,13 @@ type statusJSON struct {
 	Shards       uint64 `json:"shards_owned"`
 	// The moves into the server: shards copying now, shards moved in since
 	// it started, what they copied and how fast.
-	ShardsIncoming uint64  `json:"shards_incoming"`
-	ShardsMovedIn  uint64  `json:"shards_moved_in"`
-	CopiedKeys     uint64  `json:"copied_keys"`
-	CopiedBytes    uint64  `json:"copied_bytes"`
-	CopyMiBPerSec  float64 `json:"copy_mib_per_s,omitempty"`
-	Error          string  `json:"error,omitempty"`
+	ShardsIncoming uint64            `json:"shards_incoming"`
+	ShardsMovedIn  uint64            `json:"shards_moved_in"`
+	CopiedKeys     uint64            `json:"copied_keys"`
+	CopiedBytes    uint64            `json:"copied_bytes"`
+	CopyMiBPerSec  float64           `json:"copy_mib_per_s,omitempty"`
+	RequestsByType map[string]uint64 `json:"requests_by_type,omitempty"`
+	Error          string            `json:"error,omitempty"`
 }
 
 func statusCmd(g *globals) *cobra.Command {
@@ -477,7 +478,7 @@ answer is listed with its error, and the exit code is then 3.`,
 						r.Generation, r.Keys, r.Commits, r.Deletes = st.Generation, st.Keys, st.Commits, st.Deletes
 						r.LeasesActive, r.Connections, r.Handled = st.LeasesActive, st.Connections, st.Handled
 						r.MapEpoch, r.Shards, r.ShardsIncoming, r.ShardsMovedIn = st.MapEpoch, st.ShardsOwned, st.ShardsIncoming, st.ShardsMovedIn
-						r.CopiedKeys, r.CopiedBytes = st.CopiedKeys, st.CopiedBytes
+						r.CopiedKeys, r.CopiedBytes, r.RequestsByType = st.CopiedKeys, st.CopiedBytes, st.Requests
 						if st.CopyTime > 0 {
 							r.CopyMiBPerSec = float64(st.CopiedBytes) / (1 << 20) / st.CopyTime.Seconds()
 						}
