@@ -20,7 +20,7 @@ test-short: ## quick tests (skips the large-region cases)
 	$(GO) test -short -timeout $(TESTTIME) $(PKGS)
 
 test-chaos: ## chaos suite: 3 servers under kill -9, SIGSTOP, partitions (netns as root); history checked for linearizability (CHAOS_DURATION, CHAOS_SEED, CHAOS_NET; docs/CHAOS.md)
-	$(GO) test -race -tags chaos -run Chaos -v -count 1 -timeout 10m ./chaos/
+	$(GO) test -race -tags chaos -run Chaos -v -count 1 -timeout 20m ./chaos/
 
 lint: ## gofmt and go vet (with and without the verbs and chaos tags, and the bench module)
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
