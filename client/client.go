@@ -584,12 +584,4 @@ func (c *Client) Forget(ctx context.Context, node string, force bool) (uint64, e
 // PrefixEnd returns the smallest key greater than every key with prefix,
 // or nil if there is none (the prefix is all 0xff): Scan(prefix,
 // PrefixEnd(prefix), n) lists the keys with that prefix.
-func PrefixEnd(prefix []byte) []byte {
-	end := append([]byte(nil), prefix...)
-	for i := len(end) - 1; i >= 0; i-- {
-		if end[i]++; end[i] != 0 {
-			return end[:i+1]
-		}
-	}
-	return nil
-}
+func PrefixEnd(prefix []byte) []byte { return proto.PrefixEnd(prefix) }

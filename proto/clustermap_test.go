@@ -1,6 +1,7 @@
 package proto
 
 import (
+	"bytes"
 	"errors"
 	"math"
 	"reflect"
@@ -221,4 +222,22 @@ func FuzzDecodeMapCommand(f *testing.F) {
 			t.Fatalf("re-encoded command decodes to %+v, %v", c2, err)
 		}
 	})
+}
+
+func TestPrefixEnd(t *testing.T) {
+	for _, c := range []struct{ prefix, want []byte }{
+		{[]byte("user:"), []byte("user;")},
+		{[]byte{'a', 0xff}, []byte{'b'}},
+		{[]byte{0xff, 0xff}, nil},
+		{nil, nil},
+	} {
+		if got := PrefixEnd(c.prefix); !bytes.Equal(got, c.want) || (got == nil) != (c.want == nil) {
+			t.Errorf("PrefixEnd(%q) = %q, want %q", c.prefix, got, c.want)
+		}
+	}
+	p := []byte("ab")
+	PrefixEnd(p)
+	if string(p) != "ab" {
+		t.Errorf("PrefixEnd changed its argument to %q", p)
+	}
 }

@@ -90,3 +90,16 @@ func (g IndexGeometry) ShardWordOffset(s Shard) int {
 
 // DecodeShardWord reads a shard word READ from a server.
 func DecodeShardWord(b []byte) uint64 { return binary.LittleEndian.Uint64(b) }
+
+// PrefixEnd returns the smallest key greater than every key with prefix,
+// or nil if there is none (the prefix is all 0xff): a scan from prefix to
+// PrefixEnd(prefix) lists the keys with that prefix.
+func PrefixEnd(prefix []byte) []byte {
+	end := append([]byte(nil), prefix...)
+	for i := len(end) - 1; i >= 0; i-- {
+		if end[i]++; end[i] != 0 {
+			return end[:i+1]
+		}
+	}
+	return nil
+}

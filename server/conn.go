@@ -250,27 +250,31 @@ func (c *conn) handle(m proto.Message) proto.Message {
 		return s.mapReply(m.Have)
 	case *proto.Forget:
 		return s.forget(m)
-	case *proto.MapChange:
+	case *proto.MapChange, *proto.ShardScan, *proto.FenceShards, *proto.ReleaseShards:
 		if e := c.peerOnly(m); e != nil {
 			return e
 		}
+		return s.peerRequest(m)
+	}
+	return notTaken(m)
+}
+
+// peerRequest serves the requests only other servers send.
+func (s *Server) peerRequest(m proto.Message) proto.Message {
+	switch m := m.(type) {
+	case *proto.MapChange:
 		return s.mapChange(m)
 	case *proto.ShardScan:
-		if e := c.peerOnly(m); e != nil {
-			return e
-		}
 		return s.shardScan(m)
 	case *proto.FenceShards:
-		if e := c.peerOnly(m); e != nil {
-			return e
-		}
 		return s.fenceShards(m)
 	case *proto.ReleaseShards:
-		if e := c.peerOnly(m); e != nil {
-			return e
-		}
 		return s.releaseShards(m)
 	}
+	return notTaken(m)
+}
+
+func notTaken(m proto.Message) *proto.Error {
 	return &proto.Error{Code: proto.CodeBadRequest, Message: fmt.Sprintf("%v is not a request this server takes", m.Type())}
 }
 
@@ -300,16 +304,21 @@ func (c *conn) scan(m *proto.Scan) proto.Message {
 	if err != nil {
 		return c.s.fenceReply(m.Epoch, err)
 	}
-	out := &proto.ScanReply{Entries: make([]proto.ScanEntry, 0, len(entries)), More: len(entries) == limit}
-	size := 0
+	out, cut := scanEntries(entries, 0)
+	return &proto.ScanReply{Entries: out, More: cut || len(entries) == limit}
+}
+
+// scanEntries converts store entries for a reply that already holds used
+// bytes, as many as fit under scanBudget; cut says some did not.
+func scanEntries(entries []store.ScanEntry, used int) (_ []proto.ScanEntry, cut bool) {
+	out := make([]proto.ScanEntry, 0, len(entries))
 	for _, e := range entries {
-		if size += proto.ScanEntrySize(len(e.Key)); size > scanBudget {
-			out.More = true
-			break
+		if used += proto.ScanEntrySize(len(e.Key)); used > scanBudget {
+			return out, true
 		}
-		out.Entries = append(out.Entries, proto.ScanEntry{Key: e.Key, Arena: e.Location.Arena, Offset: e.Location.Offset, Length: e.Location.Length, Version: e.Version})
+		out = append(out, proto.ScanEntry{Key: e.Key, Arena: e.Location.Arena, Offset: e.Location.Offset, Length: e.Location.Length, Version: e.Version})
 	}
-	return out
+	return out, false
 }
 
 // errorReply maps a store error to a control Error.

@@ -540,13 +540,9 @@ func (s *Server) shardScan(req *proto.ShardScan) proto.Message {
 		out.Sessions = s.st.ShardSessions(req.Shard)
 		size += 40 * len(out.Sessions)
 	}
-	for _, e := range entries {
-		if size += proto.ScanEntrySize(len(e.Key)); size > scanBudget {
-			out.More = true
-			break
-		}
-		out.Entries = append(out.Entries, proto.ScanEntry{Key: e.Key, Arena: e.Location.Arena, Offset: e.Location.Offset, Length: e.Location.Length, Version: e.Version})
-	}
+	var cut bool
+	out.Entries, cut = scanEntries(entries, size)
+	out.More = out.More || cut
 	return out
 }
 

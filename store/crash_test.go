@@ -65,37 +65,13 @@ func TestAcknowledgedWritesSurviveKill9(t *testing.T) {
 		rounds = 2
 	}
 	for round := range rounds {
-		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), crashChildEnv+"="+dir, fmt.Sprintf("RKV_CRASH_ROUND=%d", round))
-		var stderr bytes.Buffer
-		cmd.Stderr = &stderr
-		stdout, err := cmd.StdoutPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		lines := bufio.NewScanner(stdout)
-		if !lines.Scan() || lines.Text() != "ready" {
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
-			t.Fatalf("round %d: child did not start: %s", round, stderr.String())
-		}
-		killAt := time.Now().Add(time.Duration(100+rand.IntN(400)) * time.Millisecond)
-		time.AfterFunc(time.Until(killAt), func() { _ = cmd.Process.Signal(syscall.SIGKILL) })
 		n := 0
-		for lines.Scan() {
-			f := strings.Fields(lines.Text())
+		runKilledChild(t, round, []string{crashChildEnv + "=" + dir}, func(f []string) {
 			if len(f) == 3 && f[0] == "ack" {
 				acked[f[1]] = f[2]
 				n++
 			}
-		}
-		err = cmd.Wait()
-		if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() {
-			t.Fatalf("round %d: child ended by itself (%v): %s", round, err, stderr.String())
-		}
+		})
 		t.Logf("round %d: killed after %d acknowledged commits", round, n)
 		if n == 0 {
 			t.Fatalf("round %d: no commit acknowledged before the kill", round)
@@ -127,4 +103,37 @@ func TestAcknowledgedWritesSurviveKill9(t *testing.T) {
 		}
 	}
 	t.Logf("%d acknowledged keys all read back; %d keys in the store", len(acked), len(entries))
+}
+
+// runKilledChild runs this test binary as a child with env added, waits for
+// its "ready" line, SIGKILLs it 100-500 ms later and hands each line it
+// printed before it died to line, split into fields. It fails the test if
+// the child did not start or ended by itself.
+func runKilledChild(t *testing.T, round int, env []string, line func(fields []string)) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(append(os.Environ(), env...), fmt.Sprintf("RKV_CRASH_ROUND=%d", round))
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	lines := bufio.NewScanner(stdout)
+	if !lines.Scan() || lines.Text() != "ready" {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		t.Fatalf("round %d: child did not start: %s", round, stderr.String())
+	}
+	time.AfterFunc(time.Duration(100+rand.IntN(400))*time.Millisecond, func() { _ = cmd.Process.Signal(syscall.SIGKILL) })
+	for lines.Scan() {
+		line(strings.Fields(lines.Text()))
+	}
+	err = cmd.Wait()
+	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() {
+		t.Fatalf("round %d: child ended by itself (%v): %s", round, err, stderr.String())
+	}
 }

@@ -13,7 +13,7 @@ import (
 // rkv (or a newer one) would have left it.
 func writePebble(t *testing.T, dir string, kv map[string][]byte) {
 	t.Helper()
-	db, err := pebble.Open(filepath.Join(dir, "index"), &pebble.Options{Logger: pebbleLogger{&Store{log: slog.New(slog.DiscardHandler)}}})
+	db, err := pebble.Open(filepath.Join(dir, "index"), &pebble.Options{Logger: (&Store{log: slog.New(slog.DiscardHandler)}).pebbleLogger()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,12 +8,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"strconv"
-	"strings"
-	"syscall"
 	"testing"
-	"time"
 
 	"github.com/rkv-io/rkv/proto"
 )
@@ -411,28 +407,9 @@ func TestIngestSurvivesKill9(t *testing.T) {
 	}
 	var sv *server
 	for round := range rounds {
-		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), ingestChildEnv+"="+dir, fmt.Sprintf("RKV_CRASH_ROUND=%d", round))
-		var stderr bytes.Buffer
-		cmd.Stderr = &stderr
-		stdout, err := cmd.StdoutPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		lines := bufio.NewScanner(stdout)
-		if !lines.Scan() || lines.Text() != "ready" {
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
-			t.Fatalf("round %d: child did not start: %s", round, stderr.String())
-		}
-		time.AfterFunc(time.Duration(100+rand.IntN(400))*time.Millisecond, func() { _ = cmd.Process.Signal(syscall.SIGKILL) })
 		var pending []ingestOp
 		acked := 0
-		for lines.Scan() {
-			f := strings.Fields(lines.Text())
+		runKilledChild(t, round, []string{ingestChildEnv + "=" + dir}, func(f []string) {
 			switch {
 			case len(f) == 2 && f[0] == "batch":
 				pending = pending[:0]
@@ -446,11 +423,7 @@ func TestIngestSurvivesKill9(t *testing.T) {
 				pending = nil
 				acked++
 			}
-		}
-		_ = cmd.Wait()
-		if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() {
-			t.Fatalf("round %d: child ended by itself: %s", round, stderr.String())
-		}
+		})
 		if acked == 0 {
 			t.Fatalf("round %d: nothing acknowledged before the kill", round)
 		}

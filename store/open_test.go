@@ -151,7 +151,7 @@ func TestPebbleLogsThroughTheStoreAndNeverExits(t *testing.T) {
 	if _, err := w.put([]byte("before"), []byte("v")); err != nil {
 		t.Fatal(err)
 	}
-	l := pebbleLogger{sv.s}
+	l := sv.s.pebbleLogger()
 	l.Errorf("an error %d", 1)
 	l.Fatalf("a fatal error %d", 2) // the default logger would os.Exit here
 	if _, err := w.put([]byte("after"), []byte("v")); err == nil || !strings.Contains(err.Error(), "a fatal error 2") {

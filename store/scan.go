@@ -23,7 +23,7 @@ type ScanEntry struct {
 // Scan returns up to limit keys in [start, end) in key order (end nil: no
 // upper bound; limit 0: no limit), merged across shards (nil: every shard
 // the store owns). A shard in the list that the store does not own fails
-// the scan with ErrNotOwner. Use PrefixEnd(prefix) as end for a prefix
+// the scan with ErrNotOwner. Use proto.PrefixEnd(prefix) as end for a prefix
 // scan.
 //
 // Pebble orders keys by shard first, so the scan merges one sorted run
@@ -235,16 +235,4 @@ func (s *Store) ShardEntries(sh proto.Shard, after []byte, limit int) (entries [
 		entries = append(entries, ScanEntry{Key: append([]byte(nil), it.Key()[dataKeyPrefixN:]...), Location: e.loc, Version: e.version})
 	}
 	return entries, more, errors.Join(it.Error(), it.Close())
-}
-
-// PrefixEnd returns the smallest key greater than every key with prefix,
-// or nil if there is none (the prefix is all 0xff).
-func PrefixEnd(prefix []byte) []byte {
-	end := append([]byte(nil), prefix...)
-	for i := len(end) - 1; i >= 0; i-- {
-		if end[i]++; end[i] != 0 {
-			return end[:i+1]
-		}
-	}
-	return nil
 }

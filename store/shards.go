@@ -167,6 +167,20 @@ func normShards(shards []proto.Shard) ([]proto.Shard, error) {
 	return out, nil
 }
 
+// beginShardOp is the prologue of a shard transition: it checks and sorts
+// shards, enters the store (ErrClosed once closed) and takes the shards'
+// operation locks. end undoes both.
+func (s *Store) beginShardOp(shards []proto.Shard) (list []proto.Shard, end func(), err error) {
+	if list, err = normShards(shards); err != nil {
+		return nil, nil, err
+	}
+	if err := s.enter(); err != nil {
+		return nil, nil, err
+	}
+	unlock := s.lockShards(list)
+	return list, func() { unlock(); s.exit() }, nil
+}
+
 // lockShards takes the operation locks of shards (sorted, so that
 // concurrent callers cannot deadlock) and returns the unlock.
 func (s *Store) lockShards(shards []proto.Shard) func() {
@@ -280,15 +294,11 @@ func (s *Store) persistShards(shards []proto.Shard, st ShardState, sinceOf func(
 // another migration included (drop it first), fails with ErrShardState and
 // changes nothing. It does not block on commits.
 func (s *Store) BeginIncoming(shards []proto.Shard, started uint64) error {
-	list, err := normShards(shards)
+	list, end, err := s.beginShardOp(shards)
 	if err != nil {
 		return err
 	}
-	if err := s.enter(); err != nil {
-		return err
-	}
-	defer s.exit()
-	defer s.lockShards(list)()
+	defer end()
 	var todo []proto.Shard
 	s.mu.Lock()
 	for _, sh := range list {
@@ -336,15 +346,11 @@ func (s *Store) ActivateShards(shards []proto.Shard, since uint64) error {
 	if since == 0 || since > proto.MaxShardSince {
 		return fmt.Errorf("store: ActivateShards since epoch %d: epochs run from 1 (a shard word of 0 means not owned) to %d", since, uint64(proto.MaxShardSince))
 	}
-	list, err := normShards(shards)
+	list, end, err := s.beginShardOp(shards)
 	if err != nil {
 		return err
 	}
-	if err := s.enter(); err != nil {
-		return err
-	}
-	defer s.exit()
-	defer s.lockShards(list)()
+	defer end()
 	var todo, update []proto.Shard
 	var keys int64
 	s.mu.Lock()
@@ -548,15 +554,11 @@ func (s *Store) UnfreezeShards(shards []proto.Shard) error {
 // ErrShardState and releases none. It blocks until the drain is done,
 // which takes as long as one group commit.
 func (s *Store) ReleaseShards(shards []proto.Shard) error {
-	list, err := normShards(shards)
+	list, end, err := s.beginShardOp(shards)
 	if err != nil {
 		return err
 	}
-	if err := s.enter(); err != nil {
-		return err
-	}
-	defer s.exit()
-	defer s.lockShards(list)()
+	defer end()
 	var owned []proto.Shard
 	var wait []chan struct{}
 	s.mu.Lock()
@@ -615,15 +617,11 @@ func (s *Store) ReleaseShards(shards []proto.Shard) error {
 // nothing is dropped. It does not block on commits (none are admitted to
 // such shards).
 func (s *Store) DropShards(shards []proto.Shard) error {
-	list, err := normShards(shards)
+	list, end, err := s.beginShardOp(shards)
 	if err != nil {
 		return err
 	}
-	if err := s.enter(); err != nil {
-		return err
-	}
-	defer s.exit()
-	defer s.lockShards(list)()
+	defer end()
 	s.mu.Lock()
 	for _, sh := range list {
 		if st := s.shards[sh].state; st == ShardOwned {

@@ -439,7 +439,7 @@ func TestScanAcrossShards(t *testing.T) {
 	check("everything", got, sorted(all))
 	got, _ = sv.s.Scan(nil, []byte("key-00100"), []byte("key-00500"), 0)
 	check("a range", got, sorted(func(k string) bool { return k >= "key-00100" && k < "key-00500" }))
-	got, _ = sv.s.Scan(nil, []byte("key-"), PrefixEnd([]byte("key-")), 17)
+	got, _ = sv.s.Scan(nil, []byte("key-"), proto.PrefixEnd([]byte("key-")), 17)
 	check("a prefix, limited", got, sorted(func(k string) bool { return k >= "key-" && k < "key." })[:17])
 	got, _ = sv.s.Scan(nil, []byte("z"), []byte("a"), 0)
 	check("an empty range", got, nil)

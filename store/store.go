@@ -20,6 +20,7 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 	"golang.org/x/sys/unix"
 
+	"github.com/rkv-io/rkv/internal/pebblelog"
 	"github.com/rkv-io/rkv/proto"
 	"github.com/rkv-io/rkv/rdma"
 )
@@ -138,7 +139,7 @@ func (s *Store) open(ctx context.Context) error {
 		return err
 	}
 	var err error
-	if s.db, err = pebble.Open(filepath.Join(opts.Dir, "index"), &pebble.Options{Logger: pebbleLogger{s}}); err != nil {
+	if s.db, err = pebble.Open(filepath.Join(opts.Dir, "index"), &pebble.Options{Logger: s.pebbleLogger()}); err != nil {
 		return fmt.Errorf("store: opening the Pebble index in %s: %w", opts.Dir, err)
 	}
 	if err := s.brokenErr(); err != nil {
@@ -575,27 +576,14 @@ func (s *Store) brokenErr() error {
 	return nil
 }
 
-// pebbleLogger routes Pebble's logs to the store's logger: informational
-// ones at debug level, errors as errors. Pebble's Fatalf exits the process
-// by default; here it is logged, and the store refuses writes from then on
-// (Pebble calls it where its state can no longer be trusted, e.g. after a
-// failed WAL write, and may carry on as if the write had succeeded): the
-// server stays up to say so, and a restart recovers from what is durable.
-type pebbleLogger struct{ s *Store }
-
-func (l pebbleLogger) Infof(format string, args ...any) {
-	if l.s.log.Enabled(context.Background(), slog.LevelDebug) {
-		l.s.log.Debug("pebble: " + fmt.Sprintf(format, args...))
-	}
-}
-
-func (l pebbleLogger) Errorf(format string, args ...any) {
-	l.s.log.Error("pebble: " + fmt.Sprintf(format, args...))
-}
-
-func (l pebbleLogger) Fatalf(format string, args ...any) {
-	msg := fmt.Sprintf(format, args...)
-	l.s.log.Error("pebble reported a fatal error: the store refuses writes until it is restarted", "err", msg)
-	err := fmt.Errorf("store: Pebble failed (%s): the store takes no more writes; restart the server", msg)
-	l.s.fatal.CompareAndSwap(nil, &err)
+// pebbleLogger routes Pebble's logs to the store's logger. After a fatal
+// error (Pebble may carry on as if a failed WAL write had succeeded) the
+// store refuses writes: the server stays up to say so, and a restart
+// recovers from what is durable.
+func (s *Store) pebbleLogger() pebblelog.Logger {
+	return pebblelog.Logger{Log: s.log, OnFatal: func(msg string) {
+		s.log.Error("the store refuses writes until it is restarted")
+		err := fmt.Errorf("store: Pebble failed (%s): the store takes no more writes; restart the server", msg)
+		s.fatal.CompareAndSwap(nil, &err)
+	}}
 }

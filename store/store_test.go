@@ -83,7 +83,7 @@ func TestPutGetDeleteAcrossRestart(t *testing.T) {
 	if err != nil || len(entries) != 10 || !bytes.Equal(entries[0].Key, key(10)) {
 		t.Fatalf("Scan = %d entries, %v", len(entries), err)
 	}
-	if entries, _ := sv.s.Scan(nil, []byte("key-"), PrefixEnd([]byte("key-")), 5); len(entries) != 5 {
+	if entries, _ := sv.s.Scan(nil, []byte("key-"), proto.PrefixEnd([]byte("key-")), 5); len(entries) != 5 {
 		t.Fatalf("prefix scan with limit 5 returned %d", len(entries))
 	}
 }

@@ -1,4 +1,4 @@
-// Raft's and Pebble's logs, routed into the node's slog.Logger.
+// Raft's log, routed into the node's slog.Logger.
 
 package replica
 
@@ -6,7 +6,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
 	"log/slog"
 	"sort"
 
@@ -65,25 +64,4 @@ func (w *slogWriter) Write(p []byte) (int, error) {
 		w.log.Log(context.Background(), level, msg, args...)
 	}
 	return len(p), nil
-}
-
-// pebbleLogger routes Pebble's logs to slog: its informational chatter at
-// Debug, its errors at Error. Pebble calls Fatalf only where it cannot go
-// on (a failed manifest write, corruption) and expects it not to return:
-// this one logs through slog and panics with the message, rather than
-// exiting the process behind the logger's back.
-type pebbleLogger struct{ log *slog.Logger }
-
-func (l pebbleLogger) Infof(format string, args ...any) {
-	l.log.Debug("pebble: " + fmt.Sprintf(format, args...))
-}
-
-func (l pebbleLogger) Errorf(format string, args ...any) {
-	l.log.Error("pebble: " + fmt.Sprintf(format, args...))
-}
-
-func (l pebbleLogger) Fatalf(format string, args ...any) {
-	msg := "pebble: " + fmt.Sprintf(format, args...)
-	l.log.Error(msg)
-	panic(msg)
 }

@@ -6,10 +6,14 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/hashicorp/raft"
+
+	"github.com/rkv-io/rkv/internal/pebblelog"
 )
 
 // logStore is raft.LogStore and raft.StableStore over one Pebble database.
@@ -20,15 +24,35 @@ import (
 // rather than a second embedded database (raft-boltdb) for a log that
 // holds a handful of entries a day.
 type logStore struct {
-	db *pebble.DB
+	db     *pebble.DB
+	logger pebblelog.Logger      // Pebble's
+	failed atomic.Pointer[error] // set once Pebble reported a fatal error
 }
 
-func openLogStore(dir string, logger pebble.Logger) (*logStore, error) {
-	db, err := pebble.Open(dir, &pebble.Options{Logger: logger})
+// openLogStore opens the log in dir, Pebble logging to log. After a fatal
+// error from Pebble (which may carry on as if a failed write had
+// succeeded) every write fails: Raft stops counting on this log, and a
+// restart recovers from what is durable.
+func openLogStore(dir string, log *slog.Logger) (*logStore, error) {
+	s := &logStore{}
+	s.logger = pebblelog.Logger{Log: log, OnFatal: func(msg string) {
+		err := fmt.Errorf("clustermap: the Raft log's Pebble failed (%s): it takes no more writes; restart the server", msg)
+		s.failed.CompareAndSwap(nil, &err)
+	}}
+	var err error
+	s.db, err = pebble.Open(dir, &pebble.Options{Logger: s.logger})
 	if err != nil {
 		return nil, fmt.Errorf("clustermap: opening the Raft log in %s: %w", dir, err)
 	}
-	return &logStore{db: db}, nil
+	return s, nil
+}
+
+// writable is nil unless Pebble reported a fatal error.
+func (s *logStore) writable() error {
+	if p := s.failed.Load(); p != nil {
+		return *p
+	}
+	return nil
 }
 
 func (s *logStore) Close() error { return s.db.Close() }
@@ -139,6 +163,9 @@ func (s *logStore) StoreLog(l *raft.Log) error { return s.StoreLogs([]*raft.Log{
 
 // StoreLogs stores entries in one synced batch.
 func (s *logStore) StoreLogs(logs []*raft.Log) error {
+	if err := s.writable(); err != nil {
+		return err
+	}
 	b := s.db.NewBatch()
 	defer b.Close()
 	for _, l := range logs {
@@ -151,6 +178,9 @@ func (s *logStore) StoreLogs(logs []*raft.Log) error {
 
 // DeleteRange deletes the entries from min to max inclusive, synced.
 func (s *logStore) DeleteRange(min, max uint64) error {
+	if err := s.writable(); err != nil {
+		return err
+	}
 	if max < min {
 		return nil
 	}
@@ -168,7 +198,12 @@ func stableKey(k []byte) []byte { return append([]byte{'s'}, k...) }
 var errKeyNotFound = errors.New("not found")
 
 // Set stores a value, synced.
-func (s *logStore) Set(k, v []byte) error { return s.db.Set(stableKey(k), v, pebble.Sync) }
+func (s *logStore) Set(k, v []byte) error {
+	if err := s.writable(); err != nil {
+		return err
+	}
+	return s.db.Set(stableKey(k), v, pebble.Sync)
+}
 
 // Get returns a key's value, or an error saying "not found".
 func (s *logStore) Get(k []byte) ([]byte, error) {

@@ -146,7 +146,7 @@ func Open(cfg Config) (*Node, error) {
 		return nil, fmt.Errorf("clustermap: %w", err)
 	}
 	var err error
-	if n.store, err = openLogStore(filepath.Join(cfg.Dir, "log"), pebbleLogger{cfg.Logger}); err != nil {
+	if n.store, err = openLogStore(filepath.Join(cfg.Dir, "log"), cfg.Logger); err != nil {
 		return nil, err
 	}
 	hlog := newRaftLogger(cfg.Logger)

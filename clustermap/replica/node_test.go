@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -345,7 +346,7 @@ func TestRestartKeepsTheMap(t *testing.T) {
 }
 
 func TestLogStore(t *testing.T) {
-	s, err := openLogStore(t.TempDir(), pebbleLogger{testLogger(t)})
+	s, err := openLogStore(t.TempDir(), testLogger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -393,6 +394,33 @@ func TestLogStore(t *testing.T) {
 		if err := decodeLog(1, bad, &got); err == nil {
 			t.Fatalf("decoded %x", bad)
 		}
+	}
+}
+
+// TestLogStoreRefusesWritesAfterPebbleFatal: Pebble's Fatalf does not exit
+// the server; the log takes no writes after it, reads go on.
+func TestLogStoreRefusesWritesAfterPebbleFatal(t *testing.T) {
+	s, err := openLogStore(t.TempDir(), testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.StoreLog(&raft.Log{Index: 1, Term: 1, Data: []byte("a")}); err != nil {
+		t.Fatal(err)
+	}
+	s.logger.Fatalf("manifest write failed") // the default logger would exit here
+	for what, err := range map[string]error{
+		"StoreLog":    s.StoreLog(&raft.Log{Index: 2, Term: 1}),
+		"DeleteRange": s.DeleteRange(1, 1),
+		"SetUint64":   s.SetUint64([]byte("term"), 2),
+	} {
+		if err == nil || !strings.Contains(err.Error(), "manifest write failed") {
+			t.Errorf("%s after a Pebble fatal error: %v, want refused", what, err)
+		}
+	}
+	var got raft.Log
+	if err := s.GetLog(1, &got); err != nil || string(got.Data) != "a" {
+		t.Fatalf("reads go on: %+v, %v", got, err)
 	}
 }
 
