@@ -2,6 +2,7 @@ package client_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -14,9 +15,10 @@ import (
 	"github.com/rkv-io/rkv/store"
 )
 
-// BenchmarkLatency measures one client's warm GET and PUT against one
-// server on the soft provider over loopback, next to a raw TCP echo of the
-// same payload in the same run, and reports p50/p99 of each:
+// BenchmarkLatency measures one client's warm GET, GET of an absent key
+// and PUT against one server on the soft provider over loopback, next to a
+// raw TCP echo of the same payload in the same run, and reports p50/p99 of
+// each:
 //
 //	go test -run '^$' -bench Latency -benchtime 2000x ./client/
 func BenchmarkLatency(b *testing.B) {
@@ -25,11 +27,12 @@ func BenchmarkLatency(b *testing.B) {
 			b.Run(fmt.Sprintf("sync=%v/%dB", sync, size), func(b *testing.B) {
 				cl := benchCluster(b, sync)
 				ctx := context.Background()
-				k, v := []byte("bench-key"), make([]byte, size)
+				k, v, absent := []byte("bench-key"), make([]byte, size), []byte("bench-absent")
 				if err := cl.Put(ctx, k, v); err != nil {
 					b.Fatal(err)
 				}
 				get := make([]time.Duration, 0, b.N)
+				miss := make([]time.Duration, 0, b.N)
 				put := make([]time.Duration, 0, b.N)
 				echo := make([]time.Duration, 0, b.N)
 				e := newEcho(b, size)
@@ -42,6 +45,11 @@ func BenchmarkLatency(b *testing.B) {
 						b.Fatalf("Get: %d bytes, %v", len(got), err)
 					}
 					t0 = time.Now()
+					if _, err := cl.Get(ctx, absent); !errors.Is(err, client.ErrNotFound) {
+						b.Fatalf("Get of an absent key: %v", err)
+					}
+					miss = append(miss, time.Since(t0))
+					t0 = time.Now()
 					if err := cl.Put(ctx, k, v); err != nil {
 						b.Fatal(err)
 					}
@@ -50,6 +58,7 @@ func BenchmarkLatency(b *testing.B) {
 				}
 				b.StopTimer()
 				report(b, "get", get)
+				report(b, "miss", miss)
 				report(b, "put", put)
 				report(b, "echo", echo)
 				b.ReportMetric(p(get, 50).Seconds()/p(echo, 50).Seconds(), "get/echo-p50")
