@@ -35,7 +35,7 @@ fmt: ## format the code
 bench: ## benchmarks: soft vs raw TCP, registrar (8 x 1 GiB), index, commit, restart, client GET/PUT vs echo
 	$(GO) test -run '^$$' -bench . -benchmem -count 1 ./rdma/... ./store/... ./client/...
 
-bench-grow: ## migration: a 4th server takes its share of 1e6 keys of 1 KiB under a get/put load (RKV_BENCH_GROW_KEYS; ~5 min)
+bench-grow: ## migration: a 4th server takes its share of 1e6 keys of 1 KiB under a get/put load (RKV_BENCH_GROW_KEYS; ~2 min)
 	$(GO) test -run '^$$' -bench Grow -benchtime 1x -count 1 -timeout 30m ./server/
 
 bench-compare: build ## rkv vs Redis vs raw TCP echo, registration, scaling: regenerates docs/BENCHMARKS.md and its plots (~15 min; needs redis-server)

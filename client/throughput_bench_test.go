@@ -1,0 +1,53 @@
+package client_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync/atomic"
+	"testing"
+
+	"github.com/rkv-io/rkv/store"
+)
+
+// BenchmarkThroughput measures one client's GETs and PUTs per second with
+// 8 x GOMAXPROCS goroutines sharing it, on 1000 warm keys of 1 KiB, one server on the
+// soft provider (sync none: the store, not the disk):
+//
+//	go test -run '^$' -bench Throughput -benchtime 20000x ./client/
+func BenchmarkThroughput(b *testing.B) {
+	const nkeys, size = 1000, 1024
+	cl := benchCluster(b, store.SyncNone)
+	ctx := context.Background()
+	key := func(i int) []byte { return []byte(fmt.Sprintf("tput-%04d", i)) }
+	v := make([]byte, size)
+	for i := range nkeys {
+		if err := cl.Put(ctx, key(i), v); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for _, op := range []string{"get", "put"} {
+		b.Run(op, func(b *testing.B) {
+			var seed atomic.Uint64
+			b.SetParallelism(8) // x GOMAXPROCS goroutines
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				rng := rand.New(rand.NewPCG(seed.Add(1), 2))
+				for pb.Next() {
+					k := key(rng.IntN(nkeys))
+					var err error
+					if op == "get" {
+						_, err = cl.Get(ctx, k)
+					} else {
+						err = cl.Put(ctx, k, v)
+					}
+					if err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "ops/s")
+		})
+	}
+}
