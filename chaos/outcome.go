@@ -18,7 +18,8 @@ import (
 // A put or delete that returned nil was acknowledged after the server's
 // commit (durable under --sync always). Any error makes it Unknown, never
 // Failed: client.Client retries a put or delete internally (a new lease,
-// a new connection, up to Config.RetryAttempts within RetryTimeout), and
+// a new connection, up to Config.RetryAttempts within RetryTimeout or
+// MoveWait), and
 // the error it returns describes only how the last attempt ended. An
 // earlier attempt may have sent its Commit or Delete, which the server
 // applies even when the connection breaks before the reply (the store

@@ -70,6 +70,12 @@ type Config struct {
 	// RetryTimeout bounds one operation when its ctx has no deadline; a
 	// ctx deadline is honored as it is. Default 2s.
 	RetryTimeout time.Duration
+	// MoveWait is how long an operation without a ctx deadline waits,
+	// from its start, for its key's shard to reach its new owner when the
+	// shard is in a move's last copy (writes are refused from the freeze
+	// until the new owner serves it: milliseconds, longer on a loaded
+	// machine). Default 10s.
+	MoveWait time.Duration
 	// BufferSize is each connection's registered buffer: it bounds the
 	// largest record. Default 2 MiB.
 	BufferSize int
@@ -188,6 +194,9 @@ func New(ctx context.Context, cfg Config) (_ *Client, err error) {
 	}
 	if cfg.RetryTimeout <= 0 {
 		cfg.RetryTimeout = 2 * time.Second
+	}
+	if cfg.MoveWait <= 0 {
+		cfg.MoveWait = 10 * time.Second
 	}
 	if cfg.BufferSize <= 0 {
 		cfg.BufferSize = 2 << 20
@@ -318,7 +327,7 @@ func (c *Client) Get(ctx context.Context, key []byte) ([]byte, error) {
 	}
 	var out []byte
 	err := c.doKey(ctx, "GET", key, func(ctx context.Context, sc *serverConn, t target) error {
-		vals, err := sc.read(ctx, t, [][]byte{key})
+		vals, _, err := sc.read(ctx, t, [][]byte{key})
 		if err != nil {
 			return err
 		}
@@ -353,17 +362,24 @@ func (c *Client) MultiGet(ctx context.Context, keys [][]byte) ([][]byte, error) 
 			return err
 		}
 		results := make([]error, len(groups))
+		left := make([][]int, len(groups)) // the keys of a group still to read
 		readGroup := func(gi int) {
 			g := groups[gi]
 			sub := make([][]byte, len(g.idx))
 			for j, i := range g.idx {
 				sub[j] = keys[i]
 			}
+			left[gi] = g.idx
 			results[gi] = c.withConn(ctx, g.t.name, func(sc *serverConn) error {
-				got, err := sc.read(ctx, g.t, sub)
-				if err == nil {
+				got, done, err := sc.read(ctx, g.t, sub)
+				if done != nil {
+					left[gi] = nil
 					for j, i := range g.idx {
-						vals[i] = got[j]
+						if done[j] {
+							vals[i] = got[j]
+						} else {
+							left[gi] = append(left[gi], i)
+						}
 					}
 				}
 				return err
@@ -385,7 +401,7 @@ func (c *Client) MultiGet(ctx context.Context, keys [][]byte) ([][]byte, error) 
 			switch {
 			case err == nil:
 			case errors.As(err, &r):
-				again = append(again, groups[gi].idx...)
+				again = append(again, left[gi]...)
 				if first == nil {
 					first = err
 				}

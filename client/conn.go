@@ -177,7 +177,7 @@ func serverError(node string, req proto.MsgType, e *proto.Error) error {
 	case proto.CodeNotOwner, proto.CodeShardMoving:
 		// The server's map is newer than ours, or a move of the shard is
 		// in its last copy: refresh, and retry in a moment.
-		return retryWithMap(node, newerMap, "%v on %s: %w", req, node, e)
+		return retryMoving(node, "%v on %s: %w", req, node, e)
 	case proto.CodeUnavailable:
 		return retry(node, "%v on %s: %w", req, node, e)
 	case proto.CodeRecordInvalid, proto.CodeBadRequest, proto.CodeSuperseded:
@@ -234,7 +234,15 @@ func (sc *serverConn) put(ctx context.Context, t target, key, value []byte, w pr
 	l.version++
 	r, err := sc.rpc(ctx, &proto.Commit{LeaseID: l.ID, Offset: off, Length: uint64(n), Epoch: t.epoch, Write: w})
 	if err != nil {
-		sc.lease = nil // whatever happened, start a fresh lease
+		var pe *proto.Error
+		if errors.As(err, &pe) && (pe.Code == proto.CodeShardMoving || pe.Code == proto.CodeNotOwner) {
+			// Refused before it took anything of the lease: the next
+			// attempt here writes over the same bytes, so retries that
+			// wait out a move do not spend a lease each.
+			l.off, l.version = off, l.version-1
+		} else {
+			sc.lease = nil // whatever else happened, start a fresh lease
+		}
 		return err
 	}
 	if cr := r.(*proto.CommitReply); cr.Length != 0 {

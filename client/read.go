@@ -33,28 +33,35 @@ const maxReadBatch = 64
 //
 // Each step posts the READs of every key that needs it together, in
 // batches that fit the buffer. It returns one value per key (nil: absent;
-// a present empty value is non-nil), or a retryable error when any key
-// needs another attempt.
-func (sc *serverConn) read(ctx context.Context, t target, keys [][]byte) ([][]byte, error) {
+// a present empty value is non-nil). When some keys need another attempt
+// it returns a retryable error for the first of them, with done telling
+// the keys it resolved anyway: their values hold, and a retry asks for the
+// others only (so a MultiGet over a server whose shards move one after the
+// other does not start over at each move).
+func (sc *serverConn) read(ctx context.Context, t target, keys [][]byte) (vals [][]byte, done []bool, err error) {
 	if err := sc.lock(ctx); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer sc.unlock()
 	if err := sc.ready(ctx, t.member); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	r := &keyReads{sc: sc, t: t, keys: keys, vals: make([][]byte, len(keys)), state: make([]readState, len(keys))}
 	if err := r.cached(ctx); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	candidates, err := r.indexed(ctx)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if err := r.misses(ctx, candidates); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return r.vals, nil
+	done = make([]bool, len(keys))
+	for i, st := range r.state {
+		done[i] = st == found || st == absent
+	}
+	return r.vals, done, r.again
 }
 
 // readState is where one key's resolution stands.
@@ -65,6 +72,7 @@ const (
 	found
 	missing // no record of the key in the index: ask the shard word
 	absent
+	retrying // this attempt cannot tell: the key needs another
 )
 
 // keyReads is one call of read.
@@ -74,6 +82,15 @@ type keyReads struct {
 	keys  [][]byte
 	vals  [][]byte
 	state []readState
+	again error // why the first key marked retrying needs another attempt
+}
+
+// retryKey marks key i as needing another attempt, for reason.
+func (r *keyReads) retryKey(i int, reason error) {
+	r.state[i] = retrying
+	if r.again == nil {
+		r.again = reason
+	}
 }
 
 func (r *keyReads) meta() *proto.NodeMeta { return &r.t.member.Meta }
@@ -120,7 +137,6 @@ func (r *keyReads) indexed(ctx context.Context) ([][]proto.Location, error) {
 	geo := idx.Geometry
 	nb := geo.NeighborhoodBytes()
 	candidates := make([][]proto.Location, len(r.keys))
-	var torn error
 	b := r.sc.batch()
 	for i, k := range r.keys {
 		if r.state[i] != unresolved {
@@ -129,8 +145,9 @@ func (r *keyReads) indexed(ctx context.Context) ([][]proto.Location, error) {
 		h := geo.Hash(k)
 		if err := b.add(ctx, nb, idx.Addr+uint64(geo.NeighborhoodOffset(geo.Home(h))), idx.RKey, func(buf []byte) {
 			found, err := proto.FindInNeighborhood(buf, h, nil)
-			if err != nil && torn == nil {
-				torn = retry(r.sc.name, "torn index neighborhood of %q: %w", k, err)
+			if err != nil {
+				r.retryKey(i, retry(r.sc.name, "torn index neighborhood of %q: %w", k, err))
+				return
 			}
 			candidates[i] = found
 		}); err != nil {
@@ -139,9 +156,6 @@ func (r *keyReads) indexed(ctx context.Context) ([][]proto.Location, error) {
 	}
 	if err := b.flush(ctx); err != nil {
 		return nil, err
-	}
-	if torn != nil {
-		return nil, torn
 	}
 	stale := make([]error, len(r.keys))
 	for i := range r.keys {
@@ -172,7 +186,7 @@ func (r *keyReads) indexed(ctx context.Context) ([][]proto.Location, error) {
 		if r.state[i] == missing && stale[i] != nil {
 			// A record of the key was there but torn or superseded: the
 			// key may well exist.
-			return nil, stale[i]
+			r.retryKey(i, stale[i])
 		}
 	}
 	return candidates, nil
@@ -238,12 +252,17 @@ func (r *keyReads) misses(ctx context.Context, candidates [][]proto.Location) er
 	for _, g := range groups {
 		since := r.t.since(g.shard)
 		if since == 0 || g.before != g.after || proto.ShardWordSince(g.before) != since {
-			return retryWithMap(r.sc.name, newerMap, "%s: %v's word read %#x then %#x, the map (epoch %d) says it owns the shard since %d",
+			err := retryMoving(r.sc.name, "%s: %v's word read %#x then %#x, the map (epoch %d) says it owns the shard since %d",
 				r.sc.name, g.shard, g.before, g.after, r.t.epoch, since)
+			for _, i := range g.keys {
+				r.retryKey(i, err)
+			}
+			continue
 		}
 		for _, i := range g.keys {
 			if again[i] {
-				return retry(r.sc.name, "the index of %q changed while its absence was checked", r.keys[i])
+				r.retryKey(i, retry(r.sc.name, "the index of %q changed while its absence was checked", r.keys[i]))
+				continue
 			}
 			r.state[i] = absent
 		}

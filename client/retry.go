@@ -14,13 +14,15 @@ import (
 )
 
 // retryable marks an error a fresh attempt may fix: a torn read, a broken
-// connection, a restarted server, a shard moving. With refresh set, the
-// client first fetches a map of that epoch or later (the server holds one,
-// or a one-sided read showed the map is behind).
+// connection, a restarted server, a shard moving.
 type retryable struct {
-	node    string
-	refresh uint64
-	err     error
+	node string
+	// moving: the key's shard is between owners (a move's last copy, its
+	// new owner not serving yet, or the client's map behind the server's).
+	// The client first fetches a newer map, and waits for the move to end
+	// up to Config.MoveWait.
+	moving bool
+	err    error
 }
 
 func (r *retryable) Error() string { return r.err.Error() }
@@ -30,64 +32,86 @@ func retry(node, format string, args ...any) error {
 	return &retryable{node: node, err: fmt.Errorf(format, args...)}
 }
 
-// retryWithMap is retry, after fetching a map of epoch atLeast
-// (newerMap: any map newer than the one the client holds then).
-func retryWithMap(node string, atLeast uint64, format string, args ...any) error {
-	return &retryable{node: node, refresh: atLeast, err: fmt.Errorf(format, args...)}
+// retryMoving is retry for a shard between owners.
+func retryMoving(node string, format string, args ...any) error {
+	return &retryable{node: node, moving: true, err: fmt.Errorf(format, args...)}
 }
 
-// newerMap asks retryWithMap for a map newer than the client's.
-const newerMap = ^uint64(0)
-
 // do runs attempt until it returns nil or an error that is not
-// retryable, or RetryAttempts attempts or the ctx are spent (its deadline,
-// or RetryTimeout when it has none). It then returns an
-// *UnavailableError wrapping the last error (and ctx's, when ctx ended:
-// errors.Is(err, context.DeadlineExceeded) tells a timeout).
+// retryable, or the attempts or the time are spent. The time is ctx's
+// deadline when it has one; otherwise RetryTimeout, extended to MoveWait
+// from the start while the last error says the key's shard is between
+// owners (such attempts do not count towards RetryAttempts either: a
+// move's last copy ends by itself, and an operation on it should wait, not
+// fail). It then returns an *UnavailableError wrapping the last error, and
+// context.DeadlineExceeded when the time ran out (context.Canceled when
+// ctx was).
 func (c *Client) do(ctx context.Context, what string, attempt func(ctx context.Context) error) error {
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, c.cfg.RetryTimeout)
-		defer cancel()
-	}
+	_, bounded := ctx.Deadline()
+	start := time.Now()
+	end := start.Add(c.cfg.RetryTimeout) // when ctx has no deadline
 	var last *retryable
-	n := 0
-	for ; n < c.cfg.RetryAttempts; n++ {
+	counted := 0
+	for n := 0; ; n++ {
+		actx, cancel := ctx, context.CancelFunc(func() {})
+		if !bounded {
+			actx, cancel = context.WithDeadline(ctx, end)
+		}
 		if n > 0 {
 			select {
-			case <-ctx.Done():
-				return c.giveUp(ctx, what, n, last)
-			case <-time.After(min(time.Millisecond<<n, 100*time.Millisecond)):
+			case <-actx.Done():
+				cause := actx.Err()
+				cancel()
+				return c.giveUp(what, n, last, cause)
+			case <-time.After(backoff(n)):
 			}
 		}
-		err := attempt(ctx)
+		err := attempt(actx)
 		if err == nil || !errors.As(err, &last) {
+			cancel()
 			return err
 		}
 		c.retries.add(what)
 		c.log.Debug("retrying", "op", what, "server", last.node, "attempt", n+1, "err", err)
-		if want := last.refresh; want > 0 {
-			if want == newerMap {
-				want = c.maps.epoch() + 1
-			}
-			if err := c.refreshMap(ctx, want); err != nil {
+		if last.moving {
+			want := c.maps.epoch() + 1
+			if err := c.refreshMap(actx, want); err != nil {
 				c.log.Debug("refreshing the map", "want", want, "err", err)
 			}
 		}
-		if ctx.Err() != nil {
-			n++
-			break
+		cancel()
+		if !last.moving {
+			counted++
+		} else if e := start.Add(c.cfg.MoveWait); !bounded && e.After(end) {
+			end = e
+		}
+		switch {
+		case ctx.Err() != nil:
+			return c.giveUp(what, n+1, last, ctx.Err())
+		case !bounded && !time.Now().Before(end):
+			return c.giveUp(what, n+1, last, context.DeadlineExceeded)
+		case counted >= c.cfg.RetryAttempts:
+			return c.giveUp(what, n+1, last, nil)
 		}
 	}
-	return c.giveUp(ctx, what, n, last)
 }
 
-func (c *Client) giveUp(ctx context.Context, what string, attempts int, last *retryable) error {
+// backoff is the wait before attempt n (from 1): 2 ms, 4 ms, ... 100 ms.
+func backoff(n int) time.Duration {
+	if n >= 7 {
+		return 100 * time.Millisecond
+	}
+	return min(time.Millisecond<<n, 100*time.Millisecond)
+}
+
+// giveUp is the error of an operation that ran out of attempts or of
+// time (cause, when set: the ctx error that ended it).
+func (c *Client) giveUp(what string, attempts int, last *retryable, cause error) error {
 	reason := fmt.Sprintf("%s failed after %d attempts", what, attempts)
 	var err error = last
-	if ctx.Err() != nil {
-		reason += " (" + ctx.Err().Error() + ")"
-		err = errors.Join(ctx.Err(), last)
+	if cause != nil {
+		reason += " (" + cause.Error() + ")"
+		err = errors.Join(cause, last)
 	}
 	return &UnavailableError{Node: last.node, Reason: reason, Err: err}
 }

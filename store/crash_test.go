@@ -106,9 +106,11 @@ func TestAcknowledgedWritesSurviveKill9(t *testing.T) {
 }
 
 // runKilledChild runs this test binary as a child with env added, waits for
-// its "ready" line, SIGKILLs it 100-500 ms later and hands each line it
-// printed before it died to line, split into fields. It fails the test if
-// the child did not start or ended by itself.
+// its "ready" line, SIGKILLs it 100-500 ms after its first "ack" line (so
+// that a slow machine still kills it with work acknowledged and more in
+// flight) and hands each line it printed before it died to line, split
+// into fields. It fails the test if the child did not start or ended by
+// itself.
 func runKilledChild(t *testing.T, round int, env []string, line func(fields []string)) {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
@@ -128,9 +130,16 @@ func runKilledChild(t *testing.T, round int, env []string, line func(fields []st
 		_ = cmd.Wait()
 		t.Fatalf("round %d: child did not start: %s", round, stderr.String())
 	}
-	time.AfterFunc(time.Duration(100+rand.IntN(400))*time.Millisecond, func() { _ = cmd.Process.Signal(syscall.SIGKILL) })
+	kill := func() { _ = cmd.Process.Signal(syscall.SIGKILL) }
+	defer time.AfterFunc(30*time.Second, kill).Stop() // a child that never acknowledges
+	armed := false
 	for lines.Scan() {
-		line(strings.Fields(lines.Text()))
+		f := strings.Fields(lines.Text())
+		if !armed && len(f) > 0 && f[0] == "ack" {
+			armed = true
+			time.AfterFunc(time.Duration(100+rand.IntN(400))*time.Millisecond, kill)
+		}
+		line(f)
 	}
 	err = cmd.Wait()
 	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() {

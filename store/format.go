@@ -84,8 +84,9 @@ func encodeShardRecord(st ShardState, since uint64) []byte {
 	return binary.LittleEndian.AppendUint64(b, since)
 }
 
-// decodeShardRecord decodes a persisted shard state: Incoming or Released
-// with since 0, or Owned with since > 0 (None is never stored).
+// decodeShardRecord decodes a persisted shard state and its epoch: Owned
+// since an epoch > 0, Incoming for the move started at since, Released
+// with the since it was owned from (None is never stored).
 func decodeShardRecord(b []byte) (ShardState, uint64, error) {
 	if len(b) != shardRecordSize || b[0] != 1 {
 		return 0, 0, fmt.Errorf("store: shard record of %d bytes, format %v: corrupt or from a newer version", len(b), b[:min(1, len(b))])

@@ -25,9 +25,10 @@ import (
 // oldest beyond Options.MaxSessions, are dropped from memory and deleted
 // from Pebble in a later batch. The TTL is safe because a writer retries
 // one operation for seconds at most (the client's RetryTimeout, 2 s by
-// default) and then reports the failure: a retry can only arrive within
-// that window of the first attempt, and ten minutes leave a margin of
-// hundreds of times over for clocks, queues and slow networks. Dropping
+// default, or MoveWait, 10 s, while a shard moves) and then reports the
+// failure: a retry can only arrive within that window of the first
+// attempt, and ten minutes leave a margin of sixty times over for clocks,
+// queues and slow networks. Dropping
 // an entry early (the cap) is the unsafe direction: a retry of it would
 // be applied a second time. Those evictions are counted
 // (Stats.SessionsEvictedEarly): if the counter moves, raise MaxSessions.
