@@ -16,7 +16,7 @@ import (
 
 	"github.com/rkv-io/rkv/client"
 	"github.com/rkv-io/rkv/internal/freeport"
-	"github.com/rkv-io/rkv/loadgen"
+	"github.com/rkv-io/rkv/loadgen/rkvtarget"
 	"github.com/rkv-io/rkv/rdma"
 	_ "github.com/rkv-io/rkv/rdma/soft" // the comparison runs on the soft provider
 )
@@ -281,6 +281,7 @@ type RKVOptions struct {
 // attempts it retried.
 type RKV struct {
 	c   *client.Client
+	t   rkvtarget.Target
 	dev rdma.Device
 }
 
@@ -316,7 +317,7 @@ func NewRKV(ctx context.Context, opts RKVOptions) (*RKV, error) {
 		dev.Close()
 		return nil, fmt.Errorf("rkv target: joining %v: %w", opts.Seeds, err)
 	}
-	r := &RKV{c: c, dev: dev}
+	r := &RKV{c: c, t: rkvtarget.Target{Clients: []*client.Client{c}}, dev: dev}
 	if err := WaitView(ctx, c, opts.Servers, opts.Arenas); err != nil {
 		r.Close()
 		return nil, err
@@ -352,30 +353,18 @@ func WaitView(ctx context.Context, c *client.Client, servers, arenas int) error 
 }
 
 // Get reads key; an absent key is loadgen.ErrNotFound.
-func (r *RKV) Get(ctx context.Context, key []byte) ([]byte, error) {
-	v, err := r.c.Get(ctx, key)
-	if errors.Is(err, client.ErrNotFound) {
-		return nil, loadgen.ErrNotFound
-	}
-	return v, err
-}
+func (r *RKV) Get(ctx context.Context, key []byte) ([]byte, error) { return r.t.Get(ctx, key) }
 
 // Put writes key.
-func (r *RKV) Put(ctx context.Context, key, value []byte) error { return r.c.Put(ctx, key, value) }
+func (r *RKV) Put(ctx context.Context, key, value []byte) error { return r.t.Put(ctx, key, value) }
 
 // CounterReads is the Counters name of the RDMA READs posted.
-const CounterReads = "rdma_reads"
+const CounterReads = rkvtarget.CounterReads
 
 // Counters reports the RDMA READs the client has posted (CounterReads)
 // and the attempts it retried ("retries_get", "retries_put", ...)
 // (loadgen.Counters).
-func (r *RKV) Counters() map[string]uint64 {
-	m := map[string]uint64{CounterReads: r.c.Reads()}
-	for op, n := range r.c.Retries() {
-		m["retries_"+strings.ToLower(op)] = n
-	}
-	return m
-}
+func (r *RKV) Counters() map[string]uint64 { return r.t.Counters() }
 
 // Close closes the client.
 func (r *RKV) Close() error { return errors.Join(r.c.Close(), r.dev.Close()) }

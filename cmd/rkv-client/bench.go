@@ -16,6 +16,7 @@ import (
 
 	"github.com/rkv-io/rkv/client"
 	"github.com/rkv-io/rkv/loadgen"
+	"github.com/rkv-io/rkv/loadgen/rkvtarget"
 )
 
 // benchFlags are the bench command's flags.
@@ -154,14 +155,18 @@ func runBench(ctx context.Context, cmd *cobra.Command, g *globals, f *benchFlags
 	if g.conns == 0 {
 		g.conns = benchConns(f.concurrency, f.clients)
 	}
-	t := &rkvTarget{}
-	defer t.close()
+	var t rkvtarget.Target
+	defer func() {
+		for _, c := range t.Clients {
+			_ = c.Close()
+		}
+	}()
 	for range f.clients {
 		c, err := g.connect(cmd)
 		if err != nil {
 			return err
 		}
-		t.clients = append(t.clients, c)
+		t.Clients = append(t.Clients, c)
 	}
 	var prog *progress
 	if !f.quiet {
@@ -188,7 +193,7 @@ func runBench(ctx context.Context, cmd *cobra.Command, g *globals, f *benchFlags
 	multigets := res.Latency[loadgen.KindMultiGet].Count + res.Failed[loadgen.KindMultiGet]
 	keysRead := float64(gets + multigets*int64(o.BatchSize))
 	if keysRead > 0 {
-		res.Extra["rdma_reads_per_get"] = res.Extra["rdma_reads"] / keysRead
+		res.Extra["rdma_reads_per_get"] = res.Extra[rkvtarget.CounterReads] / keysRead
 	}
 	out := cmd.OutOrStdout()
 	if g.output == "json" {
@@ -252,60 +257,6 @@ func benchClassify(err error) string {
 	return loadgen.ErrKindOther
 }
 
-// rkvTarget is loadgen's Target over one or more clients: worker i uses
-// clients[i % len(clients)]. Its counters sum over the clients.
-type rkvTarget struct {
-	clients []*client.Client
-}
-
-func (t *rkvTarget) ForWorker(i int) loadgen.Target { return clientTarget{t.clients[i%len(t.clients)]} }
-
-func (t *rkvTarget) Get(ctx context.Context, key []byte) ([]byte, error) {
-	return clientTarget{t.clients[0]}.Get(ctx, key)
-}
-
-func (t *rkvTarget) Put(ctx context.Context, key, value []byte) error {
-	return t.clients[0].Put(ctx, key, value)
-}
-
-// Counters are "rdma_reads" (Client.Reads) and "retries_GET",
-// "retries_PUT"... (Client.Retries), summed over the clients.
-func (t *rkvTarget) Counters() map[string]uint64 {
-	m := map[string]uint64{}
-	for _, c := range t.clients {
-		m["rdma_reads"] += c.Reads()
-		for op, n := range c.Retries() {
-			m["retries_"+op] += n
-		}
-	}
-	return m
-}
-
-func (t *rkvTarget) close() {
-	for _, c := range t.clients {
-		_ = c.Close()
-	}
-}
-
-// clientTarget is one client as a loadgen Target and MultiGetter.
-type clientTarget struct{ c *client.Client }
-
-func (ct clientTarget) Get(ctx context.Context, key []byte) ([]byte, error) {
-	v, err := ct.c.Get(ctx, key)
-	if errors.Is(err, client.ErrNotFound) {
-		return nil, loadgen.ErrNotFound
-	}
-	return v, err
-}
-
-func (ct clientTarget) Put(ctx context.Context, key, value []byte) error {
-	return ct.c.Put(ctx, key, value)
-}
-
-func (ct clientTarget) MultiGet(ctx context.Context, keys [][]byte) ([][]byte, error) {
-	return ct.c.MultiGet(ctx, keys)
-}
-
 // writeBenchTable prints the report: what ran, a line per op kind,
 // errors, READs per key and retries.
 func writeBenchTable(out io.Writer, f *benchFlags, r *loadgen.Result) error {
@@ -346,8 +297,8 @@ func writeBenchTable(out io.Writer, f *benchFlags, r *loadgen.Result) error {
 	}
 	retries := map[string]int64{}
 	for k, v := range r.Extra {
-		if op, ok := strings.CutPrefix(k, "retries_"); ok && v > 0 {
-			retries[op] = int64(v)
+		if op, ok := strings.CutPrefix(k, rkvtarget.RetriesPrefix); ok && v > 0 {
+			retries[strings.ToUpper(op)] = int64(v)
 		}
 	}
 	fmt.Fprintf(out, "retries: %s\n", fmtCounts(retries))
