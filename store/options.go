@@ -69,7 +69,9 @@ type Options struct {
 	IndexGrace time.Duration
 	// LeaseSize is the size of a write lease's region. Default 1 MiB.
 	LeaseSize int64
-	// LeaseTTL is how long a lease lasts without renewal. Default 30s.
+	// LeaseTTL is how long a lease lasts: the client takes a new one when
+	// it is 90% spent (RenewLease extends one, but no RPC calls it yet).
+	// Default 30s.
 	LeaseTTL time.Duration
 	// LeasePool is how many lease regions are kept registered ahead of
 	// demand. Default 2.
