@@ -33,7 +33,8 @@ func TestWritesWaitOutAMovesFreeze(t *testing.T) {
 	ctx := context.Background()
 	var key []byte
 	for i := 0; key == nil; i++ {
-		if k := []byte(fmt.Sprint("key-", i)); func() string { o, _ := c.Map().Owner(proto.ShardOf(k)); return o }() == "s1" {
+		k := []byte(fmt.Sprint("key-", i))
+		if owner, _ := c.Map().Owner(proto.ShardOf(k)); owner == "s1" {
 			key = k
 		}
 	}
