@@ -80,9 +80,14 @@ func report(b *testing.B, what string, d []time.Duration) {
 
 func benchCluster(b *testing.B, sync store.SyncPolicy) *client.Client {
 	b.Helper()
-	c := testcluster.Start(b, 1, testcluster.Options{Store: store.Options{ArenaSize: 256 << 20, ArenaCount: 1,
+	return benchClusterOf(b, sync).Client(b, nil)
+}
+
+// benchClusterOf is one server with room for a benchmark's writes.
+func benchClusterOf(b *testing.B, sync store.SyncPolicy) *testcluster.Cluster {
+	b.Helper()
+	return testcluster.Start(b, 1, testcluster.Options{Store: store.Options{ArenaSize: 256 << 20, ArenaCount: 1,
 		IndexSlots: 1 << 12, LeaseSize: 4 << 20, Sync: sync}})
-	return c.Client(b, nil)
 }
 
 // echo is a raw TCP echo of size bytes on loopback: the transport's floor.

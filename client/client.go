@@ -372,14 +372,15 @@ func (c *Client) MultiGet(ctx context.Context, keys [][]byte) ([][]byte, error) 
 			left[gi] = g.idx
 			results[gi] = c.withConn(ctx, g.t.name, func(sc *serverConn) error {
 				got, done, err := sc.read(ctx, g.t, sub)
-				if done != nil {
-					left[gi] = nil
-					for j, i := range g.idx {
-						if done[j] {
-							vals[i] = got[j]
-						} else {
-							left[gi] = append(left[gi], i)
-						}
+				if got == nil {
+					return err
+				}
+				left[gi] = nil
+				for j, i := range g.idx {
+					if done == nil || done[j] {
+						vals[i] = got[j]
+					} else {
+						left[gi] = append(left[gi], i)
 					}
 				}
 				return err

@@ -29,9 +29,10 @@ type serverConn struct {
 	s   *session.Conn // nil while down
 	gen uint64        // the server's generation, from its HelloReply
 	wc  [1]rdma.Completion
-	// Scratch for posts of READs.
+	// Scratch for posts of READs, and for one read's key states.
 	wrs   []rdma.SendWR
 	sges  []rdma.SGE
+	reads keyReads
 	lease *clientLease
 }
 

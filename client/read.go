@@ -35,7 +35,7 @@ const maxReadBatch = 64
 // batches that fit the buffer. It returns one value per key (nil: absent;
 // a present empty value is non-nil). When some keys need another attempt
 // it returns a retryable error for the first of them, with done telling
-// the keys it resolved anyway: their values hold, and a retry asks for the
+// the keys it resolved anyway (done is nil without an error): their values hold, and a retry asks for the
 // others only (so a MultiGet over a server whose shards move one after the
 // other does not start over at each move).
 func (sc *serverConn) read(ctx context.Context, t target, keys [][]byte) (vals [][]byte, done []bool, err error) {
@@ -46,7 +46,9 @@ func (sc *serverConn) read(ctx context.Context, t target, keys [][]byte) (vals [
 	if err := sc.ready(ctx, t.member); err != nil {
 		return nil, nil, err
 	}
-	r := &keyReads{sc: sc, t: t, keys: keys, vals: make([][]byte, len(keys)), state: make([]readState, len(keys))}
+	r := &sc.reads
+	*r = keyReads{sc: sc, t: t, keys: keys, vals: make([][]byte, len(keys)), state: slices.Grow(r.state[:0], len(keys))[:len(keys)]}
+	clear(r.state)
 	if err := r.cached(ctx); err != nil {
 		return nil, nil, err
 	}
@@ -57,12 +59,19 @@ func (sc *serverConn) read(ctx context.Context, t target, keys [][]byte) (vals [
 	if err := r.misses(ctx, candidates); err != nil {
 		return nil, nil, err
 	}
-	done = make([]bool, len(keys))
-	for i, st := range r.state {
-		done[i] = st == found || st == absent
+	vals, err = r.vals, r.again
+	if err != nil {
+		done = make([]bool, len(keys))
+		for i, st := range r.state {
+			done[i] = st == found || st == absent
+		}
 	}
-	return r.vals, done, r.again
+	r.keys, r.vals, r.again = nil, nil, nil // the state slice stays, for the next read
+	return vals, done, err
 }
+
+// any reports whether some key is in state st.
+func (r *keyReads) any(st readState) bool { return slices.Contains(r.state, st) }
 
 // readState is where one key's resolution stands.
 type readState uint8
@@ -133,6 +142,9 @@ func (r *keyReads) record(ctx context.Context, b *readBatch, i int, loc proto.Lo
 // candidate record; it returns each key's candidate locations, which the
 // check of a miss compares with a second READ.
 func (r *keyReads) indexed(ctx context.Context) ([][]proto.Location, error) {
+	if !r.any(unresolved) {
+		return nil, nil // every location cached was current: the common GET
+	}
 	idx := r.meta().Index
 	geo := idx.Geometry
 	nb := geo.NeighborhoodBytes()
@@ -202,6 +214,9 @@ func (r *keyReads) indexed(ctx context.Context) ([][]proto.Location, error) {
 // proto's shard words).
 func (r *keyReads) misses(ctx context.Context, candidates [][]proto.Location) error {
 	idx := r.meta().Index
+	if !r.any(missing) {
+		return nil
+	}
 	geo := idx.Geometry
 	nb := geo.NeighborhoodBytes()
 	// A group is the missing keys of one shard that one post checks:

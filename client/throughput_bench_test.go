@@ -7,17 +7,23 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/rkv-io/rkv/client"
 	"github.com/rkv-io/rkv/store"
 )
 
 // BenchmarkThroughput measures one client's GETs and PUTs per second with
-// 8 x GOMAXPROCS goroutines sharing it, on 1000 warm keys of 1 KiB, one server on the
-// soft provider (sync none: the store, not the disk):
+// 8 x GOMAXPROCS goroutines sharing it, on 1000 warm keys of 1 KiB, one
+// server on the soft provider (sync none: the store, not the disk).
+// put-nosession is PUT with idempotency sessions off (a second client), to
+// tell their cost from the rest:
 //
 //	go test -run '^$' -bench Throughput -benchtime 20000x ./client/
 func BenchmarkThroughput(b *testing.B) {
 	const nkeys, size = 1000, 1024
-	cl := benchCluster(b, store.SyncNone)
+	c := benchClusterOf(b, store.SyncNone)
+	cl := c.Client(b, nil)
+	plain := c.Client(b, nil)
+	client.DisableWriteSessions(plain)
 	ctx := context.Background()
 	key := func(i int) []byte { return []byte(fmt.Sprintf("tput-%04d", i)) }
 	v := make([]byte, size)
@@ -26,7 +32,7 @@ func BenchmarkThroughput(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	for _, op := range []string{"get", "put"} {
+	for _, op := range []string{"get", "put", "put-nosession"} {
 		b.Run(op, func(b *testing.B) {
 			var seed atomic.Uint64
 			b.SetParallelism(8) // x GOMAXPROCS goroutines
@@ -36,10 +42,13 @@ func BenchmarkThroughput(b *testing.B) {
 				for pb.Next() {
 					k := key(rng.IntN(nkeys))
 					var err error
-					if op == "get" {
+					switch op {
+					case "get":
 						_, err = cl.Get(ctx, k)
-					} else {
+					case "put":
 						err = cl.Put(ctx, k, v)
+					default:
+						err = plain.Put(ctx, k, v)
 					}
 					if err != nil {
 						b.Error(err)
