@@ -548,6 +548,10 @@ type ServerStats struct {
 	CopiedKeys     uint64
 	CopiedBytes    uint64
 	CopyTime       time.Duration
+	// Space: bytes of current records, of dead ones (the cleaner's work)
+	// and free, of the arenas' capacity; what the cleaner did.
+	LiveBytes, DeadBytes, FreeBytes, CapacityBytes uint64
+	SegmentsCleaned, CleanerMovedBytes             uint64
 	// Requests counts the control requests the server handled, by type
 	// name (those it handled at least once).
 	Requests map[string]uint64
@@ -565,7 +569,9 @@ func (c *Client) Stats(ctx context.Context, node string) (ServerStats, error) {
 		st = ServerStats{Generation: sr.Generation, Keys: sr.Keys, Commits: sr.Commits, Deletes: sr.Deletes,
 			LeasesActive: sr.LeasesActive, Connections: sr.Connections, Handled: sr.Handled, MapEpoch: sr.MapEpoch,
 			ShardsOwned: sr.ShardsOwned, ShardsIncoming: sr.ShardsIncoming, ShardsMovedIn: sr.ShardsMovedIn,
-			CopiedKeys: sr.CopiedKeys, CopiedBytes: sr.CopiedBytes, CopyTime: sr.CopyTime, Requests: map[string]uint64{}}
+			CopiedKeys: sr.CopiedKeys, CopiedBytes: sr.CopiedBytes, CopyTime: sr.CopyTime, Requests: map[string]uint64{},
+			LiveBytes: sr.LiveBytes, DeadBytes: sr.DeadBytes, FreeBytes: sr.FreeBytes, CapacityBytes: sr.CapacityBytes,
+			SegmentsCleaned: sr.SegmentsCleaned, CleanerMovedBytes: sr.CleanerMovedBytes}
 		for t, n := range sr.Requests {
 			if n > 0 {
 				st.Requests[proto.MsgType(t).String()] = n

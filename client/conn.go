@@ -34,7 +34,18 @@ type serverConn struct {
 	sges  []rdma.SGE
 	reads keyReads
 	lease *clientLease
+	// leaseAsk is the size of the next lease to ask for: small at first,
+	// so a short-lived writer holds little, and doubled each time a lease
+	// is used up, so a bulk writer soon takes the server's largest.
+	leaseAsk uint64
 }
+
+// Lease sizes the client asks for: the first, and the most (the server
+// grants at most its own largest).
+const (
+	firstLeaseAsk = 16 << 10
+	maxLeaseAsk   = 64 << 20
+)
 
 // chanMutex is a mutex whose Lock respects a context.
 type chanMutex struct{ ch chan struct{} }
@@ -205,6 +216,11 @@ func (sc *serverConn) put(ctx context.Context, t target, key, value []byte, w pr
 	size := uint64(proto.RecordSize(len(key), len(value)))
 	l := sc.lease
 	if l != nil && (time.Now().After(l.expires) || l.off+size > l.Size || l.version >= l.VersionBase+l.VersionCount) {
+		if time.Now().After(l.expires) {
+			sc.leaseAsk = max(firstLeaseAsk, 2*l.off) // what this writer writes in a lease's life
+		} else {
+			sc.leaseAsk = min(2*l.Size, maxLeaseAsk)
+		}
 		_, _ = sc.rpc(ctx, &proto.EndLease{ID: l.ID})
 		sc.lease, l = nil, nil
 		if sc.s == nil {
@@ -212,7 +228,7 @@ func (sc *serverConn) put(ctx context.Context, t target, key, value []byte, w pr
 		}
 	}
 	if l == nil {
-		r, err := sc.rpc(ctx, &proto.GrantLease{Epoch: t.epoch})
+		r, err := sc.rpc(ctx, &proto.GrantLease{Epoch: t.epoch, Size: max(size, sc.leaseAsk, firstLeaseAsk), Min: size})
 		if err != nil {
 			return err
 		}
@@ -220,7 +236,7 @@ func (sc *serverConn) put(ctx context.Context, t target, key, value []byte, w pr
 		l = &clientLease{LeaseReply: *lr, expires: time.Now().Add(lr.TTL * 9 / 10), version: lr.VersionBase}
 		sc.lease = l
 		if size > l.Size {
-			return fmt.Errorf("%w: a record of %d bytes exceeds a %d-byte lease", ErrTooLarge, size, l.Size)
+			return fmt.Errorf("%w: a record of %d bytes exceeds %s's largest lease (%d bytes)", ErrTooLarge, size, sc.name, l.Size)
 		}
 	}
 	n, err := proto.EncodeRecord(sc.mem.Bytes(), l.version, 0, key, value)

@@ -55,8 +55,13 @@ type node struct {
 	done           chan error
 }
 
+// smallStore is the store the servers run with unless a test says
+// otherwise: 8 MiB, so that tests do not pin memory they do not use.
+var smallStore = []string{"--arena-size", "4MiB", "--arena-count", "2", "--index-slots", "4096", "--lease-size", "256KiB"}
+
 type cluster struct {
 	t           *testing.T
+	storeArgs   []string // rkv-server's store flags
 	server, cli string
 	root        string
 	nodes       []*node
@@ -78,8 +83,8 @@ func (c *cluster) start(n *node, join bool) {
 	c.t.Helper()
 	n.starts++
 	args := []string{"--name", n.name, "--data-dir", n.dir, "--provider", "soft",
-		"--gossip-addr", fmt.Sprintf("127.0.0.1:%d", n.port),
-		"--arena-size", "4MiB", "--arena-count", "2", "--index-slots", "4096", "--lease-size", "256KiB"}
+		"--gossip-addr", fmt.Sprintf("127.0.0.1:%d", n.port)}
+	args = append(args, c.storeArgs...)
 	if join {
 		args = append(args, "--join", c.seeds(n.name))
 	} else {
@@ -155,7 +160,13 @@ func (c *cluster) must(args ...string) string {
 
 func (c *cluster) waitConverged() {
 	c.t.Helper()
-	c.must("--timeout", "20s", "members", "--expect-servers", fmt.Sprint(len(c.nodes)), "--expect-arenas", "2")
+	arenas := "2"
+	for i, a := range c.storeArgs {
+		if a == "--arena-count" {
+			arenas = c.storeArgs[i+1]
+		}
+	}
+	c.must("--timeout", "20s", "members", "--expect-servers", fmt.Sprint(len(c.nodes)), "--expect-arenas", arenas)
 }
 
 // memberJSON is the part of `members --output json` the test reads.
@@ -235,6 +246,12 @@ func TestMain(m *testing.M) {
 // holds them all, settled. The servers are killed at the end of the test.
 func startCluster(t *testing.T, n int) *cluster {
 	t.Helper()
+	return startClusterWith(t, n, smallStore)
+}
+
+// startClusterWith is startCluster with the servers' store flags.
+func startClusterWith(t *testing.T, n int, storeArgs []string) *cluster {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("builds binaries and runs a multi-process cluster")
 	}
@@ -247,7 +264,7 @@ func startCluster(t *testing.T, n int) *cluster {
 	if binaries.err != nil {
 		t.Fatal(binaries.err)
 	}
-	c := &cluster{t: t, server: binaries.server, cli: binaries.cli, root: t.TempDir()}
+	c := &cluster{t: t, server: binaries.server, cli: binaries.cli, root: t.TempDir(), storeArgs: storeArgs}
 	for i := 1; i <= n; i++ {
 		name := fmt.Sprintf("n%d", i)
 		c.nodes = append(c.nodes, &node{name: name, dir: filepath.Join(c.root, name), log: filepath.Join(c.root, name+".log"), port: freePort(t)})

@@ -36,7 +36,7 @@ import (
 // number, so that a retry whose first attempt was applied is answered with
 // the first result instead of being applied again.
 const (
-	ControlVersion = 2
+	ControlVersion = 3
 
 	// MaxFrame bounds a frame's body. Scan replies are cut to fit.
 	MaxFrame = 1 << 20
@@ -203,9 +203,15 @@ type HelloReply struct {
 	MapEpoch   uint64
 }
 
-// GrantLease asks for a write lease.
+// GrantLease asks for a write lease of Size bytes, and of at least Min (the
+// record the writer has at hand): the server rounds both up to its lease
+// granularity, grants at most its largest lease (Size 0 asks for the
+// largest), and may grant less than Size, not less than Min, to use up the
+// space it is carving from. A writer asks for what it expects to write, so
+// that a short session does not hold space it never uses.
 type GrantLease struct {
-	Epoch uint64
+	Epoch     uint64
+	Size, Min uint64
 }
 
 // LeaseReply is a granted write lease (store.Lease). TTL is its remaining
@@ -312,6 +318,12 @@ type StatsReply struct {
 	CopiedKeys     uint64
 	CopiedBytes    uint64
 	CopyTime       time.Duration
+	// Space: bytes of current records, of records and lease remnants
+	// nothing reads any more (the cleaner's work), and of segments free
+	// for new leases, out of the arenas' capacity; and what the cleaner
+	// did since the start.
+	LiveBytes, DeadBytes, FreeBytes, CapacityBytes uint64
+	SegmentsCleaned, CleanerMovedBytes             uint64
 	// Requests counts the control requests handled by type (indexed by
 	// MsgType; a sender may know fewer or more types than NumMsgTypes).
 	Requests []uint64
@@ -555,7 +567,7 @@ func (m *HelloReply) encode(e *encoder) {
 	e.uint(m.MapEpoch)
 }
 
-func (m *GrantLease) encode(e *encoder) { e.uints(m.Epoch) }
+func (m *GrantLease) encode(e *encoder) { e.uints(m.Epoch, m.Size, m.Min) }
 func (*Ack) encode(e *encoder)          { e.array(0) }
 func (*Stats) encode(e *encoder)        { e.array(0) }
 
@@ -627,7 +639,8 @@ func (m *StatsReply) encode(e *encoder) {
 	}
 	e.array(2)
 	e.uints(m.Generation, m.Keys, m.Commits, m.Deletes, m.LeasesActive, m.Connections, m.Handled,
-		m.MapEpoch, m.ShardsOwned, m.ShardsIncoming, m.ShardsMovedIn, m.CopiedKeys, m.CopiedBytes, uint64(m.CopyTime))
+		m.MapEpoch, m.ShardsOwned, m.ShardsIncoming, m.ShardsMovedIn, m.CopiedKeys, m.CopiedBytes, uint64(m.CopyTime),
+		m.LiveBytes, m.DeadBytes, m.FreeBytes, m.CapacityBytes, m.SegmentsCleaned, m.CleanerMovedBytes)
 	e.uints(m.Requests...)
 }
 
@@ -861,9 +874,11 @@ func (m *HelloReply) decode(d *decoder) error {
 	return err
 }
 
-func (m *GrantLease) decode(d *decoder) error { return d.uints("GrantLease", &m.Epoch) }
-func (*Ack) decode(d *decoder) error          { return d.fields("Ack", 0) }
-func (*Stats) decode(d *decoder) error        { return d.fields("Stats", 0) }
+func (m *GrantLease) decode(d *decoder) error {
+	return d.uints("GrantLease", &m.Epoch, &m.Size, &m.Min)
+}
+func (*Ack) decode(d *decoder) error   { return d.fields("Ack", 0) }
+func (*Stats) decode(d *decoder) error { return d.fields("Stats", 0) }
 
 func (m *LeaseReply) decode(d *decoder) error {
 	var arena, rkey, ttl uint64
@@ -998,7 +1013,8 @@ func (m *StatsReply) decode(d *decoder) error {
 	}
 	var copyTime uint64
 	if err := d.uints("StatsReply counters", &m.Generation, &m.Keys, &m.Commits, &m.Deletes, &m.LeasesActive, &m.Connections, &m.Handled,
-		&m.MapEpoch, &m.ShardsOwned, &m.ShardsIncoming, &m.ShardsMovedIn, &m.CopiedKeys, &m.CopiedBytes, &copyTime); err != nil {
+		&m.MapEpoch, &m.ShardsOwned, &m.ShardsIncoming, &m.ShardsMovedIn, &m.CopiedKeys, &m.CopiedBytes, &copyTime,
+		&m.LiveBytes, &m.DeadBytes, &m.FreeBytes, &m.CapacityBytes, &m.SegmentsCleaned, &m.CleanerMovedBytes); err != nil {
 		return err
 	}
 	if copyTime > 1<<63-1 {

@@ -14,8 +14,10 @@ import (
 //
 //	off size field
 //	  0    4 magic    RecordMagic
-//	  4    4 state    RecordLive or RecordDead; not covered by the CRC: the
-//	                  server flips it in place when a newer version commits
+//	  4    4 state    RecordPending, RecordLive or RecordDead; not covered by
+//	                  the CRC: a writer writes it pending, the server flips
+//	                  it live when the commit is durable and dead when a
+//	                  newer version commits (or the record moves)
 //	  8    8 version  the write's version, unique per server, also in the index
 //	 16    2 keyLen
 //	 18    2 flags    RecordTombstone
@@ -26,8 +28,12 @@ import (
 //
 // A reader that fetched a record one-sidedly calls VerifyRecord: a torn read
 // (the record being written while it was read), a stale location (the space
-// reused), or a superseded version all fail it, and the reader retries from
-// the index instead of returning them.
+// reused), a superseded version, or a record written and not (yet)
+// committed all fail it, and the reader retries from the index instead of
+// returning them. Arena space is reused (the cleaner frees segments), so a
+// location a reader holds may come to hold any record later: only a live
+// record of the reader's key, which the server made live itself once it
+// was durable, is an answer.
 const (
 	RecordHeaderSize = 32
 	RecordMagic      = 0x5256_4b52 // "RKVR" read as little-endian bytes
@@ -37,8 +43,9 @@ const (
 
 // Record states.
 const (
-	RecordLive uint32 = 1
-	RecordDead uint32 = 2 // superseded by a newer version or deleted
+	RecordLive    uint32 = 1
+	RecordDead    uint32 = 2 // superseded by a newer version, deleted, or moved
+	RecordPending uint32 = 3 // written, not committed: no reader may return it
 )
 
 // Record flags.
@@ -68,8 +75,9 @@ func RecordSize(keyLen, valueLen int) int {
 	return (RecordHeaderSize + keyLen + valueLen + RecordAlign - 1) &^ (RecordAlign - 1)
 }
 
-// EncodeRecord writes a live record into dst, which must hold
-// RecordSize(len(key), len(value)) bytes, and returns that size.
+// EncodeRecord writes a pending record into dst, which must hold
+// RecordSize(len(key), len(value)) bytes, and returns that size. The
+// server makes it live when it commits it.
 func EncodeRecord(dst []byte, version uint64, flags uint16, key, value []byte) (int, error) {
 	if len(key) == 0 || len(key) > MaxKeyLen {
 		return 0, fmt.Errorf("proto: key of %d bytes: must be 1 to %d", len(key), MaxKeyLen)
@@ -95,7 +103,7 @@ func EncodeRecord(dst []byte, version uint64, flags uint16, key, value []byte) (
 	clear(dst[RecordHeaderSize+len(key)+len(value) : n])
 	crc := recordCRC(h, key, value)
 	binary.LittleEndian.PutUint32(h[24:], crc)
-	binary.LittleEndian.PutUint32(h[4:], RecordLive)
+	binary.LittleEndian.PutUint32(h[4:], RecordPending)
 	return n, nil
 }
 
@@ -161,6 +169,24 @@ func (r *Record) Tombstone() bool { return r.Flags&RecordTombstone != 0 }
 // or ErrStaleRecord; an intact record of another key is ErrOtherKey,
 // whatever its state.
 func VerifyRecord(b []byte, key []byte, version uint64) (Record, error) {
+	r, err := ParseRecord(b)
+	switch {
+	case err != nil:
+		return Record{}, err
+	case key != nil && string(r.Key) != string(key):
+		return Record{}, ErrOtherKey
+	case r.State != RecordLive:
+		return Record{}, fmt.Errorf("%w: state %d", ErrStaleRecord, r.State)
+	case version != 0 && r.Version != version:
+		return Record{}, fmt.Errorf("%w: version %d, want %d", ErrStaleRecord, r.Version, version)
+	}
+	return r, nil
+}
+
+// ParseRecord checks that b starts with an intact record, in any state
+// (errors wrap ErrBadRecord): what the server checks of a record a writer
+// committed, and what the cleaner looks for in a segment.
+func ParseRecord(b []byte) (Record, error) {
 	h, err := DecodeRecordHeader(b)
 	if err != nil {
 		return Record{}, err
@@ -172,14 +198,6 @@ func VerifyRecord(b []byte, key []byte, version uint64) (Record, error) {
 	rk, rv := b[RecordHeaderSize:RecordHeaderSize+h.KeyLen], b[RecordHeaderSize+h.KeyLen:end]
 	if c := recordCRC(b, rk, rv); c != h.CRC {
 		return Record{}, fmt.Errorf("%w: CRC %#x, header says %#x", ErrBadRecord, c, h.CRC)
-	}
-	switch {
-	case key != nil && string(rk) != string(key):
-		return Record{}, ErrOtherKey
-	case h.State != RecordLive:
-		return Record{}, fmt.Errorf("%w: state %d", ErrStaleRecord, h.State)
-	case version != 0 && h.Version != version:
-		return Record{}, fmt.Errorf("%w: version %d, want %d", ErrStaleRecord, h.Version, version)
 	}
 	return Record{RecordHeader: h, Key: rk, Value: rv}, nil
 }

@@ -7,6 +7,7 @@ import (
 	"testing"
 )
 
+// encode returns a record as a commit leaves it: live.
 func encode(t testing.TB, version uint64, flags uint16, key, value string) []byte {
 	t.Helper()
 	b := make([]byte, RecordSize(len(key), len(value)))
@@ -14,7 +15,24 @@ func encode(t testing.TB, version uint64, flags uint16, key, value string) []byt
 	if err != nil || n != len(b) {
 		t.Fatalf("EncodeRecord = %d, %v; want %d", n, err, len(b))
 	}
+	binary.LittleEndian.PutUint32(b[RecordStateOffset:], RecordLive)
 	return b
+}
+
+// A record as written is pending: intact, and no answer for a reader
+// until the server commits it.
+func TestEncodedRecordIsPending(t *testing.T) {
+	b := make([]byte, RecordSize(3, 5))
+	if _, err := EncodeRecord(b, 1, 0, []byte("key"), []byte("value")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := VerifyRecord(b, []byte("key"), 0); !errors.Is(err, ErrStaleRecord) || errors.Is(err, ErrOtherKey) {
+		t.Errorf("VerifyRecord of a pending record: %v, want ErrStaleRecord", err)
+	}
+	r, err := ParseRecord(b)
+	if err != nil || r.State != RecordPending || string(r.Key) != "key" || string(r.Value) != "value" {
+		t.Errorf("ParseRecord = %+v, %v; want the pending record", r, err)
+	}
 }
 
 func TestRecordRoundTrip(t *testing.T) {
@@ -100,6 +118,7 @@ func FuzzVerifyRecord(f *testing.F) {
 		if _, err := EncodeRecord(again, r.Version, r.Flags, r.Key, r.Value); err != nil {
 			t.Fatalf("verified record does not re-encode: %v", err)
 		}
+		binary.LittleEndian.PutUint32(again[RecordStateOffset:], RecordLive) // as verified
 		if !bytes.Equal(again[:RecordHeaderSize+len(r.Key)+len(r.Value)], b[:RecordHeaderSize+len(r.Key)+len(r.Value)]) {
 			t.Fatalf("verified record differs from its re-encoding")
 		}

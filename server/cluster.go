@@ -683,6 +683,8 @@ func (s *Server) statsReply() *proto.StatsReply {
 			r.ShardsIncoming++
 		}
 	}
+	r.LiveBytes, r.DeadBytes, r.FreeBytes, r.CapacityBytes = uint64(st.Live), uint64(st.Dead), uint64(st.Free), uint64(st.Capacity)
+	r.SegmentsCleaned, r.CleanerMovedBytes = st.SegmentsCleaned, st.CleanerMovedBytes
 	ms := s.moves.stats()
 	r.ShardsMovedIn, r.CopiedKeys, r.CopiedBytes, r.CopyTime = ms.shards, ms.keys, ms.bytes, ms.took
 	handled := s.Stats().Handled

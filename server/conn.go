@@ -209,7 +209,7 @@ func (c *conn) handle(m proto.Message) proto.Message {
 	case *proto.GrantLease:
 		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
-		l, err := s.st.GrantLease(ctx)
+		l, err := s.st.GrantLease(ctx, int64(min(m.Size, 1<<62)), int64(min(m.Min, 1<<62)))
 		if err != nil {
 			return errorReply(err)
 		}

@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -174,7 +175,7 @@ func TestHostileFrames(t *testing.T) {
 		{name: "bytes that are not msgpack", raw: func([]any) []byte { return framed([]byte{0xc1, 0xc1, 0xc1, 0xc1}) },
 			pre: "frame: msgpack", post: "frame: msgpack"},
 		{name: "an unknown protocol version", raw: func(f []any) []byte { f[0] = 1; return framed(mp(t, f)) },
-			pre: "control version 1; this side speaks 2", post: "control version 1; this side speaks 2"},
+			pre: "control version 1; this side speaks " + strconv.Itoa(proto.ControlVersion), post: "control version 1; this side speaks " + strconv.Itoa(proto.ControlVersion)},
 		{name: "an unknown message type", raw: func(f []any) []byte { f[1] = 99; return framed(mp(t, f)) },
 			pre: "unknown message type 99", post: "unknown message type 99"},
 		{name: "a payload with a field too many", raw: func(f []any) []byte {

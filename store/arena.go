@@ -35,10 +35,6 @@ type arena struct {
 	// reg is the REMOTE_READ registration of the whole arena, nil until
 	// it is submitted (the first arena goes before the others).
 	reg atomic.Pointer[rdma.Registration]
-
-	// Guarded by Store.mu.
-	head       int64 // next byte no lease has been given
-	live, dead int64 // bytes of current records, and of superseded ones and lease remnants
 }
 
 func arenaPath(dir string, id int) string {

@@ -34,8 +34,10 @@ type pendingCommit struct {
 	rec    []byte // the verified record, to journal
 	result error
 	done   chan struct{}
-	// job is set for an Ingest call's batch instead of a commit.
-	job *ingestJob
+	// job is set for an Ingest call's batch instead of a commit, reloc
+	// for a batch of the cleaner's.
+	job   *ingestJob
+	reloc *relocateJob
 }
 
 // Commit commits the record a client wrote at offset off of lease id's
@@ -122,18 +124,17 @@ func (s *Store) prepareCommit(id uint64, off, length int64, w proto.Write) (*pen
 	if off < 0 || length < proto.RecordHeaderSize || off > l.Size || length > l.Size-off {
 		return nil, none, fmt.Errorf("%w: commit of %d bytes at %d in lease %d: outside [%d, %d)", ErrLease, length, off, id, l.next, l.Size)
 	}
-	a := l.region.arena
-	at := l.region.offset + off
+	a := l.region.arena()
+	at := l.region.off + off
 	rec := a.mem.Bytes()[at : at+length]
 	state := recordState(rec)
-	if s.journaled() || state != proto.RecordLive {
+	if s.journaled() {
 		// Verify and journal one snapshot: the client can still write to
-		// its lease. A record that is not live may be a retry of one
-		// committed and superseded since: read its key all the same.
+		// its lease. The journal holds it as committed: live.
 		rec = append([]byte(nil), rec...)
 		putState(rec, proto.RecordLive)
 	}
-	r, err := proto.VerifyRecord(rec, nil, 0)
+	r, err := proto.ParseRecord(rec)
 	switch {
 	case err != nil:
 		return nil, none, fmt.Errorf("%w: lease %d offset %d: %w", ErrRecord, id, off, err)
@@ -149,19 +150,25 @@ func (s *Store) prepareCommit(id uint64, off, length int64, w proto.Write) (*pen
 		return c, v, err
 	}
 	switch {
-	case state != proto.RecordLive:
-		return nil, none, fmt.Errorf("%w: lease %d offset %d: state word %d: a record is written live", ErrRecord, id, off, state)
 	case off < l.next:
 		return nil, none, fmt.Errorf("%w: commit of %d bytes at %d in lease %d: outside [%d, %d)", ErrLease, length, off, id, l.next, l.Size)
+	case state != proto.RecordPending:
+		// Not a retry of an applied write, so a first attempt: a record
+		// that is live or dead here was committed before.
+		return nil, none, fmt.Errorf("%w: lease %d offset %d: state word %d: a record is written pending (%d); is the client older than the server?",
+			ErrRecord, id, off, state, proto.RecordPending)
 	case r.Version < l.nextVersion || r.Version >= l.VersionBase+l.VersionCount:
 		return nil, none, fmt.Errorf("%w: version %d outside the lease's remaining range [%d, %d)", ErrRecord, r.Version, l.nextVersion, l.VersionBase+l.VersionCount)
 	}
-	a.dead += off - l.next // a gap the client skipped
+	if gap := off - l.next; gap > 0 { // skipped by the client
+		s.wasteLocked(proto.Location{Arena: a.id, Offset: uint64(l.region.off + l.next), Length: uint32(gap)})
+	}
 	l.next = off + length
 	l.nextVersion = r.Version + 1
 	c.entry = entry{loc: proto.Location{Arena: a.id, Offset: uint64(at), Length: uint32(length)}, version: r.Version}
 	c.arena, c.rec = a, rec
 	s.admitLocked(c)
+	s.holdLocked(c.entry.loc)
 	return c, none, nil
 }
 
@@ -244,7 +251,7 @@ func (s *Store) submit(ctx context.Context, c *pendingCommit) error {
 		s.mu.Lock()
 		s.finishLocked(c, false, 0)
 		if c.arena != nil {
-			c.arena.dead += int64(c.entry.loc.Length) // never committed
+			s.settleLocked(c.entry.loc, false) // never committed
 		}
 		s.mu.Unlock()
 		close(c.done)
@@ -299,17 +306,21 @@ func (s *Store) commitLoop() {
 }
 
 // applyAll applies a run of queued items: commits together, each Ingest
-// batch on its own, in queue order.
+// or relocation batch on its own, in queue order.
 func (s *Store) applyAll(batch []*pendingCommit) {
 	from := 0
 	for i, c := range batch {
-		if c.job == nil {
+		if c.job == nil && c.reloc == nil {
 			continue
 		}
 		if i > from {
 			s.apply(batch[from:i])
 		}
-		s.applyIngest(c)
+		if c.job != nil {
+			s.applyIngest(c)
+		} else {
+			s.applyRelocate(c)
+		}
 		from = i + 1
 	}
 	if from < len(batch) {
@@ -324,6 +335,9 @@ func (s *Store) apply(batch []*pendingCommit) {
 		s.mu.Lock()
 		for _, c := range batch {
 			s.finishLocked(c, c.result == nil, now)
+			if c.result != nil && c.arena != nil {
+				s.settleLocked(c.entry.loc, false) // its bytes will never be read
+			}
 		}
 		s.sess.evict(time.Now())
 		s.mu.Unlock()
@@ -436,8 +450,8 @@ func (s *Store) journalWritten(seq uint64, journaled int64) {
 	}
 }
 
-// publish points the hash index at a durable commit and retires the
-// record it replaces.
+// publish makes a durable commit's record live, points the hash index at
+// it and retires the record it replaces.
 func (s *Store) publish(c *pendingCommit) error {
 	var old proto.Location
 	var had bool
@@ -445,7 +459,10 @@ func (s *Store) publish(c *pendingCommit) error {
 	if c.delete {
 		old, had, err = s.index.Delete(c.key)
 	} else {
-		old, had, err = s.index.Put(c.key, c.entry.loc)
+		c.arena.setState(c.entry.loc.Offset, proto.RecordLive)
+		if old, had, err = s.index.Put(c.key, c.entry.loc); err != nil {
+			c.arena.setState(c.entry.loc.Offset, proto.RecordDead)
+		}
 	}
 	if err != nil {
 		// Undo the durable entry (and session entry) so the next start
@@ -476,15 +493,13 @@ func (s *Store) publish(c *pendingCommit) error {
 	s.mu.Lock()
 	info := &s.shards[c.shard]
 	if had {
-		a := s.arenas[old.Arena]
-		a.markDead(old.Offset)
-		a.live -= int64(old.Length)
-		a.dead += int64(old.Length)
+		s.arenas[old.Arena].markDead(old.Offset)
+		s.deadLocked(old)
 		info.live -= int64(old.Length)
 	}
 	switch {
 	case !c.delete:
-		c.arena.live += int64(c.entry.loc.Length)
+		s.settleLocked(c.entry.loc, true)
 		info.live += int64(c.entry.loc.Length)
 		if !had {
 			info.keys++
@@ -503,6 +518,7 @@ func (s *Store) publish(c *pendingCommit) error {
 		s.stats.deletes.Add(1)
 	} else {
 		s.stats.commits.Add(1)
+		s.stats.committedBytes.Add(uint64(c.entry.loc.Length))
 	}
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -176,7 +177,7 @@ type writer struct {
 
 func (c *client) newWriter() *writer {
 	c.t.Helper()
-	l, err := c.sv.s.GrantLease(context.Background())
+	l, err := c.sv.s.GrantLease(context.Background(), 0, 0)
 	if err != nil {
 		c.t.Fatal(err)
 	}
@@ -355,10 +356,11 @@ func checkAccounting(t testing.TB, s *Store) {
 	var arenaLive, shardLive, ownedKeys int64
 	for _, a := range s.Stats().Arenas {
 		arenaLive += a.Live
-		if a.Live < 0 || a.Dead < 0 || a.Live+a.Dead > a.Allocated {
-			t.Fatalf("arena %d: %d live + %d dead of %d allocated", a.ID, a.Live, a.Dead, a.Allocated)
+		if a.Live < 0 || a.Dead < 0 || a.Live+a.Dead > a.Size {
+			t.Fatalf("arena %d: %d live + %d dead of %d", a.ID, a.Live, a.Dead, a.Size)
 		}
 	}
+	checkSegments(t, s)
 	for _, sh := range s.Shards() {
 		shardLive += sh.LiveBytes
 		if sh.State == ShardOwned {
@@ -371,4 +373,36 @@ func checkAccounting(t testing.TB, s *Store) {
 	if st := s.Stats(); st.Keys != ownedKeys || int64(s.index.Len()) != ownedKeys {
 		t.Fatalf("Stats.Keys %d, index %d keys, owned shards %d keys", st.Keys, s.index.Len(), ownedKeys)
 	}
+}
+
+// checkSegments checks every segment's accounting: live, dead and the
+// bytes of open regions add up to what is carved, and a segment is free
+// exactly when nothing is carved in it.
+func checkSegments(t testing.TB, s *Store) {
+	t.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, sg := range s.segments {
+		switch {
+		case sg.live < 0 || sg.dead < 0 || sg.pending < 0 || sg.live+sg.dead+sg.pending > sg.head || sg.head > s.opts.SegmentSize:
+			t.Fatalf("segment %d (arena %d at %d, state %d): %d live + %d dead + %d pending, %d carved of %d",
+				i, sg.arena.id, sg.start, sg.state, sg.live, sg.dead, sg.pending, sg.head, s.opts.SegmentSize)
+		case sg.state == segmentFree && (sg.head != 0 || sg.regions != 0):
+			t.Fatalf("free segment %d has %d bytes carved, %d regions", i, sg.head, sg.regions)
+		case sg.state == segmentSealed && sg.regions == 0 && sg.live+sg.dead+sg.pending != sg.head:
+			t.Fatalf("sealed segment %d without regions: %d live + %d dead + %d pending != %d carved", i, sg.live, sg.dead, sg.pending, sg.head)
+		}
+	}
+}
+
+// segmentTable describes every segment, for a failure message.
+func segmentTable(s *Store) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var b strings.Builder
+	for i, sg := range s.segments {
+		fmt.Fprintf(&b, "segment %2d: state %d, head %7d, live %7d, dead %7d, pending %d, regions %d, cleaning %v, stuck %d\n",
+			i, sg.state, sg.head, sg.live, sg.dead, sg.pending, sg.regions, sg.cleaning, sg.stuckLive)
+	}
+	return b.String()
 }

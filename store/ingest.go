@@ -31,12 +31,6 @@ import (
 // Ingest call's records pass through Pebble's WAL and memtable once: keep
 // calls to a few MiB of records.
 
-// ingestRegion is the arena space Ingest is filling, guarded by Store.mu.
-type ingestRegion struct {
-	arena    *arena
-	off, end int64
-}
-
 // ingestJob is one Ingest call's Pebble batch, applied by the commit loop
 // (the one writer of the journal and of sessions).
 type ingestJob struct {
@@ -45,7 +39,7 @@ type ingestJob struct {
 	deletes  []ingestDelete
 	sessions []proto.SessionEntry
 	// Space carved for puts, counted dead if the batch fails.
-	carved map[*arena]int64
+	carved []proto.Location
 }
 
 type ingestPut struct {
@@ -102,8 +96,8 @@ func (s *Store) Ingest(ctx context.Context, sh proto.Shard, records [][]byte, se
 		if got := proto.ShardOf(r.Key); got != sh {
 			return fmt.Errorf("%w: Ingest record %d (key %q) is of %v, not %v", ErrRecord, i, r.Key, got, sh)
 		}
-		if int64(len(rec)) > s.opts.ArenaSize {
-			return fmt.Errorf("%w: Ingest record %d of %d bytes is larger than an arena (%d)", ErrRecord, i, len(rec), s.opts.ArenaSize)
+		if int64(len(rec)) > s.opts.SegmentSize {
+			return fmt.Errorf("%w: Ingest record %d of %d bytes is larger than a segment (%d): raise SegmentSize (rkv-server --segment-size)", ErrRecord, i, len(rec), s.opts.SegmentSize)
 		}
 		if j, ok := latest[string(r.Key)]; ok {
 			recs[j].rec = nil // replaced within the call
@@ -138,15 +132,13 @@ func (s *Store) Ingest(ctx context.Context, sh proto.Shard, records [][]byte, se
 	}
 	s.inflight.Add(1) // Close waits for it
 	s.mu.Unlock()
-	job := &ingestJob{shard: sh, carved: map[*arena]int64{}}
+	job := &ingestJob{shard: sh}
 	c := &pendingCommit{shard: sh, job: job, done: make(chan struct{})}
 	queued := false
 	defer func() {
 		if !queued {
 			s.mu.Lock()
-			for a, n := range job.carved {
-				a.dead += n
-			}
+			job.wasteLocked(s)
 			s.mu.Unlock()
 			s.inflight.Done()
 		}
@@ -208,13 +200,13 @@ func (s *Store) Ingest(ctx context.Context, sh proto.Shard, records [][]byte, se
 	}
 	for i := range job.puts {
 		p := &job.puts[i]
-		loc, err := s.ingestAllocLocked(int64(len(p.rec)))
+		loc, err := s.fillLocked(&s.ingest, int64(len(p.rec)), s.opts.LeaseSize, false)
 		if err != nil {
 			s.mu.Unlock()
 			return err
 		}
 		p.entry.loc = loc
-		job.carved[s.arenas[loc.Arena]] += int64(loc.Length)
+		job.carved = append(job.carved, loc)
 		s.nextVersion = max(s.nextVersion, p.entry.version+1)
 	}
 	s.mu.Unlock()
@@ -239,8 +231,7 @@ func checkIngested(raw []byte) ([]byte, proto.Record, error) {
 		return nil, proto.Record{}, fmt.Errorf("%d bytes, shorter than a record header", len(raw))
 	}
 	rec := append([]byte(nil), raw...)
-	putState(rec, proto.RecordLive)
-	r, err := proto.VerifyRecord(rec, nil, 0)
+	r, err := proto.ParseRecord(rec)
 	switch {
 	case err != nil:
 		return nil, proto.Record{}, err
@@ -257,39 +248,11 @@ func checkIngested(raw []byte) ([]byte, proto.Record, error) {
 	return rec, r, nil
 }
 
-// ingestAllocLocked takes n bytes for an ingested record from the current
-// ingest region, carving another (a lease's size, or more for a larger
-// record) when it is full; the region's remnant counts dead. Registered
-// arenas first, so the records are readable as soon as they are live.
-func (s *Store) ingestAllocLocked(n int64) (proto.Location, error) {
-	r := &s.ingest
-	if r.arena == nil || r.off+n > r.end {
-		size := (n + s.opts.LeaseSize - 1) / s.opts.LeaseSize * s.opts.LeaseSize
-		var pick *arena
-		for _, a := range s.arenas {
-			if a.head+size > s.opts.ArenaSize {
-				continue
-			}
-			if pick == nil || a.ready() && !pick.ready() {
-				pick = a
-			}
-			if pick.ready() {
-				break
-			}
-		}
-		if pick == nil {
-			return proto.Location{}, fmt.Errorf("%w: no arena has %d bytes left for ingested records (%s); compaction is not implemented yet",
-				ErrFull, size, s.spaceLocked())
-		}
-		if r.arena != nil {
-			r.arena.dead += r.end - r.off
-		}
-		*r = ingestRegion{arena: pick, off: pick.head, end: pick.head + size}
-		pick.head += size
+// wasteLocked counts the job's carved space dead: its batch failed.
+func (job *ingestJob) wasteLocked(s *Store) {
+	for _, loc := range job.carved {
+		s.settleLocked(loc, false)
 	}
-	loc := proto.Location{Arena: r.arena.id, Offset: uint64(r.off), Length: uint32(n)}
-	r.off += n
-	return loc, nil
 }
 
 // applyIngest writes an Ingest call's batch (the commit loop).
@@ -330,9 +293,7 @@ func (s *Store) applyIngest(c *pendingCommit) {
 	if err != nil {
 		c.result = fmt.Errorf("store: Ingest into %v: %w", job.shard, err)
 		s.mu.Lock()
-		for a, n := range job.carved {
-			a.dead += n
-		}
+		job.wasteLocked(s)
 		s.mu.Unlock()
 		return
 	}
@@ -342,20 +303,16 @@ func (s *Store) applyIngest(c *pendingCommit) {
 	info := &s.shards[job.shard]
 	for _, p := range job.puts {
 		if p.old != nil {
-			a := s.arenas[p.old.loc.Arena]
-			a.live -= int64(p.old.loc.Length)
-			a.dead += int64(p.old.loc.Length)
+			s.deadLocked(p.old.loc)
 			info.live -= int64(p.old.loc.Length)
 		} else {
 			info.keys++
 		}
-		s.arenas[p.entry.loc.Arena].live += int64(p.entry.loc.Length)
+		s.settleLocked(p.entry.loc, true)
 		info.live += int64(p.entry.loc.Length)
 	}
 	for _, d := range job.deletes {
-		a := s.arenas[d.old.loc.Arena]
-		a.live -= int64(d.old.loc.Length)
-		a.dead += int64(d.old.loc.Length)
+		s.deadLocked(d.old.loc)
 		info.live -= int64(d.old.loc.Length)
 		info.keys--
 	}

@@ -169,11 +169,9 @@ func TestIngestMovesAShardBetweenStores(t *testing.T) {
 		t.Fatalf("second copy: %d records, want 3 (two updated, one new)", n)
 	}
 	sameEntries(t, "second copy", a.s, b.s, sh)
-	allocated := func() (n int64) {
-		for _, ar := range b.s.Stats().Arenas {
-			n += ar.Allocated
-		}
-		return n
+	allocated := func() int64 {
+		st := b.s.Stats()
+		return st.Capacity - st.Free
 	}
 	before := allocated()
 	// A retried Ingest of records B has takes no space twice.
@@ -498,10 +496,11 @@ func checkIngestedShard(t *testing.T, s *Store) map[string]uint64 {
 	var arenaLive int64
 	for _, a := range s.Stats().Arenas {
 		arenaLive += a.Live
-		if a.Live+a.Dead != a.Allocated {
-			t.Fatalf("arena %d after a restart: %d live + %d dead != %d allocated", a.ID, a.Live, a.Dead, a.Allocated)
-		}
 	}
+	if st := s.Stats(); st.Live+st.Dead+st.Free != st.Capacity {
+		t.Fatalf("after a restart: %d live + %d dead + %d free != %d", st.Live, st.Dead, st.Free, st.Capacity)
+	}
+	checkSegments(t, s)
 	if st := s.Shards()[ingestShard]; arenaLive != liveBytes || st.LiveBytes != liveBytes || st.Keys != int64(len(entries)) {
 		t.Fatalf("the arenas hold %d live bytes, the shard says %d bytes and %d keys, its entries are %d bytes and %d keys",
 			arenaLive, st.LiveBytes, st.Keys, liveBytes, len(entries))

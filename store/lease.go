@@ -1,4 +1,4 @@
-// Write leases: regions of an arena registered REMOTE_WRITE for one client, revoked when they end.
+// Write leases: regions carved to fit and registered REMOTE_WRITE for one client, revoked when they end.
 
 package store
 
@@ -28,13 +28,9 @@ type Lease struct {
 
 // leaseRegion is a carved region and its REMOTE_WRITE registration.
 type leaseRegion struct {
-	arena  *arena
-	offset int64 // in the arena
-	size   int64
-	reg    *rdma.Registration
+	region
+	reg *rdma.Registration
 }
-
-func (r *leaseRegion) release() { _ = r.reg.Release() }
 
 type lease struct {
 	Lease
@@ -43,51 +39,32 @@ type lease struct {
 	nextVersion uint64 // lowest version the next commit may carry
 }
 
-// carveLocked takes the next LeaseSize bytes from the first registered
-// arena with room, and starts their REMOTE_WRITE registration. It returns
-// errNoReadyArena when only arenas still registering have room.
-func (s *Store) carveLocked(ctx context.Context) (*leaseRegion, error) {
-	waiting := false
-	for _, a := range s.arenas {
-		if a.head+s.opts.LeaseSize > s.opts.ArenaSize {
-			continue
-		}
-		if !a.ready() {
-			waiting = true
-			continue
-		}
-		r := &leaseRegion{arena: a, offset: a.head, size: s.opts.LeaseSize}
-		a.head += s.opts.LeaseSize
-		r.reg = s.registrar.Register(ctx, a.mem.Bytes()[r.offset:r.offset+r.size], rdma.AccessLocalWrite|rdma.AccessRemoteWrite)
-		return r, nil
-	}
-	if waiting {
-		return nil, errNoReadyArena
-	}
-	return nil, fmt.Errorf("%w: all %d arenas of %d bytes are allocated (%s); compaction is not implemented yet",
-		ErrFull, len(s.arenas), s.opts.ArenaSize, s.spaceLocked())
-}
-
 var errNoReadyArena = errors.New("store: no registered arena has room yet")
 
-func (s *Store) spaceLocked() string {
-	var live, dead int64
-	for _, a := range s.arenas {
-		live += a.live
-		dead += a.dead
+// leaseSize is the size of a lease asked for as size bytes: rounded up to
+// leaseGranularity, at most LeaseSize (0: the largest).
+func (s *Store) leaseSize(size int64) int64 {
+	if size <= 0 || size > s.opts.LeaseSize {
+		return s.opts.LeaseSize
 	}
-	return fmt.Sprintf("%d bytes live, %d dead", live, dead)
+	return (size + leaseGranularity - 1) / leaseGranularity * leaseGranularity
 }
 
-// GrantLease gives the caller a write lease. The region usually comes
-// registered from the pool kept ahead of demand; otherwise GrantLease waits
-// for a registration (bounded by ctx).
-func (s *Store) GrantLease(ctx context.Context) (Lease, error) {
-	region, err := s.takeRegion(ctx)
+// GrantLease gives the caller a write lease of size bytes, or less, not
+// less than least, when that uses up the segment it is carved from: both
+// rounded up to 4 KiB and at most Options.LeaseSize (size 0 asks for
+// LeaseSize). Its region is carved when asked for and registered
+// REMOTE_WRITE for this lease alone; GrantLease waits for that
+// registration, and for an arena to finish registering or the cleaner to
+// free a segment (bounded by ctx).
+func (s *Store) GrantLease(ctx context.Context, size, least int64) (Lease, error) {
+	want := s.leaseSize(size)
+	r, err := s.takeRegion(ctx, s.leaseSize(max(least, 1)), want)
 	if err != nil {
 		return Lease{}, err
 	}
-	go s.refillPool()
+	region := &leaseRegion{region: r}
+	region.reg = s.registrar.Register(ctx, r.arena().mem.Bytes()[r.off:r.off+r.size], rdma.AccessLocalWrite|rdma.AccessRemoteWrite)
 	mr, err := region.reg.Wait(ctx)
 	if err != nil {
 		s.retireRegion(region, 0)
@@ -96,16 +73,16 @@ func (s *Store) GrantLease(ctx context.Context) (Lease, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		region.release()
+		region.reg.Release()
 		return Lease{}, ErrClosed
 	}
 	s.nextLeaseID++
 	// A record takes at least RecordSize(1, 0) bytes: that many versions
 	// are enough for any sequence of commits in the region.
-	versions := uint64(region.size / int64(proto.RecordSize(1, 0)))
+	versions := uint64(r.size / int64(proto.RecordSize(1, 0)))
 	l := &lease{
 		Lease: Lease{
-			ID: s.nextLeaseID, Arena: region.arena.id, Addr: mr.Addr(), Size: region.size, RKey: mr.RKey(),
+			ID: s.nextLeaseID, Arena: r.arena().id, Addr: mr.Addr(), Size: r.size, RKey: mr.RKey(),
 			Expires: time.Now().Add(s.opts.LeaseTTL), VersionBase: s.nextVersion, VersionCount: versions,
 		},
 		region:      region,
@@ -117,42 +94,43 @@ func (s *Store) GrantLease(ctx context.Context) (Lease, error) {
 	return l.Lease, nil
 }
 
-func (s *Store) takeRegion(ctx context.Context) (*leaseRegion, error) {
+// fullWait bounds how long a request for space waits for the cleaner to
+// free a segment before it fails with ErrFull.
+const fullWait = 2 * time.Second
+
+// takeRegion carves need to want bytes, waiting while arenas are still
+// registering, and for up to fullWait while the cleaner frees space.
+func (s *Store) takeRegion(ctx context.Context, need, want int64) (region, error) {
+	var fullSince time.Time
 	for {
 		s.mu.Lock()
 		if s.closed {
 			s.mu.Unlock()
-			return nil, ErrClosed
+			return region{}, ErrClosed
 		}
-		if len(s.pool) > 0 {
-			r := s.pool[0]
-			s.pool = s.pool[1:]
-			s.mu.Unlock()
-			return r, nil
-		}
-		r, err := s.carveLocked(context.Background())
+		r, err := s.carveLocked(min(need, want), want, false)
+		freed := s.freed
 		s.mu.Unlock()
-		if !errors.Is(err, errNoReadyArena) {
-			return r, err
+		switch {
+		case err == nil:
+			return r, nil
+		case errors.Is(err, ErrFull):
+			if fullSince.IsZero() {
+				fullSince = time.Now()
+			}
+			if time.Since(fullSince) > fullWait || !s.cleanable() {
+				s.stats.leasesRefused.Add(1)
+				return region{}, err
+			}
+		case !errors.Is(err, errNoReadyArena):
+			return region{}, err
 		}
-		select { // an arena is still registering: wait for it
+		select { // an arena is still registering, or the cleaner is at work
 		case <-ctx.Done():
-			return nil, fmt.Errorf("store: waiting for an arena to finish registering: %w", ctx.Err())
+			return region{}, fmt.Errorf("store: waiting for space: %w (%w)", ctx.Err(), err)
+		case <-freed:
 		case <-time.After(5 * time.Millisecond):
 		}
-	}
-}
-
-// refillPool registers regions until LeasePool of them wait for clients.
-func (s *Store) refillPool() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for !s.closed && len(s.pool) < s.opts.LeasePool {
-		r, err := s.carveLocked(context.Background())
-		if err != nil {
-			return // full, or arenas still registering: GrantLease carves on demand
-		}
-		s.pool = append(s.pool, r)
 	}
 }
 
@@ -169,7 +147,8 @@ func (s *Store) RenewLease(id uint64) (time.Time, error) {
 }
 
 // EndLease ends a lease: its region is deregistered, so its rkey stops
-// working, and its unused bytes are counted dead.
+// working, and its unused bytes go back to free space (or count dead, when
+// a region was carved after it).
 func (s *Store) EndLease(id uint64) error {
 	s.mu.Lock()
 	l, ok := s.leases[id]
@@ -182,12 +161,12 @@ func (s *Store) EndLease(id uint64) error {
 	return nil
 }
 
-// retireRegion deregisters a region and counts the bytes from used on as
-// dead.
+// retireRegion deregisters a lease's region and gives back its space from
+// used on.
 func (s *Store) retireRegion(r *leaseRegion, used int64) {
-	r.release()
+	_ = r.reg.Release()
 	s.mu.Lock()
-	r.arena.dead += r.size - used
+	s.endRegionLocked(r.region, used)
 	s.mu.Unlock()
 }
 

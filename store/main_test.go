@@ -18,6 +18,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(crashChildEnv) != "" {
 		crashChild() // never returns
 	}
+	if os.Getenv(cleanerChildEnv) != "" {
+		cleanerChild() // never returns
+	}
 	if os.Getenv(ingestChildEnv) != "" {
 		ingestChild() // never returns
 	}

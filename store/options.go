@@ -56,7 +56,7 @@ type Options struct {
 	// Dir is the data directory. Required.
 	Dir string
 	// ArenaSize is the size of each arena file in bytes, a multiple of
-	// LeaseSize. Default 64 MiB.
+	// SegmentSize. Default 64 MiB.
 	ArenaSize int64
 	// ArenaCount is the number of arenas. Default 4.
 	ArenaCount int
@@ -67,15 +67,34 @@ type Options struct {
 	// IndexGrace is how long a slot vacated by an index move stays intact
 	// before reuse. Default DefaultIndexGrace.
 	IndexGrace time.Duration
-	// LeaseSize is the size of a write lease's region. Default 1 MiB.
+	// LeaseSize is the largest write lease, and so bounds a record. A
+	// writer asks for the size it needs, rounded up to 4 KiB. A multiple
+	// of 4096. Default 1 MiB.
 	LeaseSize int64
 	// LeaseTTL is how long a lease lasts: the client takes a new one when
 	// it is 90% spent (RenewLease extends one, but no RPC calls it yet).
 	// Default 30s.
 	LeaseTTL time.Duration
-	// LeasePool is how many lease regions are kept registered ahead of
-	// demand. Default 2.
-	LeasePool int
+	// SegmentSize is the unit the arenas are cut into, carved into leases
+	// and cleaned (space.go): a multiple of 4096, at least LeaseSize, and
+	// a divisor of ArenaSize. Default 4 LeaseSize (or LeaseSize when that
+	// does not divide ArenaSize).
+	SegmentSize int64
+	// SegmentGrace is how long an emptied segment waits before reuse, for
+	// one-sided readers that read a location just before its record died
+	// (they would retry anyway: a reused location fails their checks).
+	// Default 100ms.
+	SegmentGrace time.Duration
+	// CleanDeadRatio starts the cleaner early: it runs while dead bytes
+	// are at least this fraction of the arenas' capacity, as well as
+	// whenever free segments run short (under 1/32 of them, or 3). Cleaning
+	// later costs less (the segments it empties are deader), so the
+	// default is 0.5; a negative value cleans only when free segments run
+	// short.
+	CleanDeadRatio float64
+	// CleanRate bounds the bytes per second the cleaner copies, so that it
+	// does not starve commits. Default 256 MiB/s.
+	CleanRate int64
 	// MaxKeyLen and MaxValueLen bound a record. Defaults 1 KiB and the
 	// lease size minus the record header and key.
 	MaxKeyLen   int
@@ -127,8 +146,20 @@ func (o Options) withDefaults() (Options, error) {
 	if o.LeaseTTL == 0 {
 		o.LeaseTTL = 30 * time.Second
 	}
-	if o.LeasePool == 0 {
-		o.LeasePool = 2
+	if o.SegmentSize == 0 {
+		o.SegmentSize = 4 * o.LeaseSize
+		if o.ArenaSize%o.SegmentSize != 0 || o.SegmentSize > o.ArenaSize {
+			o.SegmentSize = o.LeaseSize
+		}
+	}
+	if o.SegmentGrace == 0 {
+		o.SegmentGrace = 100 * time.Millisecond
+	}
+	if o.CleanDeadRatio == 0 {
+		o.CleanDeadRatio = 0.5
+	}
+	if o.CleanRate == 0 {
+		o.CleanRate = 256 << 20
 	}
 	if o.MaxKeyLen == 0 {
 		o.MaxKeyLen = 1024
@@ -159,8 +190,12 @@ func (o Options) withDefaults() (Options, error) {
 		return o, fmt.Errorf("store: ArenaCount %d: must be 1 to %d", o.ArenaCount, proto.MaxArenas)
 	case o.LeaseSize < 4096 || o.LeaseSize%4096 != 0:
 		return o, fmt.Errorf("store: LeaseSize %d: must be a positive multiple of 4096", o.LeaseSize)
-	case o.ArenaSize < o.LeaseSize || o.ArenaSize%o.LeaseSize != 0 || o.ArenaSize > proto.MaxArenaOffset:
-		return o, fmt.Errorf("store: ArenaSize %d: must be a multiple of LeaseSize %d, at most 1 TiB", o.ArenaSize, o.LeaseSize)
+	case o.SegmentSize < o.LeaseSize || o.SegmentSize%4096 != 0:
+		return o, fmt.Errorf("store: SegmentSize %d: must be a multiple of 4096, at least LeaseSize %d", o.SegmentSize, o.LeaseSize)
+	case o.ArenaSize < o.SegmentSize || o.ArenaSize%o.SegmentSize != 0 || o.ArenaSize > proto.MaxArenaOffset:
+		return o, fmt.Errorf("store: ArenaSize %d: must be a multiple of SegmentSize %d (and of LeaseSize %d), at most 1 TiB", o.ArenaSize, o.SegmentSize, o.LeaseSize)
+	case o.SegmentGrace < 0 || o.CleanRate < 0 || o.CleanDeadRatio >= 1:
+		return o, fmt.Errorf("store: SegmentGrace %v, CleanRate %d, CleanDeadRatio %v: must not be negative, and the ratio below 1", o.SegmentGrace, o.CleanRate, o.CleanDeadRatio)
 	case o.MaxKeyLen < 1 || o.MaxKeyLen > proto.MaxKeyLen:
 		return o, fmt.Errorf("store: MaxKeyLen %d: must be 1 to %d", o.MaxKeyLen, proto.MaxKeyLen)
 	case o.MaxValueLen < 0 || proto.RecordSize(o.MaxKeyLen, o.MaxValueLen) > int(o.LeaseSize):

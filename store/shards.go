@@ -28,9 +28,8 @@ import (
 // server owns the shard, 0 while it does not.
 //
 // (Records a client wrote into a lease but never committed are written
-// live by the client and stay so: no index slot and no reply ever gave
-// their location to a reader, and arena space is never reused within a
-// generation, so no reader can reach them.)
+// pending by the client and stay so: a reader that reaches one through a
+// location it held from the space's earlier use does not return it.)
 //
 // A shard goes None -> Incoming (BeginIncoming) -> [Ingest...] -> Owned
 // (ActivateShards) -> [frozen (FreezeShards)] -> Released (ReleaseShards)
@@ -630,12 +629,12 @@ func (s *Store) DropShards(shards []proto.Shard) error {
 		}
 	}
 	s.mu.Unlock()
-	dead := make([]int64, len(s.arenas))
+	var dead []proto.Location
 	b := s.db.NewBatch()
 	defer b.Close()
 	for _, sh := range list {
 		if err := s.eachEntry(sh, func(_ []byte, e entry) error {
-			dead[e.loc.Arena] += int64(e.loc.Length)
+			dead = append(dead, e.loc)
 			return nil
 		}); err != nil {
 			return err
@@ -653,9 +652,8 @@ func (s *Store) DropShards(shards []proto.Shard) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for i, n := range dead {
-		s.arenas[i].live -= n
-		s.arenas[i].dead += n
+	for _, loc := range dead {
+		s.deadLocked(loc)
 	}
 	for _, sh := range list {
 		info := &s.shards[sh]

@@ -19,6 +19,11 @@ type statsCounters struct {
 	leasesExpired   atomic.Uint64
 	checkpoints     atomic.Uint64
 	duplicates      atomic.Uint64
+	committedBytes  atomic.Uint64 // record bytes of acknowledged puts
+	leasesRefused   atomic.Uint64 // for want of space
+	segmentsFreed   atomic.Uint64
+	segmentsCleaned atomic.Uint64 // emptied by the cleaner
+	cleanerMoved    atomic.Uint64 // record bytes the cleaner copied
 }
 
 func (c *statsCounters) observeBatch(n int, took time.Duration) {
@@ -48,14 +53,27 @@ type Stats struct {
 	SessionsEvictedEarly uint64
 	IndexLoad            float64
 	IndexMoves           uint64
-	Arenas               []ArenaStats
+	// Space, over all arenas: bytes of current records, bytes nothing
+	// reads any more (the cleaner's work), and bytes free for leases, of
+	// Capacity; segments free of all; and what it took: leases refused
+	// for want of space, segments freed (emptied by overwrites, deletes,
+	// drops or the cleaner) and emptied by the cleaner, and the record
+	// bytes the cleaner copied next to those acknowledged puts wrote
+	// (their ratio is the cleaner's write amplification).
+	Live, Dead, Free, Capacity int64
+	FreeSegments, Segments     int
+	LeasesRefused              uint64
+	SegmentsFreed              uint64
+	SegmentsCleaned            uint64
+	CleanerMovedBytes          uint64
+	CommittedBytes             uint64
+	Arenas                     []ArenaStats
 }
 
 // ArenaStats is one arena's space.
 type ArenaStats struct {
 	ID         uint16
 	Registered bool
-	Allocated  int64 // bytes handed to leases so far
 	Live, Dead int64
 	Size       int64
 }
@@ -74,8 +92,21 @@ func (s *Store) Stats() Stats {
 	defer s.mu.Unlock()
 	st.LeasesActive = len(s.leases)
 	st.Sessions, st.SessionsEvictedEarly = s.sess.byAge.Len(), s.sess.early
+	sp := s.spaceNowLocked()
+	st.Live, st.Dead, st.Free, st.Capacity = sp.live, sp.dead, sp.free, sp.capacity
+	st.FreeSegments, st.Segments = sp.freeSegments, len(s.segments)
+	st.LeasesRefused, st.SegmentsFreed = s.stats.leasesRefused.Load(), s.stats.segmentsFreed.Load()
+	st.SegmentsCleaned, st.CleanerMovedBytes = s.stats.segmentsCleaned.Load(), s.stats.cleanerMoved.Load()
+	st.CommittedBytes = s.stats.committedBytes.Load()
 	for _, a := range s.arenas {
-		st.Arenas = append(st.Arenas, ArenaStats{ID: a.id, Registered: a.ready(), Allocated: a.head, Live: a.live, Dead: a.dead, Size: s.opts.ArenaSize})
+		as := ArenaStats{ID: a.id, Registered: a.ready(), Size: s.opts.ArenaSize}
+		for _, sg := range s.segments {
+			if sg.arena == a {
+				as.Live += sg.live
+				as.Dead += sg.dead
+			}
+		}
+		st.Arenas = append(st.Arenas, as)
 	}
 	return st
 }

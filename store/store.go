@@ -72,10 +72,14 @@ type Store struct {
 	nextVersion uint64
 	leases      map[uint64]*lease
 	nextLeaseID uint64
-	pool        []*leaseRegion // registered ahead of demand
+	segments    []*segment    // every arena's, in arena order (space.go)
+	openSeg     *segment      // the segment carves take space from
+	freeing     []*segment    // empty, in their grace period
+	freed       chan struct{} // closed (and replaced) when segments come free
 	shards      [proto.NumShards]shardInfo
 	sess        sessionTable
-	ingest      ingestRegion
+	ingest      fillRegion // where Ingest copies records
+	cleaner     cleanerState
 
 	commits chan *pendingCommit
 	// inflight counts the commits, deletes and Ingest batches admitted
@@ -119,6 +123,8 @@ func Open(ctx context.Context, pd rdma.PD, registrar *rdma.Registrar, opts Optio
 		journalFull: make(chan struct{}, 1),
 		stop:        make(chan struct{}),
 		sess:        newSessionTable(opts.SessionTTL, opts.MaxSessions),
+		cleaner:     cleanerState{kick: make(chan struct{}, 1)},
+		freed:       make(chan struct{}),
 	}
 	if err := s.open(ctx); err != nil {
 		if cerr := s.closeResources(); cerr != nil {
@@ -158,6 +164,7 @@ func (s *Store) open(ctx context.Context) error {
 		}
 		s.arenas = append(s.arenas, a)
 	}
+	s.newSegments()
 	geo := proto.IndexGeometry{Slots: opts.IndexSlots, Neighborhood: proto.DefaultNeighborhood, Seed: rand.Uint64()}
 	if s.indexMem, err = rdma.Alloc(geo.RegionBytes()); err != nil {
 		return fmt.Errorf("store: index region: %w", err)
@@ -214,6 +221,8 @@ func (s *Store) open(ctx context.Context) error {
 		s.wg.Add(1)
 		go s.syncLoop()
 	}
+	s.wg.Add(1)
+	go s.cleanLoop()
 	return nil
 }
 
@@ -373,8 +382,6 @@ func (s *Store) close(checkpoint bool) error {
 	s.closed = true
 	leases := s.leases
 	s.leases = nil
-	pool := s.pool
-	s.pool = nil
 	s.mu.Unlock()
 	s.inflight.Wait() // the commit loop applies what was admitted
 	close(s.stop)
@@ -384,17 +391,10 @@ func (s *Store) close(checkpoint bool) error {
 		// A clean stop leaves nothing to replay.
 		errs = append(errs, s.checkpoint(s.journalNext.Load(), pebble.Sync))
 	}
-	s.release(leases, pool)
-	return errors.Join(append(errs, s.closeResources())...)
-}
-
-func (s *Store) release(leases map[uint64]*lease, pool []*leaseRegion) {
 	for _, l := range leases {
-		l.region.release()
+		_ = l.region.reg.Release()
 	}
-	for _, r := range pool {
-		r.release()
-	}
+	return errors.Join(append(errs, s.closeResources())...)
 }
 
 // closeResources releases what Open took, as far as it got.
@@ -506,9 +506,7 @@ func (s *Store) rebuild() (int, error) {
 			return n, err
 		}
 		a := s.arenas[e.loc.Arena]
-		end := int64(e.loc.Offset) + int64(e.loc.Length)
-		a.head = max(a.head, (end+s.opts.LeaseSize-1)/s.opts.LeaseSize*s.opts.LeaseSize)
-		a.live += int64(e.loc.Length)
+		s.liveLocked(e.loc)
 		s.nextVersion = max(s.nextVersion, e.version+1)
 		info := &s.shards[sh]
 		info.keys++
@@ -529,9 +527,7 @@ func (s *Store) rebuild() (int, error) {
 	if err := it.Error(); err != nil {
 		return n, err
 	}
-	for _, a := range s.arenas {
-		a.dead = a.head - a.live
-	}
+	s.rebuildSegments()
 	seq := s.activations.Add(1)
 	for i := range s.shards {
 		if s.shards[i].state == ShardOwned {
@@ -550,6 +546,10 @@ func (s *Store) checkLocation(key []byte, loc proto.Location) error {
 	}
 	if loc.Length < proto.RecordHeaderSize || loc.Offset+uint64(loc.Length) > uint64(s.opts.ArenaSize) {
 		return fmt.Errorf("store: the record of key %q at %+v lies outside an arena of %d bytes: corrupt, or ArenaSize changed", key, loc, s.opts.ArenaSize)
+	}
+	if seg := int64(s.opts.SegmentSize); int64(loc.Offset)/seg != (int64(loc.Offset)+int64(loc.Length)-1)/seg {
+		return fmt.Errorf("store: the record of key %q at %+v crosses a segment boundary: the directory was made with another SegmentSize. "+
+			"Start with that size again (rkv-server --segment-size), now %d", key, loc, s.opts.SegmentSize)
 	}
 	return nil
 }

@@ -182,7 +182,7 @@ func TestFullStoreRefusesLeases(t *testing.T) {
 	sv := newServer(t, opts)
 	waitArenas(t, sv.s, 1)
 	for i := 0; ; i++ {
-		_, err := sv.s.GrantLease(context.Background())
+		_, err := sv.s.GrantLease(context.Background(), 0, 0)
 		if errors.Is(err, ErrFull) {
 			if i != 2 {
 				t.Fatalf("full after %d leases, want 2", i)

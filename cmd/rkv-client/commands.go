@@ -435,13 +435,21 @@ type statusJSON struct {
 	Shards       uint64 `json:"shards_owned"`
 	// The moves into the server: shards copying now, shards moved in since
 	// it started, what they copied and how fast.
-	ShardsIncoming uint64            `json:"shards_incoming"`
-	ShardsMovedIn  uint64            `json:"shards_moved_in"`
-	CopiedKeys     uint64            `json:"copied_keys"`
-	CopiedBytes    uint64            `json:"copied_bytes"`
-	CopyMiBPerSec  float64           `json:"copy_mib_per_s,omitempty"`
-	RequestsByType map[string]uint64 `json:"requests_by_type,omitempty"`
-	Error          string            `json:"error,omitempty"`
+	ShardsIncoming uint64  `json:"shards_incoming"`
+	ShardsMovedIn  uint64  `json:"shards_moved_in"`
+	CopiedKeys     uint64  `json:"copied_keys"`
+	CopiedBytes    uint64  `json:"copied_bytes"`
+	CopyMiBPerSec  float64 `json:"copy_mib_per_s,omitempty"`
+	// Space: live, dead (for the cleaner) and free bytes of the arenas'
+	// capacity, and what the cleaner did.
+	LiveBytes         uint64            `json:"live_bytes"`
+	DeadBytes         uint64            `json:"dead_bytes"`
+	FreeBytes         uint64            `json:"free_bytes"`
+	CapacityBytes     uint64            `json:"capacity_bytes"`
+	SegmentsCleaned   uint64            `json:"segments_cleaned"`
+	CleanerMovedBytes uint64            `json:"cleaner_moved_bytes"`
+	RequestsByType    map[string]uint64 `json:"requests_by_type,omitempty"`
+	Error             string            `json:"error,omitempty"`
 }
 
 func statusCmd(g *globals) *cobra.Command {
@@ -449,9 +457,11 @@ func statusCmd(g *globals) *cobra.Command {
 		Use:   "status",
 		Short: "per server: keys, shards, moves in progress, commits, leases (Stats RPC and gossip)",
 		Long: `status asks every server of the view for its counters (the control RPC's
-Stats) and adds what gossip says (state, arenas registered): keys, the map
-epoch it holds and the shards it owns, shard moves into it (shards copying
-now, moved in since it started, keys and bytes copied, MiB/s), commits,
+Stats) and adds what gossip says (state, arenas registered): keys, the arena
+bytes live (current records), dead (superseded or deleted, for the cleaner to
+reclaim) and free, the map epoch it holds and the shards it owns, shard moves
+into it (shards copying now, moved in since it started, keys and bytes
+copied, MiB/s), commits,
 deletes, leases, connections and control requests. A server that does not
 answer is listed with its error, and the exit code is then 3.`,
 		Args: cobra.NoArgs,
@@ -479,6 +489,8 @@ answer is listed with its error, and the exit code is then 3.`,
 						r.LeasesActive, r.Connections, r.Handled = st.LeasesActive, st.Connections, st.Handled
 						r.MapEpoch, r.Shards, r.ShardsIncoming, r.ShardsMovedIn = st.MapEpoch, st.ShardsOwned, st.ShardsIncoming, st.ShardsMovedIn
 						r.CopiedKeys, r.CopiedBytes, r.RequestsByType = st.CopiedKeys, st.CopiedBytes, st.Requests
+						r.LiveBytes, r.DeadBytes, r.FreeBytes, r.CapacityBytes = st.LiveBytes, st.DeadBytes, st.FreeBytes, st.CapacityBytes
+						r.SegmentsCleaned, r.CleanerMovedBytes = st.SegmentsCleaned, st.CleanerMovedBytes
 						if st.CopyTime > 0 {
 							r.CopyMiBPerSec = float64(st.CopiedBytes) / (1 << 20) / st.CopyTime.Seconds()
 						}
@@ -493,14 +505,15 @@ answer is listed with its error, and the exit code is then 3.`,
 					}
 				} else {
 					tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-					fmt.Fprintln(tw, "NAME\tSTATE\tCONTROL\tGEN\tARENAS\tKEYS\tMAP\tSHARDS\tMOVING IN\tCOMMITS\tDELETES\tLEASES\tCONNS\tREQUESTS")
+					fmt.Fprintln(tw, "NAME\tSTATE\tCONTROL\tGEN\tARENAS\tKEYS\tLIVE\tDEAD\tFREE\tMAP\tSHARDS\tMOVING IN\tCOMMITS\tDELETES\tLEASES\tCONNS\tREQUESTS")
 					for _, r := range rows {
 						if r.Error != "" {
 							fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\terror: %s\n", r.Name, r.State, r.ControlAddr, r.Generation, r.Arenas, r.Error)
 							continue
 						}
-						fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%s\t%d\t%d\t%d\t%d\t%d\n", r.Name, r.State, r.ControlAddr, r.Generation, r.Arenas,
-							r.Keys, r.MapEpoch, r.Shards, moving(r), r.Commits, r.Deletes, r.LeasesActive, r.Connections, r.Handled)
+						fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t%d\t%d\t%s\t%d\t%d\t%d\t%d\t%d\n", r.Name, r.State, r.ControlAddr, r.Generation, r.Arenas,
+							r.Keys, humanBytes(r.LiveBytes), humanBytes(r.DeadBytes), humanBytes(r.FreeBytes),
+							r.MapEpoch, r.Shards, moving(r), r.Commits, r.Deletes, r.LeasesActive, r.Connections, r.Handled)
 					}
 					if err := tw.Flush(); err != nil {
 						return err

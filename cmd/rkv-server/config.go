@@ -29,6 +29,7 @@ type options struct {
 	ArenaCount          int
 	IndexSlots          uint64
 	LeaseSize           int64
+	SegmentSize         int64
 	Sync                string
 	RegistrationWorkers int
 	Provider            string
@@ -110,10 +111,11 @@ func newFlagSet(o *options) *pflag.FlagSet {
 	fs.StringVar(&o.Config, "config", "", "config `file` of \"flag-name = value\" lines (see above)")
 	fs.StringVar(&o.Name, "name", "", "the server's cluster name; required, and must stay the same across restarts (placement hashes it)")
 	fs.StringVar(&o.DataDir, "data-dir", "", "data directory (arenas, Pebble); default ./rkv-data/<name>")
-	fs.Var(newSize(&o.ArenaSize, 64<<20), "arena-size", "size of each arena file, a multiple of --lease-size")
+	fs.Var(newSize(&o.ArenaSize, 64<<20), "arena-size", "size of each arena file, a multiple of --segment-size")
 	fs.IntVar(&o.ArenaCount, "arena-count", 4, "number of arenas")
 	fs.Uint64Var(&o.IndexSlots, "index-slots", 1<<18, "home slots of the one-sided hash index, a power of two (16 bytes each)")
-	fs.Var(newSize(&o.LeaseSize, 1<<20), "lease-size", "size of a write lease's region")
+	fs.Var(newSize(&o.LeaseSize, 1<<20), "lease-size", "largest write lease, and so the largest record (writers ask for what they need, from 4KiB)")
+	fs.Var(newSize(&o.SegmentSize, 0), "segment-size", "unit the arenas are carved and cleaned in, a multiple of 4KiB and at least --lease-size (0: 4 leases, or one when that does not divide --arena-size); keep it across restarts")
 	fs.StringVar(&o.Sync, "sync", "always", "durability: always (fsync before ack), batch (every 10ms), none")
 	fs.IntVar(&o.RegistrationWorkers, "registration-workers", 0, "memory registrations run at once (0: min(4, GOMAXPROCS))")
 	fs.StringVar(&o.Provider, "provider", "auto", "RDMA provider: auto (verbs if compiled in and a device exists, else soft), soft, verbs")
@@ -283,6 +285,9 @@ func (o *options) validate() error {
 	}
 	if o.LeaseSize <= 0 || o.ArenaSize <= 0 || o.ArenaSize%o.LeaseSize != 0 {
 		return fmt.Errorf("--arena-size %d must be a positive multiple of --lease-size %d", o.ArenaSize, o.LeaseSize)
+	}
+	if o.SegmentSize != 0 && (o.SegmentSize < o.LeaseSize || o.SegmentSize%4096 != 0 || o.ArenaSize%o.SegmentSize != 0) {
+		return fmt.Errorf("--segment-size %d must be a multiple of 4KiB, at least --lease-size %d, and divide --arena-size %d", o.SegmentSize, o.LeaseSize, o.ArenaSize)
 	}
 	var err error
 	if o.syncMode, err = store.ParseSyncPolicy(o.Sync); err != nil {

@@ -16,8 +16,9 @@ type collector struct {
 
 	regDone, regFailed, regCanceled, regBytes, regQueued, regInFlight *prometheus.Desc
 	regLatency                                                        *prometheus.Desc
-	arenas, arenaBytes                                                *prometheus.Desc
-	leasesActive, leasesGranted, leasesExpired                        *prometheus.Desc
+	arenas, arenaBytes, segments                                      *prometheus.Desc
+	segmentsFreed, segmentsCleaned, cleanerMoved, committedBytes      *prometheus.Desc
+	leasesActive, leasesGranted, leasesExpired, leasesRefused         *prometheus.Desc
 	commits, commitsRejected, deletes, batches, syncSeconds           *prometheus.Desc
 	keys, indexLoad, indexMoves                                       *prometheus.Desc
 	handled, connections, generation                                  *prometheus.Desc
@@ -37,7 +38,13 @@ func newCollector(srv *server.Server) *collector {
 		regInFlight:     d("registrar_in_flight", "Registrations being pinned now."),
 		regLatency:      d("registrar_latency_seconds", "Time from submission to completion of successful registrations."),
 		arenas:          d("arenas_registered", "Arenas registered and advertised."),
-		arenaBytes:      d("arenas_bytes", "Arena bytes by state: size, allocated (to leases), live, dead.", "state"),
+		arenaBytes:      d("arenas_bytes", "Arena bytes by state: size, live (current records), dead (for the cleaner), free.", "state"),
+		segments:        d("segments", "Arena segments: all of them (total) and those free.", "state"),
+		segmentsFreed:   d("segments_freed_total", "Segments that came free: emptied by overwrites, deletes, drops or the cleaner."),
+		segmentsCleaned: d("cleaner_segments_cleaned_total", "Segments the cleaner emptied."),
+		cleanerMoved:    d("cleaner_moved_bytes_total", "Record bytes the cleaner copied out of segments."),
+		committedBytes:  d("committed_bytes_total", "Record bytes of acknowledged puts (cleaner_moved_bytes_total over this is its write amplification)."),
+		leasesRefused:   d("leases_refused_total", "Write leases refused for want of space."),
 		leasesActive:    d("leases_active", "Write leases active now."),
 		leasesGranted:   d("leases_granted_total", "Write leases granted."),
 		leasesExpired:   d("leases_expired_total", "Write leases that expired unrenewed."),
@@ -81,21 +88,23 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 
 	st := c.srv.Store().Stats()
 	var registered int
-	var size, alloc, live, dead int64
 	for _, a := range st.Arenas {
 		if a.Registered {
 			registered++
 		}
-		size += a.Size
-		alloc += a.Allocated
-		live += a.Live
-		dead += a.Dead
 	}
 	gauge(c.arenas, float64(registered))
-	gauge(c.arenaBytes, float64(size), "size")
-	gauge(c.arenaBytes, float64(alloc), "allocated")
-	gauge(c.arenaBytes, float64(live), "live")
-	gauge(c.arenaBytes, float64(dead), "dead")
+	gauge(c.arenaBytes, float64(st.Capacity), "size")
+	gauge(c.arenaBytes, float64(st.Live), "live")
+	gauge(c.arenaBytes, float64(st.Dead), "dead")
+	gauge(c.arenaBytes, float64(st.Free), "free")
+	gauge(c.segments, float64(st.Segments), "total")
+	gauge(c.segments, float64(st.FreeSegments), "free")
+	counter(c.segmentsFreed, float64(st.SegmentsFreed))
+	counter(c.segmentsCleaned, float64(st.SegmentsCleaned))
+	counter(c.cleanerMoved, float64(st.CleanerMovedBytes))
+	counter(c.committedBytes, float64(st.CommittedBytes))
+	counter(c.leasesRefused, float64(st.LeasesRefused))
 	gauge(c.leasesActive, float64(st.LeasesActive))
 	counter(c.leasesGranted, float64(st.LeasesGranted))
 	counter(c.leasesExpired, float64(st.LeasesExpired))

@@ -1,0 +1,395 @@
+// The cleaner: copying the live records out of mostly dead segments, so that the segments come free.
+
+package store
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/rkv-io/rkv/proto"
+)
+
+// The cleaner wakes every cleanInterval (or when a carve found no free
+// segment), frees the segments whose grace period is over (space.go), and
+// then, while free segments run short or dead bytes reach
+// Options.CleanDeadRatio of the capacity, empties the sealed segment with
+// the most dead bytes:
+//
+//  1. It walks the segment's bytes for records whose state word is live
+//     (the invariant of shards.go: those are exactly the current records
+//     of the shards owned here).
+//  2. It copies a batch of them into its own region, pending, and hands
+//     the batch to the commit loop, which, for each record that is still
+//     its key's current one in a shard owned and not frozen, writes the
+//     entry at the new location (and journals the copy) in one Pebble
+//     batch, as a commit does; then makes the copy live, points the index
+//     at it, and marks the old record dead. A record superseded meanwhile
+//     is not moved; its copy stays pending, unreachable.
+//  3. Once its last live record is moved, the segment starts its grace
+//     period like any emptied segment.
+//
+// A one-sided reader holding the old location finds a dead record and
+// retries from the index, which points at the copy; one that read the
+// index just before the move reads the old record, live and of the same
+// version, which is right. Records of shards not owned here (incoming,
+// released) are dead in the arenas though their entries hold them, so a
+// segment with such records cannot be emptied until DropShards: the
+// cleaner notes what it left (stuckLive) and does not pick the segment
+// again until that shrinks.
+//
+// The cleaner copies at most Options.CleanRate bytes per second.
+
+const (
+	cleanInterval = 100 * time.Millisecond
+	// cleanBatch bounds the record bytes of one relocation batch: one
+	// Pebble batch, journaled under SyncAlways and SyncBatch.
+	cleanBatch = 1 << 20
+)
+
+// cleanerState is the cleaner's. kick and moved need no lock; region is
+// guarded by Store.mu.
+type cleanerState struct {
+	kick   chan struct{} // buffered: clean now
+	region fillRegion    // where moved records go
+}
+
+// kickCleaner wakes the cleaner without waiting. Safe under Store.mu.
+func (s *Store) kickCleaner() {
+	select {
+	case s.cleaner.kick <- struct{}{}:
+	default:
+	}
+}
+
+// relocation is a record the cleaner moves.
+type relocation struct {
+	key      []byte
+	shard    proto.Shard
+	version  uint64
+	from, to proto.Location
+	rec      []byte // the copy, live, for the journal
+	admitted bool   // counted in its shard (FreezeShards waits for it)
+	moved    bool
+}
+
+// relocateJob is one batch of relocations, applied by the commit loop.
+type relocateJob struct{ moves []relocation }
+
+func (s *Store) cleanLoop() {
+	defer s.wg.Done()
+	t := time.NewTimer(cleanInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+		case <-s.cleaner.kick:
+		case <-s.stop:
+			return
+		}
+		s.cleanRound()
+		t.Reset(s.nextCleanRound())
+	}
+}
+
+// cleanRound frees the segments whose grace is over and cleans while
+// cleaning is due.
+func (s *Store) cleanRound() {
+	for {
+		if _, err := s.reclaim(time.Now()); err != nil {
+			s.log.Error("freeing segments failed; will retry", "err", err)
+			return
+		}
+		sg := s.pickVictim()
+		if sg == nil {
+			return
+		}
+		if err := s.clean(sg); err != nil {
+			if !errors.Is(err, ErrClosed) {
+				s.log.Warn("cleaning a segment", "arena", sg.arena.id, "offset", sg.start, "err", err)
+			}
+			return
+		}
+	}
+}
+
+// nextCleanRound is when the cleaner should look again: at the end of the
+// first grace period to end, or in cleanInterval.
+func (s *Store) nextCleanRound() time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	next := cleanInterval
+	for _, sg := range s.freeing {
+		next = min(next, time.Until(sg.freedAt.Add(s.opts.SegmentGrace)))
+	}
+	return max(next, time.Millisecond)
+}
+
+// cleaningDueLocked reports whether the cleaner should run now: free
+// segments are short, or dead bytes reached CleanDeadRatio; lowFree tells
+// which.
+func (s *Store) cleaningDueLocked() (due, lowFree bool) {
+	sp := s.spaceNowLocked()
+	// Segments in their grace period count as free: they soon are, and
+	// cleaning more meanwhile would empty segments less dead.
+	lowFree = sp.freeSegments+len(s.freeing) < max(s.reserveSegments()+2, len(s.segments)/32)
+	due = lowFree || s.opts.CleanDeadRatio > 0 && float64(sp.dead) >= s.opts.CleanDeadRatio*float64(sp.capacity)
+	return due, lowFree
+}
+
+// victimLocked is the sealed segment the cleaner should empty next, or
+// nil. One with less than 1/8 dead is not worth its copy unless free
+// segments are short, and one with less than 1/32 never is: copying it
+// takes about the segment it frees (a store that full of live data is
+// full, and says so).
+func (s *Store) victimLocked(lowFree bool) *segment {
+	var best *segment
+	for _, sg := range s.segments {
+		if sg.state != segmentSealed || sg.regions > 0 || sg.pending > 0 || sg.cleaning || sg.live == 0 ||
+			sg.stuckLive >= 0 && sg.live >= sg.stuckLive {
+			continue
+		}
+		if best == nil || sg.dead > best.dead {
+			best = sg
+		}
+	}
+	if best == nil || !lowFree && best.dead*8 < s.opts.SegmentSize || best.dead*32 < s.opts.SegmentSize {
+		return nil
+	}
+	return best
+}
+
+// pickVictim returns the segment to clean now, marked cleaning, or nil.
+func (s *Store) pickVictim() *segment {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil
+	}
+	due, lowFree := s.cleaningDueLocked()
+	if !due {
+		return nil
+	}
+	sg := s.victimLocked(lowFree)
+	if sg != nil {
+		sg.cleaning = true
+	}
+	return sg
+}
+
+// cleanable reports whether waiting can bring free space: a segment is in
+// its grace period, or one can be cleaned.
+func (s *Store) cleanable() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.freeing) > 0 || s.victimLocked(true) != nil
+}
+
+// clean moves the live records out of sg, which pickVictim marked.
+func (s *Store) clean(sg *segment) error {
+	s.mu.Lock()
+	head := sg.head
+	s.mu.Unlock()
+	complete := false // every live record walked was handed to the commit loop
+	defer func() {
+		s.mu.Lock()
+		sg.cleaning = false
+		switch {
+		case sg.state != segmentSealed || sg.live == 0:
+			s.stats.segmentsCleaned.Add(1)
+		case complete:
+			sg.stuckLive = sg.live // records nothing moves: of shards not owned here
+		}
+		s.mu.Unlock()
+	}()
+	mem := sg.arena.mem.Bytes()[sg.start : sg.start+head]
+	var batch []relocation
+	size := 0
+	for off := 0; off+proto.RecordHeaderSize <= len(mem); {
+		if binary.LittleEndian.Uint32(mem[off:]) != proto.RecordMagic {
+			off += proto.RecordAlign
+			continue
+		}
+		r, err := proto.ParseRecord(mem[off:])
+		if err != nil {
+			off += proto.RecordAlign // a torn or overwritten remnant
+			continue
+		}
+		n := proto.RecordSize(r.KeyLen, r.ValueLen)
+		if recordState(mem[off:]) == proto.RecordLive {
+			batch = append(batch, relocation{
+				key: append([]byte(nil), r.Key...), shard: proto.ShardOf(r.Key), version: r.Version,
+				from: proto.Location{Arena: sg.arena.id, Offset: uint64(sg.start) + uint64(off), Length: uint32(n)},
+			})
+			if size += n; size >= cleanBatch {
+				if err := s.relocate(batch); err != nil {
+					return err
+				}
+				batch, size = batch[:0], 0
+			}
+		}
+		off += n
+	}
+	if len(batch) > 0 {
+		if err := s.relocate(batch); err != nil {
+			return err
+		}
+	}
+	complete = true
+	return nil
+}
+
+// relocate copies moves' records into the cleaner's region and has the
+// commit loop apply them; then it waits as long as copying them at
+// CleanRate takes.
+func (s *Store) relocate(moves []relocation) error {
+	start := time.Now()
+	if err := s.enter(); err != nil {
+		return err
+	}
+	job := &relocateJob{}
+	s.mu.Lock()
+	var full error
+	var left int64 // bytes still to place
+	for _, m := range moves {
+		left += int64(m.from.Length)
+	}
+	for _, m := range moves {
+		to, err := s.fillLocked(&s.cleaner.region, int64(m.from.Length), left, true)
+		left -= int64(m.from.Length)
+		if err != nil {
+			full = err // move what has room; the segment stays for another pass
+			break
+		}
+		m.to = to
+		job.moves = append(job.moves, m)
+	}
+	s.mu.Unlock()
+	if len(job.moves) == 0 {
+		s.exit()
+		return fmt.Errorf("store: no room to move records into: %w", full)
+	}
+	var bytes int64
+	for i := range job.moves {
+		m := &job.moves[i]
+		src := s.arenas[m.from.Arena].mem.Bytes()[m.from.Offset : m.from.Offset+uint64(m.from.Length)]
+		dst := s.arenas[m.to.Arena].mem.Bytes()[m.to.Offset : m.to.Offset+uint64(m.to.Length)]
+		copy(dst, src)
+		putState(dst, proto.RecordPending)
+		if s.journaled() {
+			m.rec = append([]byte(nil), dst...)
+			putState(m.rec, proto.RecordLive)
+		}
+		bytes += int64(m.to.Length)
+	}
+	c := &pendingCommit{reloc: job, done: make(chan struct{})}
+	select {
+	case s.commits <- c:
+	case <-s.stop:
+		s.mu.Lock()
+		for _, m := range job.moves {
+			s.settleLocked(m.to, false)
+		}
+		s.mu.Unlock()
+		s.exit()
+		return ErrClosed
+	}
+	<-c.done
+	if c.result != nil {
+		return c.result
+	}
+	if full != nil {
+		return fmt.Errorf("store: moved %d of %d records: %w", len(job.moves), len(moves), full)
+	}
+	if pause := time.Duration(float64(bytes)/float64(s.opts.CleanRate)*float64(time.Second)) - time.Since(start); pause > 0 {
+		select {
+		case <-time.After(pause):
+		case <-s.stop:
+		}
+	}
+	return nil
+}
+
+// applyRelocate applies a batch of relocations (the commit loop).
+func (s *Store) applyRelocate(c *pendingCommit) {
+	job := c.reloc
+	defer func() {
+		s.mu.Lock()
+		for i := range job.moves {
+			m := &job.moves[i]
+			if m.admitted {
+				s.shards[m.shard].applied()
+			}
+			if m.moved {
+				s.deadLocked(m.from)
+				s.settleLocked(m.to, true)
+			} else {
+				s.settleLocked(m.to, false)
+			}
+		}
+		s.mu.Unlock()
+		close(c.done)
+		s.inflight.Done()
+	}()
+	// Only records of shards that take writes: a frozen shard's records
+	// are being copied out, a released one's are dead already.
+	s.mu.Lock()
+	for i := range job.moves {
+		m := &job.moves[i]
+		if info := &s.shards[m.shard]; info.state == ShardOwned && !info.frozen && !info.moving {
+			info.admit()
+			m.admitted = true
+		}
+	}
+	s.mu.Unlock()
+	b := s.db.NewBatch()
+	defer b.Close()
+	seq, journaled := s.journalNext.Load(), int64(0)
+	var errs []error
+	for i := range job.moves {
+		m := &job.moves[i]
+		if !m.admitted {
+			continue
+		}
+		if loc, ok, err := s.index.Get(m.key); err != nil || !ok || loc != m.from {
+			continue // superseded or deleted since the walk
+		}
+		m.moved = true
+		errs = append(errs, b.Set(shardDataKey(m.shard, m.key), entry{loc: m.to, version: m.version}.encode(), nil))
+		if s.journaled() {
+			errs = append(errs, b.Set(journalKey(seq), journalEntry(m.to, m.rec), nil))
+			seq++
+			journaled += int64(len(m.rec))
+		}
+	}
+	err := errors.Join(errs...)
+	if err == nil {
+		err = s.commitBatch(b)
+	}
+	if err != nil {
+		for i := range job.moves {
+			job.moves[i].moved = false
+		}
+		c.result = fmt.Errorf("store: moving records out of a segment: %w", err)
+		return
+	}
+	s.journalWritten(seq, journaled)
+	var moved int64
+	for i := range job.moves {
+		m := &job.moves[i]
+		if !m.moved {
+			continue
+		}
+		s.arenas[m.to.Arena].setState(m.to.Offset, proto.RecordLive)
+		if _, _, err := s.index.Put(m.key, m.to); err != nil {
+			// The key is in the index (its slot is reused), so this
+			// cannot happen; should it, the entry points at the copy and
+			// the next start agrees.
+			s.log.Error("repointing the index at a moved record", "key", m.key, "err", err)
+		}
+		s.arenas[m.from.Arena].markDead(m.from.Offset)
+		moved += int64(m.to.Length)
+	}
+	s.stats.cleanerMoved.Add(uint64(moved))
+}

@@ -1,0 +1,346 @@
+// Space: arenas cut into segments, regions carved from them to fit, and segments freed once nothing in them is live.
+
+package store
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+
+	"github.com/rkv-io/rkv/proto"
+)
+
+// Every arena is a row of SegmentSize segments. Leases, the ingest region
+// and the cleaner's region are carved from the one open segment, in order,
+// each to the size asked; when a carve does not fit, the open segment is
+// sealed and a free one opened. A region's unused tail goes back to its
+// segment when it ends, if nothing was carved after it (the common case of
+// a short-lived writer); otherwise it counts dead.
+//
+// A sealed segment only loses live bytes (superseded, deleted, moved or
+// dropped records). When it has none left and no region is open in it, it
+// waits out Options.SegmentGrace and one Pebble sync, and is free again:
+// the grace covers a one-sided reader that read a location just before
+// the record died, and the sync makes sure that no index entry that a
+// crash could bring back still points into it. A reader that still holds
+// a location into a reused segment finds another record there, a pending
+// one, or a torn one, and retries from the index (proto.VerifyRecord);
+// none of them is live for its key unless it is its key's current record.
+//
+// Sealed segments whose records are partly dead are emptied by the
+// cleaner (cleaner.go). Nothing of this is persisted: Open computes every
+// segment's live bytes from the index entries, and a segment without any
+// is free.
+
+// segmentState is where a segment is in its cycle.
+type segmentState uint8
+
+const (
+	segmentFree    segmentState = iota // empty: the next carve may open it
+	segmentOpen                        // carves take its space from head on
+	segmentSealed                      // carving is over; it only loses live bytes
+	segmentFreeing                     // empty, waiting out the grace period
+)
+
+// segment is one SegmentSize stretch of an arena. Guarded by Store.mu.
+type segment struct {
+	arena *arena
+	start int64 // offset of its first byte in the arena
+	state segmentState
+	// head is how many bytes from start are carved; live and dead are
+	// the bytes of current records and of bytes nothing will read (dead
+	// records, tails given up, gaps); pending the bytes of records
+	// written and not yet committed or refused (a commit, an Ingest or a
+	// move in flight); the rest of head is in open regions.
+	head, live, dead, pending int64
+	regions                   int       // carved regions not yet ended
+	freedAt                   time.Time // when it became segmentFreeing
+	// cleaning is set while the cleaner works on it; stuckLive is what a
+	// cleaning pass left live (records of shards not owned here, which
+	// only a DropShards frees): the cleaner picks it again only once it
+	// holds less.
+	cleaning  bool
+	stuckLive int64
+}
+
+// region is space carved from a segment: [off, off+size) of its arena.
+type region struct {
+	seg       *segment
+	off, size int64
+}
+
+func (r region) arena() *arena { return r.seg.arena }
+
+// fillRegion is a region the server fills itself, record by record (the
+// ingest region, the cleaner's), guarded by Store.mu.
+type fillRegion struct {
+	region
+	used int64
+}
+
+// fillLocked takes n bytes for a record from r, carving r anew when it is
+// full (want bytes, or what the open segment has left if at least n). The
+// old region's unused tail goes back.
+func (s *Store) fillLocked(r *fillRegion, n, want int64, forCleaner bool) (proto.Location, error) {
+	if r.seg == nil || r.used+n > r.size {
+		if n > s.opts.SegmentSize {
+			return proto.Location{}, fmt.Errorf("%w: a record of %d bytes is larger than a segment (%d)", ErrRecord, n, s.opts.SegmentSize)
+		}
+		s.endFillLocked(r)
+		fresh, err := s.carveLocked(n, min(max(n, want), s.opts.SegmentSize), forCleaner)
+		if err != nil {
+			return proto.Location{}, err
+		}
+		*r = fillRegion{region: fresh}
+	}
+	loc := proto.Location{Arena: r.arena().id, Offset: uint64(r.off + r.used), Length: uint32(n)}
+	r.used += n
+	s.holdLocked(loc)
+	return loc, nil
+}
+
+// endFillLocked ends r, if it has a region: its unused tail goes back.
+func (s *Store) endFillLocked(r *fillRegion) {
+	if r.seg != nil {
+		s.endRegionLocked(r.region, r.used)
+		*r = fillRegion{}
+	}
+}
+
+// leaseGranularity is the unit leases are carved in.
+const leaseGranularity = 4096
+
+// newSegments cuts the arenas into segments, all free.
+func (s *Store) newSegments() {
+	per := s.opts.ArenaSize / s.opts.SegmentSize
+	s.segments = make([]*segment, 0, int64(len(s.arenas))*per)
+	for _, a := range s.arenas {
+		for i := range per {
+			s.segments = append(s.segments, &segment{arena: a, start: i * s.opts.SegmentSize, stuckLive: -1})
+		}
+	}
+}
+
+// segmentOf returns the segment holding loc.
+func (s *Store) segmentOf(loc proto.Location) *segment {
+	per := s.opts.ArenaSize / s.opts.SegmentSize
+	return s.segments[int64(loc.Arena)*per+int64(loc.Offset)/s.opts.SegmentSize]
+}
+
+// reserveSegments is how many free segments only the cleaner may open: it
+// needs room to copy into to make room.
+func (s *Store) reserveSegments() int {
+	if len(s.segments) < 4 {
+		return 0
+	}
+	return 1
+}
+
+// carveLocked carves want bytes (multiples of RecordAlign, at most
+// SegmentSize) from the open segment, or less, not less than need, when
+// that is what it has left; it opens a free segment of a registered arena
+// when it has not even need. So a segment is sealed with less than need
+// unused. Only the cleaner (forCleaner) may open the last reserveSegments.
+// It returns errNoReadyArena when only arenas still registering have free
+// segments, and ErrFull when none has.
+func (s *Store) carveLocked(need, want int64, forCleaner bool) (region, error) {
+	if o := s.openSeg; o != nil && o.head+need <= s.opts.SegmentSize {
+		size := min(want, s.opts.SegmentSize-o.head)
+		r := region{seg: o, off: o.start + o.head, size: size}
+		o.head += size
+		o.regions++
+		return r, nil
+	}
+	size := want
+	var pick *segment
+	free, waiting := 0, false
+	freeIn := map[*arena]int{}
+	for _, sg := range s.segments {
+		if sg.state != segmentFree {
+			continue
+		}
+		free++
+		if !sg.arena.ready() {
+			waiting = true
+			continue
+		}
+		freeIn[sg.arena]++
+		// The arena with the most free segments: writes spread over
+		// arenas, and so over their pages and syncs.
+		if pick == nil || freeIn[sg.arena] > freeIn[pick.arena] {
+			pick = sg
+		}
+	}
+	switch {
+	case pick == nil && waiting:
+		return region{}, errNoReadyArena
+	case pick == nil || !forCleaner && free <= s.reserveSegments():
+		s.kickCleaner()
+		return region{}, fmt.Errorf("%w: no free segment for %d bytes (%s)", ErrFull, size, s.spaceLocked())
+	}
+	if o := s.openSeg; o != nil {
+		s.sealLocked(o)
+	}
+	pick.state, pick.head, pick.live, pick.dead, pick.stuckLive = segmentOpen, size, 0, 0, -1
+	pick.regions = 1
+	s.openSeg = pick
+	return region{seg: pick, off: pick.start, size: size}, nil
+}
+
+// sealLocked ends carving from sg: the space above its head counts dead.
+func (s *Store) sealLocked(sg *segment) {
+	sg.dead += s.opts.SegmentSize - sg.head
+	sg.head = s.opts.SegmentSize
+	sg.state = segmentSealed
+	if s.openSeg == sg {
+		s.openSeg = nil
+	}
+	s.maybeFreeLocked(sg)
+}
+
+// endRegionLocked ends a region whose first used bytes hold records (live
+// or not, they are accounted by their commits): the rest goes back to the
+// segment if nothing was carved after it, else it counts dead.
+func (s *Store) endRegionLocked(r region, used int64) {
+	sg := r.seg
+	tail := r.size - used
+	if sg.state == segmentOpen && r.off+r.size == sg.start+sg.head {
+		sg.head -= tail
+	} else {
+		sg.dead += tail
+	}
+	sg.regions--
+	s.maybeFreeLocked(sg)
+}
+
+// holdLocked counts a record written and on its way to be committed: its
+// segment is not freed before settleLocked says what became of it.
+func (s *Store) holdLocked(loc proto.Location) {
+	s.segmentOf(loc).pending += int64(loc.Length)
+}
+
+// settleLocked counts a held record current, or dead (refused, failed,
+// superseded before it was applied).
+func (s *Store) settleLocked(loc proto.Location, current bool) {
+	sg := s.segmentOf(loc)
+	sg.pending -= int64(loc.Length)
+	if current {
+		sg.live += int64(loc.Length)
+	} else {
+		sg.dead += int64(loc.Length)
+	}
+	s.maybeFreeLocked(sg)
+}
+
+// liveLocked counts a current record found at Open.
+func (s *Store) liveLocked(loc proto.Location) {
+	s.segmentOf(loc).live += int64(loc.Length)
+}
+
+// deadLocked counts a current record that is current no more.
+func (s *Store) deadLocked(loc proto.Location) {
+	sg := s.segmentOf(loc)
+	sg.live -= int64(loc.Length)
+	sg.dead += int64(loc.Length)
+	s.maybeFreeLocked(sg)
+}
+
+// wasteLocked counts carved bytes that will never hold a record (a gap a
+// writer skipped).
+func (s *Store) wasteLocked(loc proto.Location) {
+	s.segmentOf(loc).dead += int64(loc.Length)
+}
+
+// maybeFreeLocked starts sg's grace period once nothing in it is live,
+// pending or carved.
+func (s *Store) maybeFreeLocked(sg *segment) {
+	if sg.state == segmentSealed && sg.regions == 0 && sg.live == 0 && sg.pending == 0 {
+		sg.state, sg.freedAt = segmentFreeing, time.Now()
+		s.freeing = append(s.freeing, sg)
+	}
+}
+
+// reclaim frees the segments whose grace period is over, after one Pebble
+// sync: the entries that made their records dead are then durable, so no
+// crash brings back an entry pointing into reused space. It reports how
+// many it freed.
+func (s *Store) reclaim(now time.Time) (int, error) {
+	s.mu.Lock()
+	due := 0
+	for _, sg := range s.freeing {
+		if now.Sub(sg.freedAt) >= s.opts.SegmentGrace {
+			due++
+		}
+	}
+	s.mu.Unlock()
+	if due == 0 {
+		return 0, nil
+	}
+	if s.opts.Sync != SyncAlways { // under SyncAlways every batch was synced
+		if err := s.db.LogData(nil, pebble.Sync); err != nil {
+			return 0, fmt.Errorf("store: syncing the index before freeing segments: %w", err)
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	kept, n := s.freeing[:0], 0
+	for _, sg := range s.freeing {
+		if now.Sub(sg.freedAt) < s.opts.SegmentGrace || sg.state != segmentFreeing {
+			kept = append(kept, sg)
+			continue
+		}
+		sg.state, sg.head, sg.live, sg.dead, sg.stuckLive = segmentFree, 0, 0, 0, -1
+		n++
+	}
+	clear(s.freeing[len(kept):])
+	s.freeing = kept
+	s.stats.segmentsFreed.Add(uint64(n))
+	if n > 0 {
+		close(s.freed) // wake the writers waiting for space
+		s.freed = make(chan struct{})
+	}
+	return n, nil
+}
+
+// rebuildSegments sets every segment's state from the live bytes the
+// rebuild counted in it: one with live records is sealed, every other one
+// is free.
+func (s *Store) rebuildSegments() {
+	for _, sg := range s.segments {
+		if sg.live > 0 {
+			sg.state, sg.head, sg.dead = segmentSealed, s.opts.SegmentSize, s.opts.SegmentSize-sg.live
+		} else {
+			sg.state, sg.head, sg.dead = segmentFree, 0, 0
+		}
+	}
+	s.openSeg = nil
+}
+
+// space is the store's space: live, dead and free bytes.
+type space struct {
+	live, dead, free, capacity int64
+	freeSegments               int
+}
+
+func (s *Store) spaceNowLocked() space {
+	sp := space{capacity: int64(len(s.segments)) * s.opts.SegmentSize}
+	for _, sg := range s.segments {
+		sp.live += sg.live
+		sp.dead += sg.dead
+		switch sg.state {
+		case segmentFree:
+			sp.free += s.opts.SegmentSize
+			sp.freeSegments++
+		case segmentOpen:
+			sp.free += s.opts.SegmentSize - sg.head
+		}
+	}
+	return sp
+}
+
+func (s *Store) spaceLocked() string {
+	sp := s.spaceNowLocked()
+	return fmt.Sprintf("%d bytes live, %d dead, %d free of %d; %d of %d segments free",
+		sp.live, sp.dead, sp.free, sp.capacity, sp.freeSegments, len(s.segments))
+}

@@ -1,0 +1,497 @@
+package store
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/rkv-io/rkv/proto"
+)
+
+// cleanerOptions is a small store whose cleaner has work soon: 16
+// segments of 256 KiB over two arenas, a short grace period.
+func cleanerOptions() Options {
+	opts := smallOptions()
+	opts.ArenaSize, opts.ArenaCount, opts.LeaseSize, opts.SegmentSize = 2<<20, 2, 128<<10, 256<<10
+	opts.SegmentGrace = 20 * time.Millisecond
+	opts.Sync = SyncNone
+	return opts
+}
+
+// leaseWriter writes through leases it asks for as a client does: of the
+// size it needs, a new one when the current one is spent.
+type leaseWriter struct {
+	c    *client
+	ask  int64
+	w    *writer
+	used int64
+}
+
+func (lw *leaseWriter) put(key, value []byte) (Committed, error) {
+	n := int64(proto.RecordSize(len(key), len(value)))
+	if lw.w != nil && lw.w.off+n > lw.w.lease.Size {
+		if err := lw.c.sv.s.EndLease(lw.w.lease.ID); err != nil {
+			return Committed{}, err
+		}
+		lw.w = nil
+	}
+	if lw.w == nil {
+		l, err := lw.c.sv.s.GrantLease(context.Background(), max(n, lw.ask), n)
+		if err != nil {
+			return Committed{}, err
+		}
+		lw.w = &writer{c: lw.c, lease: l, version: l.VersionBase}
+	}
+	return lw.w.put(key, value)
+}
+
+func (lw *leaseWriter) end() {
+	if lw.w != nil {
+		_ = lw.c.sv.s.EndLease(lw.w.lease.ID)
+		lw.w = nil
+	}
+}
+
+// A writer that asks for a small lease gets one, and what it did not use
+// goes back when the lease ends: a thousand short-lived writers, each with
+// one small put, fit a store that holds a few whole leases.
+func TestShortWritersFitASmallStore(t *testing.T) {
+	opts := smallOptions()
+	opts.ArenaSize, opts.ArenaCount, opts.LeaseSize = 1<<20, 1, 256<<10 // 4 leases of the largest size
+	sv := newServer(t, opts)
+	waitArenas(t, sv.s, 1)
+	c := newClient(t, sv)
+	l, err := sv.s.GrantLease(context.Background(), 100, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.Size != leaseGranularity {
+		t.Fatalf("a lease of 100 bytes asked for is %d bytes, want %d", l.Size, leaseGranularity)
+	}
+	if err := sv.s.EndLease(l.ID); err != nil {
+		t.Fatal(err)
+	}
+	if big, err := sv.s.GrantLease(context.Background(), 10<<20, 0); err != nil || big.Size != opts.LeaseSize {
+		t.Fatalf("a lease of 10 MiB asked for: %d bytes, %v; want the largest, %d", big.Size, err, opts.LeaseSize)
+	} else if err := sv.s.EndLease(big.ID); err != nil {
+		t.Fatal(err)
+	}
+	var live int64
+	for i := range 1000 {
+		lw := &leaseWriter{c: c, ask: 100}
+		k, v := fmt.Appendf(nil, "cli-%d", i), fmt.Appendf(nil, "small value %d", i)
+		if _, err := lw.put(k, v); err != nil {
+			t.Fatalf("put %d: %v", i, err)
+		}
+		lw.end()
+		live += int64(proto.RecordSize(len(k), len(v)))
+	}
+	st := sv.s.Stats()
+	if st.Live != live || st.Capacity-st.Free != live {
+		t.Fatalf("after 1000 short writers: %d live (want %d), %d carved: their tails did not come back", st.Live, live, st.Capacity-st.Free)
+	}
+	checkAccounting(t, sv.s)
+	for i := range 1000 {
+		if v, ok := c.mustGet(fmt.Appendf(nil, "cli-%d", i)); !ok || string(v) != fmt.Sprintf("small value %d", i) {
+			t.Fatalf("cli-%d reads %q, %v", i, v, ok)
+		}
+	}
+}
+
+// tornVersion is the version a checked tornValue carries.
+func tornVersion(v []byte) int {
+	unit := v[:bytes.IndexByte(v, ';')]
+	n, _ := strconv.Atoi(string(unit[bytes.LastIndexByte(unit, '#')+1:]))
+	return n
+}
+
+// soakValue is a value of key's version n, of a size from 100 B to max.
+func soakValue(key []byte, n, size int) []byte {
+	return tornValue(key, n, size)
+}
+
+// Overwrites of a working set of half the capacity, of mixed sizes, until
+// twenty times the capacity is written: never full, every value current at
+// the end, and the space accounted for all along.
+func TestOverwritesNeverFillTheStore(t *testing.T) {
+	soak(t, 0.5, 20) // 80% and 90% in space_soak_test.go (make test-soak)
+}
+
+// soak overwrites a working set of fill of the capacity until factor times
+// the capacity is written, and checks every value at the end. It returns
+// the write amplification.
+func soak(t *testing.T, fill float64, factor int64) float64 {
+	opts := cleanerOptions()
+	opts.ArenaSize, opts.LeaseSize, opts.SegmentSize = 4<<20, 128<<10, 256<<10 // 8 MiB, 32 segments
+	sv := newServer(t, opts)
+	waitArenas(t, sv.s, 2)
+	c := newClient(t, sv)
+	capacity := opts.ArenaSize * int64(opts.ArenaCount)
+	rng := rand.New(rand.NewPCG(1, 2))
+	// Values of 100 B to 64 KiB, small ones more often; a key keeps its
+	// size, so the working set stays at fill.
+	size := func() int { return 100 + int(rng.ExpFloat64()*6000)%(64<<10-100) }
+	type kv struct {
+		key           []byte
+		version, size int
+	}
+	var set []kv
+	var setBytes int64
+	for i := 0; float64(setBytes) < fill*float64(capacity); i++ {
+		k := kv{key: fmt.Appendf(nil, "soak-%d", i), size: size()}
+		set = append(set, k)
+		setBytes += int64(proto.RecordSize(len(k.key), k.size))
+	}
+	lw := &leaseWriter{c: c, ask: opts.LeaseSize}
+	var written int64
+	minUtil := 1.0
+	put := func(i int, k *kv) {
+		k.version++
+		if _, err := lw.put(k.key, soakValue(k.key, k.version, k.size)); err != nil {
+			st := sv.s.Stats()
+			t.Fatalf("put %d after %d MiB written (%.1fx the capacity): %v; live %d, dead %d, free %d, %d segments cleaned\n%s",
+				i, written>>20, float64(written)/float64(capacity), err, st.Live, st.Dead, st.Free, st.SegmentsCleaned, segmentTable(sv.s))
+		}
+		written += int64(proto.RecordSize(len(k.key), k.size))
+	}
+	for i := range set {
+		put(i, &set[i])
+	}
+	for i := 0; written < factor*capacity; i++ {
+		put(i, &set[rng.IntN(len(set))])
+		if i%200 == 0 {
+			st := sv.s.Stats()
+			minUtil = min(minUtil, float64(st.Live)/float64(st.Capacity))
+			checkAccounting(t, sv.s)
+		}
+	}
+	lw.end()
+	st := sv.s.Stats()
+	t.Logf("%d keys, %d MiB written into %d MiB (%.0fx): utilization %.2f at the end, %.2f at least; %d segments cleaned, %d freed, cleaner moved %d MiB (write amplification %.2f)",
+		len(set), written>>20, capacity>>20, float64(written)/float64(capacity), float64(st.Live)/float64(st.Capacity), minUtil,
+		st.SegmentsCleaned, st.SegmentsFreed, st.CleanerMovedBytes>>20, float64(st.CommittedBytes+st.CleanerMovedBytes)/float64(st.CommittedBytes))
+	checkSegments(t, sv.s)
+	if st.SegmentsCleaned == 0 {
+		t.Fatal("the cleaner emptied no segment")
+	}
+	for _, k := range set {
+		v, ok := c.mustGet(k.key)
+		if !ok || !bytes.Equal(v, soakValue(k.key, k.version, k.size)) {
+			t.Fatalf("%s reads %d bytes (found %v), want version %d of %d bytes", k.key, len(v), ok, k.version, k.size)
+		}
+	}
+	wa := float64(st.CommittedBytes+st.CleanerMovedBytes) / float64(st.CommittedBytes)
+	// And across a restart: the same values, the same live bytes.
+	live := st.Live
+	sv.restart()
+	waitArenas(t, sv.s, 2)
+	if got := sv.s.Stats(); got.Live != live || got.Live+got.Dead+got.Free != got.Capacity {
+		t.Fatalf("after a restart: %d live (before %d), %d dead, %d free of %d", got.Live, live, got.Dead, got.Free, got.Capacity)
+	}
+	checkAccounting(t, sv.s)
+	c = newClient(t, sv)
+	for _, k := range set {
+		if v, ok := c.mustGet(k.key); !ok || !bytes.Equal(v, soakValue(k.key, k.version, k.size)) {
+			t.Fatalf("after a restart, %s reads %d bytes (found %v), want version %d", k.key, len(v), ok, k.version)
+		}
+	}
+	return wa
+}
+
+// Deleting everything frees everything, also across a restart.
+func TestDeletesFreeSegments(t *testing.T) {
+	sv := newServer(t, cleanerOptions())
+	waitArenas(t, sv.s, 2)
+	c := newClient(t, sv)
+	lw := &leaseWriter{c: c, ask: 64 << 10}
+	for i := range 400 {
+		if _, err := lw.put(key(i), make([]byte, 2000)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lw.end()
+	sv.restart()
+	waitArenas(t, sv.s, 2)
+	if st := sv.s.Stats(); st.FreeSegments == st.Segments {
+		t.Fatalf("after a restart with 400 keys, all %d segments are free", st.Segments)
+	}
+	for i := range 400 {
+		if err := sv.s.Delete(context.Background(), key(i), proto.Write{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for st := sv.s.Stats(); st.FreeSegments != st.Segments; st = sv.s.Stats() {
+		if time.Now().After(deadline) {
+			t.Fatalf("after deleting every key: %d of %d segments free, %d live, %d dead", st.FreeSegments, st.Segments, st.Live, st.Dead)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	checkAccounting(t, sv.s)
+}
+
+// One-sided readers race writers and the cleaner, which moves records and
+// reuses segments under them: no read returns a wrong, stale or torn value.
+func TestOneSidedReadsRaceTheCleaner(t *testing.T) {
+	opts := cleanerOptions()
+	opts.SegmentGrace = time.Nanosecond // reuse at once: the reader's checks alone must hold
+	opts.CleanDeadRatio = 0.05
+	sv := newServer(t, opts)
+	waitArenas(t, sv.s, 2)
+	wc := newClient(t, sv)
+	const nkeys = 64
+	var versions [nkeys]atomic.Int64 // last acknowledged version of each key
+	keyOf := func(i int) []byte { return fmt.Appendf(nil, "race-%d", i) }
+	lw := &leaseWriter{c: wc, ask: 64 << 10}
+	put := func(i int, n int64) {
+		if _, err := lw.put(keyOf(i), tornValue(keyOf(i), int(n), 1000+int(n)%3000)); err != nil {
+			t.Fatal(err)
+		}
+		versions[i].Store(n)
+	}
+	for i := range nkeys {
+		put(i, 1)
+	}
+	stop := make(chan struct{})
+	var reads, retries, wrong atomic.Int64
+	var firstWrong atomic.Value
+	var wg sync.WaitGroup
+	for range 2 {
+		rc := newClient(t, sv)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				k := i % nkeys
+				floor := versions[k].Load() // acknowledged before the read began
+				v, found, retry := rc.get(keyOf(k))
+				reads.Add(1)
+				if retry {
+					retries.Add(1)
+					continue
+				}
+				err := checkTornValue(keyOf(k), v)
+				if err == nil && found {
+					if n := tornVersion(v); int64(n) < floor {
+						err = fmt.Errorf("%s: version %d read after %d was acknowledged", keyOf(k), n, floor)
+					}
+				}
+				if !found {
+					err = fmt.Errorf("%s not found", keyOf(k))
+				}
+				if err != nil {
+					wrong.Add(1)
+					firstWrong.CompareAndSwap(nil, err.Error())
+				}
+			}
+		}()
+	}
+	deadline := time.Now().Add(3 * time.Second)
+	writes := 0
+	for n := int64(2); time.Now().Before(deadline) || sv.s.Stats().SegmentsCleaned < 3; n++ {
+		put(int(n)%nkeys, n)
+		writes++
+		if time.Now().After(deadline.Add(20 * time.Second)) {
+			t.Fatalf("the cleaner emptied %d segments in 23 s", sv.s.Stats().SegmentsCleaned)
+		}
+	}
+	close(stop)
+	wg.Wait()
+	st := sv.s.Stats()
+	t.Logf("%d writes, %d one-sided reads, %d retried, %d wrong; %d segments cleaned, %d freed, %d KiB moved",
+		writes, reads.Load(), retries.Load(), wrong.Load(), st.SegmentsCleaned, st.SegmentsFreed, st.CleanerMovedBytes>>10)
+	if wrong.Load() != 0 {
+		t.Fatalf("%d reads returned a wrong value; first: %v", wrong.Load(), firstWrong.Load())
+	}
+	if reads.Load() < 100 || st.CleanerMovedBytes == 0 || st.SegmentsFreed == 0 {
+		t.Fatalf("too little happened to mean anything: %d reads, %d bytes moved, %d segments freed", reads.Load(), st.CleanerMovedBytes, st.SegmentsFreed)
+	}
+	checkAccounting(t, sv.s)
+}
+
+// A record the cleaner is moving is not lost to a concurrent overwrite:
+// the commit wins, the move of the superseded record is dropped.
+func TestCleanerYieldsToCommits(t *testing.T) {
+	opts := cleanerOptions()
+	sv := newServer(t, opts)
+	waitArenas(t, sv.s, 2)
+	c := newClient(t, sv)
+	lw := &leaseWriter{c: c, ask: 64 << 10}
+	for i := range 20 {
+		if _, err := lw.put(key(i), []byte("old")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lw.end()
+	var moves []relocation
+	for i := range 20 {
+		loc, ok, err := sv.s.index.Get(key(i))
+		if err != nil || !ok {
+			t.Fatal(ok, err)
+		}
+		moves = append(moves, relocation{key: key(i), shard: proto.ShardOf(key(i)), version: sv.s.versionAt(loc), from: loc})
+	}
+	// Keys 0-9 are overwritten after the walk saw them, before the move.
+	var overwrote []proto.Location
+	for i := range 10 {
+		cm, err := lw.put(key(i), []byte("new"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		overwrote = append(overwrote, cm.Location)
+	}
+	lw.end()
+	if err := sv.s.relocate(moves); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 20 {
+		want := "old"
+		if i < 10 {
+			want = "new"
+		}
+		if v, ok := c.mustGet(key(i)); !ok || string(v) != want {
+			t.Fatalf("key %d reads %q (found %v), want %q", i, v, ok, want)
+		}
+		loc, _, _ := sv.s.index.Get(key(i))
+		switch {
+		case i < 10 && loc != overwrote[i]:
+			t.Fatalf("key %d, overwritten: at %+v, its commit put it at %+v", i, loc, overwrote[i])
+		case i >= 10 && loc == moves[i].from:
+			t.Fatalf("key %d was not moved", i)
+		}
+	}
+	if st := sv.s.Stats(); st.CleanerMovedBytes != 10*uint64(moves[10].from.Length) {
+		t.Fatalf("cleaner moved %d bytes, want 10 records of %d", st.CleanerMovedBytes, moves[10].from.Length)
+	}
+	checkAccounting(t, sv.s)
+}
+
+const cleanerChildEnv = "RKV_STORE_CLEANER_CHILD"
+
+// cleanerChild overwrites a few keys in a small store, so that the cleaner
+// runs all the time, printing "ack KEY N" after each acknowledged put of
+// version N, until killed.
+func cleanerChild() {
+	t := &childT{}
+	opts := cleanerOptions()
+	opts.Dir = os.Getenv(cleanerChildEnv)
+	opts.Sync = SyncAlways
+	opts.CleanDeadRatio = 0.05
+	sv := newServer(t, opts)
+	waitArenas(t, sv.s, opts.ArenaCount)
+	c := newClient(t, sv)
+	lw := &leaseWriter{c: c, ask: 64 << 10}
+	out := bufio.NewWriter(os.Stdout)
+	fmt.Fprintln(out, "ready")
+	out.Flush()
+	base, _ := strconv.Atoi(os.Getenv("RKV_CRASH_ROUND"))
+	for n := base * 1_000_000; ; n++ {
+		k := fmt.Appendf(nil, "clean-%d", n%50)
+		if _, err := lw.put(k, tornValue(k, n, 2000+n%2000)); err != nil {
+			fmt.Fprintln(os.Stderr, "put:", err)
+			os.Exit(3)
+		}
+		fmt.Fprintf(out, "ack %s %d\n", k, n)
+		out.Flush()
+	}
+}
+
+// kill -9 in the middle of cleaning loses no acknowledged write, and the
+// restarted store's space adds up: deleting everything frees every segment.
+func TestCleaningSurvivesKill9(t *testing.T) {
+	dir := t.TempDir()
+	acked := map[string]int{}
+	for round := range 3 {
+		n := 0
+		runKilledChild(t, round, []string{cleanerChildEnv + "=" + dir}, func(f []string) {
+			if len(f) == 3 && f[0] == "ack" {
+				v, _ := strconv.Atoi(f[2])
+				acked[f[1]] = v
+				n++
+			}
+		})
+		if n == 0 {
+			t.Fatalf("round %d: nothing acknowledged before the kill", round)
+		}
+	}
+	opts := cleanerOptions()
+	opts.Dir, opts.Sync = dir, SyncAlways
+	sv := newServer(t, opts)
+	waitArenas(t, sv.s, 2)
+	c := newClient(t, sv)
+	for k, n := range acked {
+		v, ok := c.mustGet([]byte(k))
+		if !ok {
+			t.Fatalf("acknowledged %s (version %d) is gone after kill -9", k, n)
+		}
+		if err := checkTornValue([]byte(k), v); err != nil {
+			t.Fatalf("%s after kill -9: %v", k, err)
+		}
+		if got := tornVersion(v); got < n {
+			t.Fatalf("%s reads version %d after kill -9, %d was acknowledged", k, got, n)
+		}
+	}
+	st := sv.s.Stats()
+	t.Logf("%d keys read back after 3 kills; %d live, %d dead, %d free of %d", len(acked), st.Live, st.Dead, st.Free, st.Capacity)
+	if st.Live+st.Dead+st.Free != st.Capacity {
+		t.Fatalf("after kill -9: %d live + %d dead + %d free != %d", st.Live, st.Dead, st.Free, st.Capacity)
+	}
+	checkAccounting(t, sv.s)
+	for k := range acked {
+		if err := sv.s.Delete(context.Background(), []byte(k), proto.Write{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for st := sv.s.Stats(); st.FreeSegments != st.Segments; st = sv.s.Stats() {
+		if time.Now().After(deadline) {
+			t.Fatalf("segments leaked: %d of %d free with no key left (%d live, %d dead)", st.FreeSegments, st.Segments, st.Live, st.Dead)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// A store full of live data says so, with the numbers, and keeps what it
+// has.
+func TestFullOfLiveDataSaysSo(t *testing.T) {
+	opts := cleanerOptions()
+	sv := newServer(t, opts)
+	waitArenas(t, sv.s, 2)
+	c := newClient(t, sv)
+	lw := &leaseWriter{c: c, ask: 64 << 10}
+	var err error
+	n := 0
+	for ; err == nil; n++ {
+		_, err = lw.put(key(n), make([]byte, 3000))
+	}
+	n-- // the last failed
+	if !errors.Is(err, ErrFull) || !strings.Contains(err.Error(), "live") {
+		t.Fatalf("filling the store: %v, want ErrFull with the numbers", err)
+	}
+	st := sv.s.Stats()
+	if u := float64(st.Live) / float64(st.Capacity); u < 0.8 {
+		t.Fatalf("full at %.2f live: %v", u, err)
+	}
+	t.Logf("full after %d keys at %.2f of the capacity live: %v", n, float64(st.Live)/float64(st.Capacity), err)
+	for i := range n {
+		if v, ok := c.mustGet(key(i)); !ok || len(v) != 3000 {
+			t.Fatalf("key %d after the store filled: %d bytes, %v", i, len(v), ok)
+		}
+	}
+	checkAccounting(t, sv.s)
+}
