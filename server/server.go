@@ -347,17 +347,11 @@ func (s *Server) setMeta(change func(*proto.NodeMeta)) error {
 	return s.ml.SetMeta(meta)
 }
 
-// advertise republishes the metadata as each arena becomes ready.
+// advertise republishes the metadata as each arena becomes ready, those
+// the store adds while serving included.
 func (s *Server) advertise() {
 	defer s.wg.Done()
-	want := s.st.Options().ArenaCount
 	for {
-		s.metaMu.Lock()
-		have := len(s.meta.Arenas)
-		s.metaMu.Unlock()
-		if have >= want {
-			return
-		}
 		select {
 		case <-s.stop:
 			return

@@ -179,11 +179,11 @@ func (s *Store) pickVictim() *segment {
 }
 
 // cleanable reports whether waiting can bring free space: a segment is in
-// its grace period, or one can be cleaned.
+// its grace period, an arena is being added, or a segment can be cleaned.
 func (s *Store) cleanable() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return len(s.freeing) > 0 || s.victimLocked(true) != nil
+	return len(s.freeing) > 0 || s.growing || s.victimLocked(true) != nil
 }
 
 // clean moves the live records out of sg, which pickVictim marked.
@@ -273,8 +273,8 @@ func (s *Store) relocate(moves []relocation) error {
 	var bytes int64
 	for i := range job.moves {
 		m := &job.moves[i]
-		src := s.arenas[m.from.Arena].mem.Bytes()[m.from.Offset : m.from.Offset+uint64(m.from.Length)]
-		dst := s.arenas[m.to.Arena].mem.Bytes()[m.to.Offset : m.to.Offset+uint64(m.to.Length)]
+		src := s.arena(m.from.Arena).mem.Bytes()[m.from.Offset : m.from.Offset+uint64(m.from.Length)]
+		dst := s.arena(m.to.Arena).mem.Bytes()[m.to.Offset : m.to.Offset+uint64(m.to.Length)]
 		copy(dst, src)
 		putState(dst, proto.RecordPending)
 		if s.journaled() {
@@ -381,14 +381,14 @@ func (s *Store) applyRelocate(c *pendingCommit) {
 		if !m.moved {
 			continue
 		}
-		s.arenas[m.to.Arena].setState(m.to.Offset, proto.RecordLive)
+		s.arena(m.to.Arena).setState(m.to.Offset, proto.RecordLive)
 		if _, _, err := s.index.Put(m.key, m.to); err != nil {
 			// The key is in the index (its slot is reused), so this
 			// cannot happen; should it, the entry points at the copy and
 			// the next start agrees.
 			s.log.Error("repointing the index at a moved record", "key", m.key, "err", err)
 		}
-		s.arenas[m.from.Arena].markDead(m.from.Offset)
+		s.arena(m.from.Arena).markDead(m.from.Offset)
 		moved += int64(m.to.Length)
 	}
 	s.stats.cleanerMoved.Add(uint64(moved))

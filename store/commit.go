@@ -493,7 +493,7 @@ func (s *Store) publish(c *pendingCommit) error {
 	s.mu.Lock()
 	info := &s.shards[c.shard]
 	if had {
-		s.arenas[old.Arena].markDead(old.Offset)
+		s.arena(old.Arena).markDead(old.Offset)
 		s.deadLocked(old)
 		info.live -= int64(old.Length)
 	}

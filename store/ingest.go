@@ -211,7 +211,7 @@ func (s *Store) Ingest(ctx context.Context, sh proto.Shard, records [][]byte, se
 	}
 	s.mu.Unlock()
 	for _, p := range job.puts {
-		copy(s.arenas[p.entry.loc.Arena].mem.Bytes()[p.entry.loc.Offset:], p.rec)
+		copy(s.arena(p.entry.loc.Arena).mem.Bytes()[p.entry.loc.Offset:], p.rec)
 	}
 
 	select {
@@ -329,10 +329,10 @@ func (s *Store) RecordAt(loc proto.Location) ([]byte, error) {
 		return nil, err
 	}
 	defer s.exit()
-	if int(loc.Arena) >= len(s.arenas) {
-		return nil, fmt.Errorf("store: arena %d does not exist (%d arenas)", loc.Arena, len(s.arenas))
+	if int(loc.Arena) >= len(s.arenaList()) {
+		return nil, fmt.Errorf("store: arena %d does not exist (%d arenas)", loc.Arena, len(s.arenaList()))
 	}
-	b, err := s.arenas[loc.Arena].record(loc)
+	b, err := s.arena(loc.Arena).record(loc)
 	if err != nil {
 		return nil, err
 	}

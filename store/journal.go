@@ -66,9 +66,9 @@ func (s *Store) replayJournal() (int, error) {
 	for it.First(); it.Valid(); it.Next() {
 		id, off, rec, err := decodeJournalEntry(it.Value())
 		switch {
-		case err == nil && int(id) >= len(s.arenas):
+		case err == nil && int(id) >= len(s.arenaList()):
 			err = fmt.Errorf("store: a journaled record lies in arena %d, but ArenaCount is %d: the directory was made with more arenas. "+
-				"Start with ArenaCount %d or more (rkv-server --arena-count)", id, len(s.arenas), id+1)
+				"Start with ArenaCount %d or more (rkv-server --arena-count)", id, len(s.arenaList()), id+1)
 		case err == nil && (off%proto.RecordAlign != 0 || off+uint64(len(rec)) > uint64(s.opts.ArenaSize)):
 			err = fmt.Errorf("store: journal entry for arena %d offset %d (%d bytes) lies outside an arena of %d bytes: corrupt, or ArenaSize changed",
 				id, off, len(rec), s.opts.ArenaSize)
@@ -78,11 +78,11 @@ func (s *Store) replayJournal() (int, error) {
 			it.Close()
 			return n, err
 		}
-		copy(s.arenas[id].mem.Bytes()[off:], rec)
+		copy(s.arena(id).mem.Bytes()[off:], rec)
 		// Dead until the rebuild says otherwise: the journal holds the
 		// record as committed (live), and it may have been superseded
 		// or its shard handed over since.
-		s.arenas[id].setState(off, proto.RecordDead)
+		s.arena(id).setState(off, proto.RecordDead)
 		n++
 	}
 	if err := it.Close(); err != nil {
@@ -103,7 +103,7 @@ func (s *Store) replayJournal() (int, error) {
 // hold records of this run, at locations nothing else used since, and are
 // replayed harmlessly.
 func (s *Store) checkpoint(upTo uint64, trim *pebble.WriteOptions) error {
-	for _, a := range s.arenas {
+	for _, a := range s.arenaList() {
 		if err := a.sync(); err != nil {
 			return err
 		}

@@ -58,8 +58,14 @@ type Options struct {
 	// ArenaSize is the size of each arena file in bytes, a multiple of
 	// SegmentSize. Default 64 MiB.
 	ArenaSize int64
-	// ArenaCount is the number of arenas. Default 4.
+	// ArenaCount is the number of arenas a new store starts with. Default
+	// 4.
 	ArenaCount int
+	// MaxArenaCount is how many arenas the store may have: it adds one
+	// while serving when free space runs short with most of the capacity
+	// live (grow.go), and opens at start those it added before. Default
+	// ArenaCount: no growth.
+	MaxArenaCount int
 	// IndexSlots is the number of home slots of the hash index, a power
 	// of two; size it for the expected keys at a load of 0.75 or less.
 	// Default 1<<18 (4 MiB of table).
@@ -134,6 +140,9 @@ func (o Options) withDefaults() (Options, error) {
 	if o.ArenaCount == 0 {
 		o.ArenaCount = 4
 	}
+	if o.MaxArenaCount == 0 {
+		o.MaxArenaCount = o.ArenaCount
+	}
 	if o.IndexSlots == 0 {
 		o.IndexSlots = 1 << 18
 	}
@@ -188,6 +197,8 @@ func (o Options) withDefaults() (Options, error) {
 	switch {
 	case o.ArenaCount < 1 || o.ArenaCount > proto.MaxArenas:
 		return o, fmt.Errorf("store: ArenaCount %d: must be 1 to %d", o.ArenaCount, proto.MaxArenas)
+	case o.MaxArenaCount < o.ArenaCount || o.MaxArenaCount > proto.MaxArenas:
+		return o, fmt.Errorf("store: MaxArenaCount %d: must be ArenaCount (%d) to %d", o.MaxArenaCount, o.ArenaCount, proto.MaxArenas)
 	case o.LeaseSize < 4096 || o.LeaseSize%4096 != 0:
 		return o, fmt.Errorf("store: LeaseSize %d: must be a positive multiple of 4096", o.LeaseSize)
 	case o.SegmentSize < o.LeaseSize || o.SegmentSize%4096 != 0:

@@ -423,9 +423,9 @@ func (s *Store) indexShard(sh proto.Shard) (int, error) {
 	resolved := map[uint64]proto.Location{}
 	n := 0
 	err := s.eachEntry(sh, func(key []byte, e entry) error {
-		s.arenas[e.loc.Arena].setState(e.loc.Offset, proto.RecordLive)
+		s.arena(e.loc.Arena).setState(e.loc.Offset, proto.RecordLive)
 		if _, _, err := s.index.Put(append([]byte(nil), key...), e.loc); err != nil {
-			s.arenas[e.loc.Arena].setState(e.loc.Offset, proto.RecordDead)
+			s.arena(e.loc.Arena).setState(e.loc.Offset, proto.RecordDead)
 			return err
 		}
 		if _, ok := unresolved[e.version]; ok {
@@ -457,7 +457,7 @@ func (s *Store) unindexShard(sh proto.Shard) (int, error) {
 			}
 			n++
 		}
-		s.arenas[e.loc.Arena].setState(e.loc.Offset, proto.RecordDead)
+		s.arena(e.loc.Arena).setState(e.loc.Offset, proto.RecordDead)
 		return nil
 	})
 	return n, err

@@ -113,12 +113,15 @@ const leaseGranularity = 4096
 
 // newSegments cuts the arenas into segments, all free.
 func (s *Store) newSegments() {
-	per := s.opts.ArenaSize / s.opts.SegmentSize
-	s.segments = make([]*segment, 0, int64(len(s.arenas))*per)
-	for _, a := range s.arenas {
-		for i := range per {
-			s.segments = append(s.segments, &segment{arena: a, start: i * s.opts.SegmentSize, stuckLive: -1})
-		}
+	for _, a := range s.arenaList() {
+		s.addSegmentsLocked(a)
+	}
+}
+
+// addSegmentsLocked cuts arena a, the last one, into free segments.
+func (s *Store) addSegmentsLocked(a *arena) {
+	for i := range s.opts.ArenaSize / s.opts.SegmentSize {
+		s.segments = append(s.segments, &segment{arena: a, start: i * s.opts.SegmentSize, stuckLive: -1})
 	}
 }
 
@@ -177,7 +180,8 @@ func (s *Store) carveLocked(need, want int64, forCleaner bool) (region, error) {
 		return region{}, errNoReadyArena
 	case pick == nil || !forCleaner && free <= s.reserveSegments():
 		s.kickCleaner()
-		return region{}, fmt.Errorf("%w: no free segment for %d bytes (%s)", ErrFull, size, s.spaceLocked())
+		s.maybeGrowLocked()
+		return region{}, fmt.Errorf("%w: no free segment for %d bytes (%s; %s)", ErrFull, size, s.spaceLocked(), s.growHint())
 	}
 	if o := s.openSeg; o != nil {
 		s.sealLocked(o)

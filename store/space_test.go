@@ -495,3 +495,49 @@ func TestFullOfLiveDataSaysSo(t *testing.T) {
 	}
 	checkAccounting(t, sv.s)
 }
+
+// A store allowed more arenas adds them while serving when its live data
+// outgrows the ones it has, announces them, serves records from them, and
+// opens them again after a restart; at its limit it is full, and says how
+// to let it grow.
+func TestArenasAddedWhileServing(t *testing.T) {
+	opts := cleanerOptions()
+	opts.ArenaCount, opts.MaxArenaCount = 1, 3
+	sv := newServer(t, opts)
+	waitArenas(t, sv.s, 1)
+	c := newClient(t, sv)
+	lw := &leaseWriter{c: c, ask: 64 << 10}
+	var err error
+	n := 0
+	for ; err == nil; n++ {
+		_, err = lw.put(key(n), make([]byte, 3000))
+	}
+	n--
+	if !errors.Is(err, ErrFull) || !strings.Contains(err.Error(), "max-arena-count") {
+		t.Fatalf("filling 3 arenas: %v, want ErrFull naming --max-arena-count", err)
+	}
+	if got := len(sv.s.Arenas()); got != 3 {
+		t.Fatalf("%d arenas registered after filling the store, want 3", got)
+	}
+	waitArenas(t, sv.s, 2) // the two added were announced
+	st := sv.s.Stats()
+	if st.Capacity != 3*opts.ArenaSize || float64(st.Live) < 0.8*float64(st.Capacity) {
+		t.Fatalf("capacity %d (want %d), %d live", st.Capacity, 3*opts.ArenaSize, st.Live)
+	}
+	t.Logf("%d keys of 3000 bytes in 3 arenas (%.2f live) before: %v", n, float64(st.Live)/float64(st.Capacity), err)
+	for i := range n {
+		if v, ok := c.mustGet(key(i)); !ok || len(v) != 3000 {
+			t.Fatalf("key %d: %d bytes, found %v", i, len(v), ok)
+		}
+	}
+	checkAccounting(t, sv.s)
+	sv.restart()
+	waitArenas(t, sv.s, 3)
+	c = newClient(t, sv)
+	for i := range n {
+		if v, ok := c.mustGet(key(i)); !ok || len(v) != 3000 {
+			t.Fatalf("after a restart, key %d: %d bytes, found %v", i, len(v), ok)
+		}
+	}
+	checkAccounting(t, sv.s)
+}

@@ -98,7 +98,7 @@ func (s *Store) Stats() Stats {
 	st.LeasesRefused, st.SegmentsFreed = s.stats.leasesRefused.Load(), s.stats.segmentsFreed.Load()
 	st.SegmentsCleaned, st.CleanerMovedBytes = s.stats.segmentsCleaned.Load(), s.stats.cleanerMoved.Load()
 	st.CommittedBytes = s.stats.committedBytes.Load()
-	for _, a := range s.arenas {
+	for _, a := range s.arenaList() {
 		as := ArenaStats{ID: a.id, Registered: a.ready(), Size: s.opts.ArenaSize}
 		for _, sg := range s.segments {
 			if sg.arena == a {

@@ -60,8 +60,11 @@ type Store struct {
 	// (proto.ShardWord).
 	activations atomic.Uint64
 
-	arenas []*arena
-	ready  chan ArenaInfo // each arena once, as its registration completes
+	// arenas is the list of arenas, replaced whole when one is added
+	// (grow.go), so that readers take no lock: arenaList, arena.
+	arenas  atomic.Pointer[[]*arena]
+	growing bool           // an arena is being added; guarded by mu
+	ready   chan ArenaInfo // each arena once, as its registration completes
 
 	// shardOps serializes the operations on each shard (shards.go,
 	// Ingest); they take them in shard order.
@@ -118,7 +121,7 @@ func Open(ctx context.Context, pd rdma.PD, registrar *rdma.Registrar, opts Optio
 	s := &Store{
 		opts: opts, log: opts.Logger, pd: pd, registrar: registrar,
 		leases:      map[uint64]*lease{},
-		ready:       make(chan ArenaInfo, opts.ArenaCount),
+		ready:       make(chan ArenaInfo, opts.MaxArenaCount),
 		commits:     make(chan *pendingCommit, 1024),
 		journalFull: make(chan struct{}, 1),
 		stop:        make(chan struct{}),
@@ -157,13 +160,16 @@ func (s *Store) open(ctx context.Context) error {
 	if err := s.loadGeneration(); err != nil {
 		return err
 	}
-	for i := range opts.ArenaCount {
+	var arenas []*arena
+	for i := range s.arenasOnDisk() {
 		a, err := openArena(opts.Dir, i, opts.ArenaSize)
 		if err != nil {
+			s.arenas.Store(&arenas) // for closeResources
 			return err
 		}
-		s.arenas = append(s.arenas, a)
+		arenas = append(arenas, a)
 	}
+	s.arenas.Store(&arenas)
 	s.newSegments()
 	geo := proto.IndexGeometry{Slots: opts.IndexSlots, Neighborhood: proto.DefaultNeighborhood, Seed: rand.Uint64()}
 	if s.indexMem, err = rdma.Alloc(geo.RegionBytes()); err != nil {
@@ -198,8 +204,8 @@ func (s *Store) open(ctx context.Context) error {
 	// then the rest together. Each is announced as its own registration
 	// completes.
 	s.indexReg = s.registrar.Register(ctx, region, rdma.AccessRemoteRead)
-	s.arenas[0].register(ctx, s.registrar)
-	go s.announce(s.arenas[0])
+	s.arena(0).register(ctx, s.registrar)
+	go s.announce(s.arena(0))
 	s.wg.Add(1)
 	go s.registerRest(ctx, s.registrar)
 	owned := 0
@@ -270,11 +276,11 @@ func (s *Store) exit() { s.inflight.Done() }
 func (s *Store) registerRest(ctx context.Context, registrar *rdma.Registrar) {
 	defer s.wg.Done()
 	select {
-	case <-s.arenas[0].registration().Done():
+	case <-s.arena(0).registration().Done():
 	case <-s.stop:
 		return
 	}
-	for _, a := range s.arenas[1:] {
+	for _, a := range s.arenaList()[1:] {
 		a.register(ctx, registrar)
 		go s.announce(a)
 	}
@@ -300,7 +306,7 @@ func (s *Store) Ready() <-chan ArenaInfo { return s.ready }
 // Arenas returns the arenas registered so far.
 func (s *Store) Arenas() []ArenaInfo {
 	var out []ArenaInfo
-	for _, a := range s.arenas {
+	for _, a := range s.arenaList() {
 		if a.ready() {
 			out = append(out, a.info(s.generation))
 		}
@@ -331,10 +337,10 @@ func (s *Store) IndexRegion(ctx context.Context) (IndexInfo, error) {
 func (s *Store) Options() Options { return s.opts }
 
 func (s *Store) keyAt(loc proto.Location) ([]byte, error) {
-	if int(loc.Arena) >= len(s.arenas) {
+	if int(loc.Arena) >= len(s.arenaList()) {
 		return nil, fmt.Errorf("store: arena %d does not exist", loc.Arena)
 	}
-	b, err := s.arenas[loc.Arena].record(loc)
+	b, err := s.arena(loc.Arena).record(loc)
 	if err != nil {
 		return nil, err
 	}
@@ -355,7 +361,7 @@ func (s *Store) Get(key []byte) ([]byte, error) {
 	if !ok {
 		return nil, ErrNotFound
 	}
-	b, err := s.arenas[loc.Arena].record(loc)
+	b, err := s.arena(loc.Arena).record(loc)
 	if err != nil {
 		return nil, err
 	}
@@ -408,7 +414,7 @@ func (s *Store) closeResources() error {
 	if s.indexMem != nil {
 		errs = append(errs, s.indexMem.Close())
 	}
-	for _, a := range s.arenas {
+	for _, a := range s.arenaList() {
 		errs = append(errs, a.close())
 	}
 	if s.db != nil {
@@ -505,7 +511,7 @@ func (s *Store) rebuild() (int, error) {
 		if err := s.checkLocation(key, e.loc); err != nil {
 			return n, err
 		}
-		a := s.arenas[e.loc.Arena]
+		a := s.arena(e.loc.Arena)
 		s.liveLocked(e.loc)
 		s.nextVersion = max(s.nextVersion, e.version+1)
 		info := &s.shards[sh]
@@ -540,9 +546,9 @@ func (s *Store) rebuild() (int, error) {
 
 // checkLocation checks that an entry's location lies inside the arenas.
 func (s *Store) checkLocation(key []byte, loc proto.Location) error {
-	if int(loc.Arena) >= len(s.arenas) {
+	if int(loc.Arena) >= len(s.arenaList()) {
 		return fmt.Errorf("store: the record of key %q lies in arena %d, but ArenaCount is %d: the directory was made with more arenas. "+
-			"Start with ArenaCount %d or more (rkv-server --arena-count)", key, loc.Arena, len(s.arenas), loc.Arena+1)
+			"Start with ArenaCount %d or more (rkv-server --arena-count)", key, loc.Arena, len(s.arenaList()), loc.Arena+1)
 	}
 	if loc.Length < proto.RecordHeaderSize || loc.Offset+uint64(loc.Length) > uint64(s.opts.ArenaSize) {
 		return fmt.Errorf("store: the record of key %q at %+v lies outside an arena of %d bytes: corrupt, or ArenaSize changed", key, loc, s.opts.ArenaSize)

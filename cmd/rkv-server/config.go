@@ -26,6 +26,7 @@ type options struct {
 	Name                string
 	DataDir             string
 	ArenaSize           int64
+	MaxArenaCount       int
 	ArenaCount          int
 	IndexSlots          uint64
 	LeaseSize           int64
@@ -112,7 +113,8 @@ func newFlagSet(o *options) *pflag.FlagSet {
 	fs.StringVar(&o.Name, "name", "", "the server's cluster name; required, and must stay the same across restarts (placement hashes it)")
 	fs.StringVar(&o.DataDir, "data-dir", "", "data directory (arenas, Pebble); default ./rkv-data/<name>")
 	fs.Var(newSize(&o.ArenaSize, 64<<20), "arena-size", "size of each arena file, a multiple of --segment-size")
-	fs.IntVar(&o.ArenaCount, "arena-count", 4, "number of arenas")
+	fs.IntVar(&o.ArenaCount, "arena-count", 4, "number of arenas a new store starts with")
+	fs.IntVar(&o.MaxArenaCount, "max-arena-count", 0, "arenas the store may grow to while serving, adding one when free space runs short with 70% of it live (0: --arena-count, no growth)")
 	fs.Uint64Var(&o.IndexSlots, "index-slots", 1<<18, "home slots of the one-sided hash index, a power of two (16 bytes each)")
 	fs.Var(newSize(&o.LeaseSize, 1<<20), "lease-size", "largest write lease, and so the largest record (writers ask for what they need, from 4KiB)")
 	fs.Var(newSize(&o.SegmentSize, 0), "segment-size", "unit the arenas are carved and cleaned in, a multiple of 4KiB and at least --lease-size (0: 4 leases, or one when that does not divide --arena-size); keep it across restarts")
@@ -279,6 +281,9 @@ func (o *options) validate() error {
 	}
 	if o.ArenaCount < 1 {
 		return fmt.Errorf("--arena-count %d: must be at least 1", o.ArenaCount)
+	}
+	if o.MaxArenaCount != 0 && o.MaxArenaCount < o.ArenaCount {
+		return fmt.Errorf("--max-arena-count %d: must be at least --arena-count %d (or 0: no growth)", o.MaxArenaCount, o.ArenaCount)
 	}
 	if o.IndexSlots == 0 || o.IndexSlots&(o.IndexSlots-1) != 0 {
 		return fmt.Errorf("--index-slots %d: must be a power of two", o.IndexSlots)

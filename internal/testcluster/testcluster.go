@@ -296,7 +296,7 @@ func (c *Cluster) Client(t testing.TB, mod func(*client.Config)) *client.Client 
 	WaitFor(t, 20*time.Second, "the client's view", func() error {
 		for _, s := range c.Running() {
 			mb, ok := cl.Membership().View().Member(s.Name())
-			if !ok || !mb.IsServer() || mb.Meta.Generation != s.Generation() || len(mb.Meta.Arenas) != s.Store().Options().ArenaCount {
+			if !ok || !mb.IsServer() || mb.Meta.Generation != s.Generation() || len(mb.Meta.Arenas) != len(s.Store().Stats().Arenas) {
 				return fmt.Errorf("%s not in the client's view with its generation and arenas", s.Name())
 			}
 		}
