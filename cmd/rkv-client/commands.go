@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -27,17 +28,17 @@ func writeJSON(w io.Writer, v any) error {
 	return enc.Encode(v)
 }
 
-// kvJSON is a key and value in JSON: the value as a string when it is
-// UTF-8, in value_base64 otherwise.
+// kvJSON is a key and value in JSON: each as a string when it is UTF-8,
+// in key_base64 and value_base64 otherwise.
 type kvJSON struct {
-	Key         string `json:"key"`
+	keyJSON
 	Size        int    `json:"size"`
 	Value       string `json:"value,omitempty"`
 	ValueBase64 []byte `json:"value_base64,omitempty"`
 }
 
 func toKVJSON(k, v []byte, withValue bool) kvJSON {
-	j := kvJSON{Key: string(k), Size: len(v)}
+	j := kvJSON{keyJSON: toKeyJSON(k), Size: len(v)}
 	if withValue {
 		if utf8.Valid(v) {
 			j.Value = string(v)
@@ -51,22 +52,35 @@ func toKVJSON(k, v []byte, withValue bool) kvJSON {
 func getCmd(g *globals) *cobra.Command {
 	return &cobra.Command{
 		Use:   "get KEY",
-		Short: "print KEY's value (raw bytes; exit 1 if absent)",
+		Short: "print KEY's value (raw bytes, and a newline on a terminal; exit 1 if absent)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			key, err := g.parseKey(args[0])
+			if err != nil {
+				return err
+			}
 			return g.withClient(cmd, func(ctx context.Context, c *client.Client) error {
-				v, err := c.Get(ctx, []byte(args[0]))
-				if err != nil {
-					if errors.Is(err, client.ErrNotFound) {
-						return &exitError{exitNotFound, fmt.Errorf("key not found: %q", args[0])}
-					}
+				v, err := c.Get(ctx, key)
+				found := err == nil
+				if err != nil && !errors.Is(err, client.ErrNotFound) {
 					return err
 				}
 				if g.output == "json" {
-					return writeJSON(cmd.OutOrStdout(), toKVJSON([]byte(args[0]), v, true))
+					if err := writeJSON(cmd.OutOrStdout(), toFoundJSON(key, v, found)); err != nil {
+						return err
+					}
+				} else if found {
+					if _, err := cmd.OutOrStdout().Write(v); err != nil {
+						return err
+					}
+					if stdoutIsTerminal(cmd) && !bytes.HasSuffix(v, []byte("\n")) {
+						fmt.Fprintln(cmd.OutOrStdout()) // etcdctl's habit: the prompt on a line of its own
+					}
 				}
-				_, err = cmd.OutOrStdout().Write(v)
-				return err
+				if !found {
+					return &exitError{exitNotFound, fmt.Errorf("key not found: %q", args[0])}
+				}
+				return nil
 			})
 		},
 	}
@@ -74,22 +88,22 @@ func getCmd(g *globals) *cobra.Command {
 
 func putCmd(g *globals) *cobra.Command {
 	return &cobra.Command{
-		Use:   "put KEY [VALUE]",
-		Short: "store VALUE (or standard input when omitted) under KEY",
+		Use:   "put KEY [VALUE | -]",
+		Short: "store VALUE under KEY; without VALUE, or with -, the value is standard input",
 		Args:  cobra.RangeArgs(1, 2),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			key, err := g.parseKey(args[0])
+			if err != nil {
+				return err
+			}
 			var value []byte
-			if len(args) == 2 {
+			if len(args) == 2 && args[1] != "-" {
 				value = []byte(args[1])
-			} else {
-				b, err := io.ReadAll(g.stdin)
-				if err != nil {
-					return &exitError{exitOther, fmt.Errorf("reading the value from stdin: %w", err)}
-				}
-				value = b
+			} else if value, err = g.readValue(cmd); err != nil {
+				return err
 			}
 			return g.withClient(cmd, func(ctx context.Context, c *client.Client) error {
-				if err := c.Put(ctx, []byte(args[0]), value); err != nil {
+				if err := c.Put(ctx, key, value); err != nil {
 					return err
 				}
 				if g.output == "json" {
@@ -109,8 +123,12 @@ func delCmd(g *globals) *cobra.Command {
 		Short:   "delete KEY (deleting an absent key is not an error)",
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			key, err := g.parseKey(args[0])
+			if err != nil {
+				return err
+			}
 			return g.withClient(cmd, func(ctx context.Context, c *client.Client) error {
-				if err := c.Delete(ctx, []byte(args[0])); err != nil {
+				if err := c.Delete(ctx, key); err != nil {
 					return err
 				}
 				if g.output == "json" {
@@ -205,8 +223,11 @@ func ownerCmd(g *globals) *cobra.Command {
 		Short: "show which server holds KEY in the cluster map, and its shard",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			key, err := g.parseKey(args[0])
+			if err != nil {
+				return err
+			}
 			return g.withClient(cmd, func(ctx context.Context, c *client.Client) error {
-				key := []byte(args[0])
 				name, err := c.Owner(key)
 				if err != nil {
 					return err

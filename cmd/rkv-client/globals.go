@@ -37,6 +37,7 @@ type globals struct {
 	tlsCert       string
 	tlsKey        string
 	output        string
+	keyEncoding   string
 	timeout       time.Duration
 	provider      string
 	device        string
@@ -64,6 +65,7 @@ func (g *globals) register(fs *pflag.FlagSet) {
 	fs.StringVar(&g.tlsCert, "tls-cert", "", "PEM client certificate `file`, for servers requiring one (mTLS); needs --tls-key; enables TLS")
 	fs.StringVar(&g.tlsKey, "tls-key", "", "PEM private key `file` of --tls-cert")
 	fs.StringVarP(&g.output, "output", "o", "table", "output format: table or json")
+	fs.StringVar(&g.keyEncoding, "key-encoding", "raw", "how key arguments spell their bytes: raw, hex or base64 (for binary keys)")
 	fs.DurationVar(&g.timeout, "timeout", 10*time.Second, "bound on joining the cluster, and on each operation")
 	fs.StringVar(&g.provider, "provider", "auto", "RDMA provider: auto, soft or verbs")
 	fs.StringVar(&g.device, "device", "", "RDMA device (default: the provider's first)")
@@ -83,6 +85,9 @@ func (g *globals) finish(cmd *cobra.Command) error {
 	case "table", "json":
 	default:
 		return fmt.Errorf("--output %q: want table or json", g.output)
+	}
+	if _, ok := keyEncodings[g.keyEncoding]; !ok {
+		return fmt.Errorf("--key-encoding %q: want raw, hex or base64", g.keyEncoding)
 	}
 	if g.timeout <= 0 {
 		return fmt.Errorf("--timeout %v: must be positive", g.timeout)

@@ -125,7 +125,8 @@ Global flags can also be set in the environment: RKV_JOIN, RKV_GOSSIP_KEY,
 RKV_GOSSIP_KEY_FILE, RKV_AUTH_TOKEN, RKV_OUTPUT, RKV_TIMEOUT, RKV_PROVIDER...
 (RKV_<FLAG> in upper snake case; the flag wins).
 
-` + exitCodesHelp,
+Keys are arguments as they are spelled, or hex or base64 with --key-encoding
+(binary keys); JSON output gives a key that is not UTF-8 as key_base64.`,
 		Example: `  export RKV_JOIN=127.0.0.1:7946
   rkv-client put greeting hello
   echo -n world | rkv-client put planet
@@ -135,6 +136,11 @@ RKV_GOSSIP_KEY_FILE, RKV_AUTH_TOKEN, RKV_OUTPUT, RKV_TIMEOUT, RKV_PROVIDER...
   rkv-client bench --ops 2000 --value-size 256`,
 		SilenceErrors: true,
 		SilenceUsage:  true,
+		Args:          cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error { // no command: what there is, as a usage error
+			_ = cmd.Help()
+			return &exitError{exitUsage, errors.New("no command given")}
+		},
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
 			return g.finish(cmd)
 		},
@@ -142,7 +148,7 @@ RKV_GOSSIP_KEY_FILE, RKV_AUTH_TOKEN, RKV_OUTPUT, RKV_TIMEOUT, RKV_PROVIDER...
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return err })
 	root.SetUsageTemplate(root.UsageTemplate() + "\n" + exitCodesHelp + "\n")
 	g.register(root.PersistentFlags())
-	root.AddCommand(getCmd(g), putCmd(g), delCmd(g), scanCmd(g), ownerCmd(g), membersCmd(g), statusCmd(g), mapCmd(g), forgetCmd(g),
+	root.AddCommand(getCmd(g), putCmd(g), delCmd(g), mgetCmd(g), existsCmd(g), scanCmd(g), ownerCmd(g), membersCmd(g), statusCmd(g), mapCmd(g), forgetCmd(g),
 		benchCmd(g), devicesCmd())
 	return root
 }

@@ -1,0 +1,216 @@
+// Keys on the command line: their encoding, their checks, and the commands that take many (mget, exists).
+
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/base64"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"text/tabwriter"
+	"unicode/utf8"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
+
+	"github.com/rkv-io/rkv/client"
+)
+
+// keyEncodings are what --key-encoding accepts: how a key argument (or a
+// line of keys on stdin) spells its bytes.
+var keyEncodings = map[string]func(string) ([]byte, error){
+	"raw":    func(s string) ([]byte, error) { return []byte(s), nil },
+	"hex":    hex.DecodeString,
+	"base64": base64.StdEncoding.DecodeString,
+}
+
+// parseKey decodes a key argument; an empty or undecodable key is a usage
+// error.
+func (g *globals) parseKey(arg string) ([]byte, error) {
+	k, err := keyEncodings[g.keyEncoding](arg)
+	switch {
+	case err != nil:
+		return nil, &exitError{exitUsage, fmt.Errorf("key %q is not %s: %w", arg, g.keyEncoding, err)}
+	case len(k) == 0:
+		return nil, &exitError{exitUsage, errors.New("empty key: a key is 1 byte or more")}
+	}
+	return k, nil
+}
+
+// parseKeys decodes key arguments; a single "-" reads them from stdin, one
+// a line.
+func (g *globals) parseKeys(args []string) ([][]byte, error) {
+	if len(args) == 1 && args[0] == "-" {
+		args = nil
+		lines := bufio.NewScanner(g.stdin)
+		lines.Buffer(make([]byte, 64<<10), 1<<20)
+		for lines.Scan() {
+			if lines.Text() != "" {
+				args = append(args, lines.Text())
+			}
+		}
+		if err := lines.Err(); err != nil {
+			return nil, &exitError{exitOther, fmt.Errorf("reading keys from stdin: %w", err)}
+		}
+	}
+	keys := make([][]byte, 0, len(args))
+	for _, a := range args {
+		k, err := g.parseKey(a)
+		if err != nil {
+			return nil, err
+		}
+		keys = append(keys, k)
+	}
+	return keys, nil
+}
+
+// keyJSON fills a JSON object's key: as a string when it is UTF-8, in
+// key_base64 otherwise.
+type keyJSON struct {
+	Key       string `json:"key,omitempty"`
+	KeyBase64 []byte `json:"key_base64,omitempty"`
+}
+
+func toKeyJSON(k []byte) keyJSON {
+	if utf8.Valid(k) {
+		return keyJSON{Key: string(k)}
+	}
+	return keyJSON{KeyBase64: k}
+}
+
+// foundJSON is a key that may be absent, with its value when present.
+type foundJSON struct {
+	keyJSON
+	Found       bool   `json:"found"`
+	Size        int    `json:"size,omitempty"`
+	Value       string `json:"value,omitempty"`
+	ValueBase64 []byte `json:"value_base64,omitempty"`
+}
+
+func toFoundJSON(k, v []byte, found bool) foundJSON {
+	j := foundJSON{keyJSON: toKeyJSON(k), Found: found, Size: len(v)}
+	if utf8.Valid(v) {
+		j.Value = string(v)
+	} else {
+		j.ValueBase64 = v
+	}
+	return j
+}
+
+// isTerminal reports whether f is a terminal.
+func isTerminal(f any) bool {
+	fd, ok := f.(interface{ Fd() uintptr })
+	if !ok {
+		return false
+	}
+	_, err := unix.IoctlGetTermios(int(fd.Fd()), unix.TCGETS)
+	return err == nil
+}
+
+// readValue reads a value from stdin, saying so first when stdin is a
+// terminal (else the command seems to hang).
+func (g *globals) readValue(cmd *cobra.Command) ([]byte, error) {
+	if isTerminal(g.stdin) {
+		fmt.Fprintln(cmd.ErrOrStderr(), "rkv-client: reading the value from standard input (end it with Ctrl-D)")
+	}
+	b, err := io.ReadAll(g.stdin)
+	if err != nil {
+		return nil, &exitError{exitOther, fmt.Errorf("reading the value from stdin: %w", err)}
+	}
+	return b, nil
+}
+
+func mgetCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "mget KEY... | mget -",
+		Short: "print the values of many keys, read together (MultiGet); - reads the keys from stdin, one a line",
+		Long: `mget reads every key with one MultiGet: the keys of one server share its
+RDMA READ posts. The table has a line per key, its value or (not found); -o
+json a list of {key, found, value}. It exits 1 when a key is absent, 0 when
+all are present.`,
+		Args: cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			keys, err := g.parseKeys(args)
+			if err != nil {
+				return err
+			}
+			return g.withClient(cmd, func(ctx context.Context, c *client.Client) error {
+				vals, err := c.MultiGet(ctx, keys)
+				if err != nil {
+					return err
+				}
+				return printFound(g, cmd, keys, vals, true)
+			})
+		},
+	}
+}
+
+func existsCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "exists KEY... | exists -",
+		Short: "say whether keys exist (exit 0 if all do, 1 if one does not)",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			keys, err := g.parseKeys(args)
+			if err != nil {
+				return err
+			}
+			return g.withClient(cmd, func(ctx context.Context, c *client.Client) error {
+				vals, err := c.MultiGet(ctx, keys)
+				if err != nil {
+					return err
+				}
+				return printFound(g, cmd, keys, vals, false)
+			})
+		},
+	}
+}
+
+// printFound prints whether each key was found (and its value, with
+// values), and fails with exitNotFound when one was not.
+func printFound(g *globals, cmd *cobra.Command, keys, vals [][]byte, values bool) error {
+	out := cmd.OutOrStdout()
+	missing := 0
+	list := make([]foundJSON, 0, len(keys))
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	for i, k := range keys {
+		found := vals[i] != nil
+		if !found {
+			missing++
+		}
+		j := toFoundJSON(k, vals[i], found)
+		if !values {
+			j.Size, j.Value, j.ValueBase64 = 0, "", nil
+		}
+		list = append(list, j)
+		switch {
+		case g.output == "json":
+		case !found && values:
+			fmt.Fprintf(tw, "%s\t(not found)\n", printable(k))
+		case values:
+			fmt.Fprintf(tw, "%s\t%s\n", printable(k), printable(vals[i]))
+		default:
+			fmt.Fprintf(tw, "%s\t%v\n", printable(k), found)
+		}
+	}
+	if g.output == "json" {
+		if err := writeJSON(out, list); err != nil {
+			return err
+		}
+	} else if err := tw.Flush(); err != nil {
+		return err
+	}
+	if missing > 0 {
+		return &exitError{exitNotFound, fmt.Errorf("%d of %d keys not found", missing, len(keys))}
+	}
+	return nil
+}
+
+// stdoutIsTerminal reports whether the command writes to a terminal.
+func stdoutIsTerminal(cmd *cobra.Command) bool {
+	return cmd.OutOrStdout() == os.Stdout && isTerminal(os.Stdout)
+}

@@ -1,0 +1,74 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+)
+
+func runCLIIn(env map[string]string, stdin string, args ...string) (string, string, int) {
+	var out, errb bytes.Buffer
+	code := run(context.Background(), args, func(k string) string { return env[k] }, strings.NewReader(stdin), &out, &errb)
+	return out.String(), errb.String(), code
+}
+
+// Keys as users spell them: empty is a usage error everywhere, binary keys
+// go in hex or base64, "put KEY -" reads stdin, and the commands over many
+// keys (mget, exists) say which are absent, in the table, in JSON and in
+// the exit code.
+func TestKeysOnTheCommandLine(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a server")
+	}
+	env := map[string]string{"RKV_JOIN": startServerWith(t, nil, nil)}
+	for _, args := range [][]string{{"get", ""}, {"put", "", "v"}, {"del", ""}, {"owner", ""}, {"mget", "a", ""}, {"--key-encoding", "hex", "get", "zz"}, {"--key-encoding", "rot13", "get", "k"}} {
+		if _, errs, code := runCLI(env, args...); code != exitUsage || errs == "" {
+			t.Errorf("%q: exit %d (stderr %q), want %d", args, code, errs, exitUsage)
+		}
+	}
+	if _, errs, code := runCLI(nil); code != exitUsage || !strings.Contains(errs, "no command") {
+		t.Errorf("bare rkv-client: exit %d, %q", code, errs)
+	}
+	if out, _, _ := runCLI(nil, "--help"); strings.Count(out, "Exit codes") != 1 {
+		t.Errorf("--help lists the exit codes %d times", strings.Count(out, "Exit codes"))
+	}
+
+	if out, errs, code := runCLIIn(env, "from stdin", "put", "a", "-"); code != exitOK {
+		t.Fatalf("put a -: exit %d, %q %q", code, out, errs)
+	}
+	if out, _, code := runCLI(env, "get", "a"); code != exitOK || out != "from stdin" {
+		t.Fatalf("get a after put a -: exit %d, %q", code, out)
+	}
+	// A binary key: 0xff 0x00, put in hex, read back in base64.
+	if out, errs, code := runCLI(env, "--key-encoding", "hex", "put", "ff00", "binary"); code != exitOK {
+		t.Fatalf("put of a hex key: exit %d, %q %q", code, out, errs)
+	}
+	if out, _, code := runCLI(env, "--key-encoding", "base64", "get", "/wA="); code != exitOK || out != "binary" {
+		t.Fatalf("get of the same key in base64: exit %d, %q", code, out)
+	}
+
+	out, _, code := runCLI(env, "-o", "json", "get", "absent")
+	var miss foundJSON
+	if err := json.Unmarshal([]byte(out), &miss); code != exitNotFound || err != nil || miss.Found || miss.Key != "absent" {
+		t.Fatalf("get -o json of an absent key: exit %d, %q (%v)", code, out, err)
+	}
+
+	out, _, code = runCLIIn(env, "a\nabsent\n", "mget", "-")
+	if code != exitNotFound || !strings.Contains(out, "from stdin") || !strings.Contains(out, "absent  (not found)") {
+		t.Fatalf("mget of keys from stdin: exit %d\n%s", code, out)
+	}
+	out, _, code = runCLI(env, "-o", "json", "--key-encoding", "hex", "mget", "61", "ff00")
+	var got []foundJSON
+	if err := json.Unmarshal([]byte(out), &got); code != exitOK || err != nil || len(got) != 2 ||
+		got[0].Value != "from stdin" || !bytes.Equal(got[1].KeyBase64, []byte{0xff, 0}) || got[1].Value != "binary" {
+		t.Fatalf("mget -o json: exit %d, %q (%v)", code, out, err)
+	}
+	if out, _, code := runCLI(env, "exists", "a"); code != exitOK || !strings.Contains(out, "a  true") {
+		t.Fatalf("exists a: exit %d, %q", code, out)
+	}
+	if out, _, code := runCLI(env, "exists", "a", "absent"); code != exitNotFound || !strings.Contains(out, "absent  false") {
+		t.Fatalf("exists a absent: exit %d, %q", code, out)
+	}
+}
