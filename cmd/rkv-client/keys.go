@@ -1,4 +1,4 @@
-// Keys on the command line: their encoding, their checks, and the commands that take many (mget, exists).
+// Keys on the command line: their encoding, their checks, and the commands that take many (mget, exists, mput).
 
 package main
 
@@ -11,7 +11,11 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"text/tabwriter"
+	"time"
 	"unicode/utf8"
 
 	"github.com/spf13/cobra"
@@ -213,4 +217,98 @@ func printFound(g *globals, cmd *cobra.Command, keys, vals [][]byte, values bool
 // stdoutIsTerminal reports whether the command writes to a terminal.
 func stdoutIsTerminal(cmd *cobra.Command) bool {
 	return cmd.OutOrStdout() == os.Stdout && isTerminal(os.Stdout)
+}
+
+func mputCmd(g *globals) *cobra.Command {
+	var file string
+	var concurrency int
+	cmd := &cobra.Command{
+		Use:   "mput [--file F]",
+		Short: "bulk load: put every \"KEY<TAB>VALUE\" line of standard input (or --file)",
+		Long: `mput reads lines of a key, a tab and a value (the key spelled as
+--key-encoding says; the value as it is, to the end of the line) and puts
+them, --concurrency at a time on one client, so that their commits batch on
+the servers. It stops at the first failed put, saying which line, and prints
+how many keys it put and how fast.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if concurrency < 1 {
+				return fmt.Errorf("--concurrency %d: must be 1 or more", concurrency)
+			}
+			in := g.stdin
+			if file != "" {
+				f, err := os.Open(file)
+				if err != nil {
+					return &exitError{exitOther, fmt.Errorf("--file: %w", err)}
+				}
+				defer f.Close()
+				in = f
+			}
+			return g.withClient(cmd, func(ctx context.Context, c *client.Client) error {
+				return bulkPut(ctx, g, c, in, concurrency, cmd.OutOrStdout())
+			})
+		},
+	}
+	cmd.Flags().StringVar(&file, "file", "", "read the lines from this file instead of standard input")
+	cmd.Flags().IntVar(&concurrency, "concurrency", 16, "puts in flight at once")
+	return cmd
+}
+
+// bulkPut puts every KEY<TAB>VALUE line of in with concurrency goroutines
+// sharing c.
+func bulkPut(ctx context.Context, g *globals, c *client.Client, in io.Reader, concurrency int, out io.Writer) error {
+	type kv struct {
+		line       int
+		key, value []byte
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	work := make(chan kv, concurrency)
+	var done atomic.Int64
+	var wg sync.WaitGroup
+	for range concurrency {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for w := range work {
+				if err := c.Put(ctx, w.key, w.value); err != nil {
+					cancel(fmt.Errorf("line %d (key %q): %w", w.line, w.key, err))
+					return
+				}
+				done.Add(1)
+			}
+		}()
+	}
+	start := time.Now()
+	lines := bufio.NewScanner(in)
+	lines.Buffer(make([]byte, 64<<10), 2<<20)
+	var err error
+	for n := 1; err == nil && lines.Scan(); n++ {
+		k, v, ok := strings.Cut(lines.Text(), "\t")
+		if !ok {
+			err = &exitError{exitUsage, fmt.Errorf("line %d: no tab between key and value", n)}
+			break
+		}
+		key, kerr := g.parseKey(k)
+		if ee := (*exitError)(nil); errors.As(kerr, &ee) {
+			err = &exitError{ee.code, fmt.Errorf("line %d: %w", n, ee.err)}
+			break
+		}
+		select {
+		case work <- kv{line: n, key: key, value: []byte(v)}:
+		case <-ctx.Done():
+			err = context.Cause(ctx)
+		}
+	}
+	close(work)
+	wg.Wait()
+	if err == nil {
+		err = lines.Err()
+	}
+	if cerr := context.Cause(ctx); err == nil && cerr != nil {
+		err = cerr
+	}
+	took := time.Since(start)
+	fmt.Fprintf(out, "%d keys put in %v (%.0f/s)\n", done.Load(), took.Round(time.Millisecond), float64(done.Load())/took.Seconds())
+	return err
 }

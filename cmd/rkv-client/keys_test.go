@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 )
@@ -64,6 +65,21 @@ func TestKeysOnTheCommandLine(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &got); code != exitOK || err != nil || len(got) != 2 ||
 		got[0].Value != "from stdin" || !bytes.Equal(got[1].KeyBase64, []byte{0xff, 0}) || got[1].Value != "binary" {
 		t.Fatalf("mget -o json: exit %d, %q (%v)", code, out, err)
+	}
+	var load strings.Builder
+	for i := range 500 {
+		fmt.Fprintf(&load, "bulk-%d\tvalue %d\n", i, i)
+	}
+	if out, errs, code := runCLIIn(env, load.String(), "mput"); code != exitOK || !strings.HasPrefix(out, "500 keys put") {
+		t.Fatalf("mput of 500 lines: exit %d, %q %q", code, out, errs)
+	}
+	if out, _, code := runCLI(env, "get", "bulk-499"); code != exitOK || out != "value 499" {
+		t.Fatalf("get bulk-499 after mput: exit %d, %q", code, out)
+	}
+	for stdin, want := range map[string]string{"k\tv\nno tab here\n": "line 2: no tab", "k\tv\n\tv\n": "line 2: empty key"} {
+		if _, errs, code := runCLIIn(env, stdin, "mput"); code != exitUsage || !strings.Contains(errs, want) {
+			t.Errorf("mput of %q: exit %d, %q; want a usage error saying %q", stdin, code, errs, want)
+		}
 	}
 	if out, _, code := runCLI(env, "exists", "a"); code != exitOK || !strings.Contains(out, "a  true") {
 		t.Fatalf("exists a: exit %d, %q", code, out)
