@@ -134,18 +134,6 @@ func (s *Store) takeRegion(ctx context.Context, need, want int64) (region, error
 	}
 }
 
-// RenewLease extends a lease by the TTL.
-func (s *Store) RenewLease(id uint64) (time.Time, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	l, err := s.liveLeaseLocked(id)
-	if err != nil {
-		return time.Time{}, err
-	}
-	l.Expires = time.Now().Add(s.opts.LeaseTTL)
-	return l.Expires, nil
-}
-
 // EndLease ends a lease: its region is deregistered, so its rkey stops
 // working, and its unused bytes go back to free space (or count dead, when
 // a region was carved after it).

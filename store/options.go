@@ -78,7 +78,8 @@ type Options struct {
 	// of 4096. Default 1 MiB.
 	LeaseSize int64
 	// LeaseTTL is how long a lease lasts: the client takes a new one when
-	// it is 90% spent (RenewLease extends one, but no RPC calls it yet).
+	// it is 90% spent. A lease is not renewed: a writer that outlives it
+	// takes another, sized to what it wrote in this one.
 	// Default 30s.
 	LeaseTTL time.Duration
 	// SegmentSize is the unit the arenas are cut into, carved into leases
