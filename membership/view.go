@@ -108,11 +108,21 @@ func (v *View) Members() []Member { return slices.Clone(v.members) }
 
 // Member returns the member called name.
 func (v *View) Member(name string) (Member, bool) {
+	if m := v.Lookup(name); m != nil {
+		return *m, true
+	}
+	return Member{}, false
+}
+
+// Lookup returns the member called name, or nil: a pointer into the view,
+// shared by every reader of it (read it, never modify it), for hot paths
+// that would otherwise copy the whole Member.
+func (v *View) Lookup(name string) *Member {
 	i, ok := slices.BinarySearchFunc(v.members, name, func(m Member, name string) int { return strings.Compare(m.Name, name) })
 	if !ok {
-		return Member{}, false
+		return nil
 	}
-	return v.members[i], true
+	return &v.members[i]
 }
 
 // Servers returns the alive servers whose metadata decoded, sorted by
