@@ -147,13 +147,14 @@ type KV struct {
 
 // Client is a connection to an rkv cluster.
 type Client struct {
-	cfg  Config
-	log  *slog.Logger
-	dev  rdma.Device
-	pd   rdma.PD
-	ml   *membership.Membership
-	maps mapHolder
-	ids  sessions
+	cfg   Config
+	log   *slog.Logger
+	dev   rdma.Device
+	pd    rdma.PD
+	ml    *membership.Membership
+	maps  mapHolder
+	route atomic.Pointer[routes] // of maps' map and ml's view, built on use
+	ids   sessions
 
 	mu      sync.Mutex
 	closed  bool
@@ -326,7 +327,7 @@ func (c *Client) Get(ctx context.Context, key []byte) ([]byte, error) {
 		return nil, err
 	}
 	var out []byte
-	err := c.doKey(ctx, "GET", key, func(ctx context.Context, sc *serverConn, t target) error {
+	err := c.doKey(ctx, "GET", key, func(ctx context.Context, sc *serverConn, t *target) error {
 		vals, _, err := sc.read(ctx, t, [][]byte{key})
 		if err != nil {
 			return err
@@ -432,7 +433,7 @@ func (c *Client) Put(ctx context.Context, key, value []byte) error {
 	}
 	w := c.ids.next()
 	defer c.ids.done(w)
-	return c.doKey(ctx, "PUT", key, func(ctx context.Context, sc *serverConn, t target) error {
+	return c.doKey(ctx, "PUT", key, func(ctx context.Context, sc *serverConn, t *target) error {
 		return sc.put(ctx, t, key, value, w.Write)
 	})
 }
@@ -445,7 +446,7 @@ func (c *Client) Delete(ctx context.Context, key []byte) error {
 	c.cacheDrop(key)
 	w := c.ids.next()
 	defer c.ids.done(w)
-	return c.doKey(ctx, "DELETE", key, func(ctx context.Context, sc *serverConn, t target) error {
+	return c.doKey(ctx, "DELETE", key, func(ctx context.Context, sc *serverConn, t *target) error {
 		_, err := sc.call(ctx, t.member, &proto.Delete{Key: key, Epoch: t.epoch, Write: w.Write})
 		return err
 	})
@@ -484,18 +485,17 @@ func (c *Client) Scan(ctx context.Context, start, end []byte, limit int) ([]KV, 
 // scanKeys lists the keys of a scan from every owner of shards in the
 // map, each asked for the shards the map gives it.
 func (c *Client) scanKeys(ctx context.Context, start, end []byte, limit int) ([][]byte, error) {
-	m := c.maps.load()
-	byOwner := map[string][]proto.Shard{}
-	for s := range proto.NumShards {
-		o, _ := m.Owner(proto.Shard(s))
-		byOwner[o] = append(byOwner[o], proto.Shard(s))
+	r := c.routes()
+	byOwner := map[*target][]proto.Shard{}
+	for s, t := range r.byShard {
+		byOwner[t] = append(byOwner[t], proto.Shard(s))
 	}
 	var all [][]byte
-	for name, shards := range byOwner {
-		t, err := c.targetOf(m, name)
-		if err != nil {
+	for t, shards := range byOwner {
+		if err := c.use(t); err != nil {
 			return nil, err
 		}
+		name := t.name
 		from := start
 		if from == nil {
 			from = []byte{}
@@ -560,7 +560,7 @@ type ServerStats struct {
 // Stats asks the named server for its counters over the control RPC.
 func (c *Client) Stats(ctx context.Context, node string) (ServerStats, error) {
 	var st ServerStats
-	err := c.doNode(ctx, node, func(ctx context.Context, sc *serverConn, mb membership.Member) error {
+	err := c.doNode(ctx, node, func(ctx context.Context, sc *serverConn, mb *membership.Member) error {
 		r, err := sc.call(ctx, mb, &proto.Stats{})
 		if err != nil {
 			return err
@@ -590,7 +590,7 @@ func (c *Client) Stats(ctx context.Context, node string) (ServerStats, error) {
 // map's after it.
 func (c *Client) Forget(ctx context.Context, node string, force bool) (uint64, error) {
 	var epoch uint64
-	err := c.doAny(ctx, func(ctx context.Context, sc *serverConn, mb membership.Member) error {
+	err := c.doAny(ctx, func(ctx context.Context, sc *serverConn, mb *membership.Member) error {
 		r, err := sc.call(ctx, mb, &proto.Forget{Node: node, Force: force})
 		if err != nil {
 			return err

@@ -98,7 +98,7 @@ func (sc *serverConn) drop() {
 
 // ready makes sure a session to the server of generation
 // mb.Meta.Generation is up.
-func (sc *serverConn) ready(ctx context.Context, mb membership.Member) error {
+func (sc *serverConn) ready(ctx context.Context, mb *membership.Member) error {
 	if mb.Meta.Index == nil {
 		return retry(sc.name, "server %s has not advertised its index yet", sc.name)
 	}
@@ -146,7 +146,7 @@ func (sc *serverConn) ready(ctx context.Context, mb membership.Member) error {
 }
 
 // call runs one control request on the server's connection.
-func (sc *serverConn) call(ctx context.Context, mb membership.Member, req proto.Message) (proto.Message, error) {
+func (sc *serverConn) call(ctx context.Context, mb *membership.Member, req proto.Message) (proto.Message, error) {
 	if err := sc.lock(ctx); err != nil {
 		return nil, err
 	}
@@ -205,7 +205,7 @@ func serverError(node string, req proto.MsgType, e *proto.Error) error {
 }
 
 // put writes the record into the lease and commits it.
-func (sc *serverConn) put(ctx context.Context, t target, key, value []byte, w proto.Write) error {
+func (sc *serverConn) put(ctx context.Context, t *target, key, value []byte, w proto.Write) error {
 	if err := sc.lock(ctx); err != nil {
 		return err
 	}

@@ -80,7 +80,7 @@ func (c *Client) fetchMap(ctx context.Context, atLeast uint64) error {
 		// connections and never answers: give each a short while.
 		actx, cancel := context.WithTimeout(ctx, mapFetchTimeout)
 		err := c.withConn(actx, mb.Name, func(sc *serverConn) error {
-			r, err := sc.call(actx, mb, &proto.GetMap{Have: have.Epoch()})
+			r, err := sc.call(actx, &mb, &proto.GetMap{Have: have.Epoch()})
 			if err == nil {
 				reply = r.(*proto.MapReply)
 			}
@@ -117,17 +117,24 @@ func (c *Client) fetchMap(ctx context.Context, atLeast uint64) error {
 // mapFetchTimeout bounds the map fetch from one server.
 const mapFetchTimeout = time.Second
 
-// target is the server a key's request goes to, as of one map.
+// target is a server requests go to, as of one map and one gossip view.
+// Targets are built once per (map, view) pair (routes) and shared by every
+// operation until either changes: read them, never modify them.
 type target struct {
 	m      *clustermap.Map
 	name   string
-	member membership.Member
+	member *membership.Member // in the view
 	epoch  uint64
+	// newer is the map epoch the server gossips when it is past m's, else 0.
+	newer uint64
+	// err is why requests cannot go to the server now (it is down, or not
+	// the one the map knows), or nil.
+	err error
 }
 
 // since is the epoch since which the target owns shard s in the map, or 0
 // when it does not.
-func (t target) since(s proto.Shard) uint64 {
+func (t *target) since(s proto.Shard) uint64 {
 	o, since := t.m.Owner(s)
 	if o != t.name {
 		return 0
@@ -135,70 +142,124 @@ func (t target) since(s proto.Shard) uint64 {
 	return since
 }
 
-// targetOf is server name as the map and the gossip view know it: alive,
-// with the data directory the map knows, its index registered. A server
-// that is down is unavailable: with one copy, no other server has its
-// keys, and the client never asks one that would answer "not found".
-func (c *Client) targetOf(m *clustermap.Map, name string) (target, error) {
+// newTarget is server name as map m and view v know it: alive, with the
+// data directory the map knows. A server that is down is unavailable: with
+// one copy, no other server has its keys, and the client never asks one
+// that would answer "not found".
+func newTarget(m *clustermap.Map, v *membership.View, name string) *target {
+	t := &target{m: m, name: name, epoch: m.Epoch()}
 	srv, ok := m.Server(name)
 	if !ok || srv.State == proto.ServerRemoved {
-		return target{}, &UnavailableError{Node: name, Reason: fmt.Sprintf("not in the cluster map (epoch %d)", m.Epoch())}
+		t.err = &UnavailableError{Node: name, Reason: fmt.Sprintf("not in the cluster map (epoch %d)", m.Epoch())}
+		return t
 	}
-	mb, in := c.ml.View().Member(name)
+	mb := v.Lookup(name)
 	switch {
-	case !in:
-		return target{}, &UnavailableError{Node: name, Reason: "not in the gossip view"}
+	case mb == nil:
+		t.err = &UnavailableError{Node: name, Reason: "not in the gossip view"}
 	case mb.MetaErr != nil:
-		return target{}, &UnavailableError{Node: name, Reason: "its metadata cannot be read", Err: mb.MetaErr}
+		t.err = &UnavailableError{Node: name, Reason: "its metadata cannot be read", Err: mb.MetaErr}
 	case mb.State != membership.StateAlive:
-		return target{}, &UnavailableError{Node: name, Reason: fmt.Sprintf("the key's server is %s (since %v)", mb.State, mb.Since.Format(time.RFC3339Nano))}
+		t.err = &UnavailableError{Node: name, Reason: fmt.Sprintf("the key's server is %s (since %v)", mb.State, mb.Since.Format(time.RFC3339Nano))}
 	case mb.Meta.ServerID != srv.ID:
-		return target{}, &UnavailableError{Node: name, Reason: fmt.Sprintf("it runs on data directory %s, the map knows %s (it lost its data?)", mb.Meta.ServerID, srv.ID)}
+		t.err = &UnavailableError{Node: name, Reason: fmt.Sprintf("it runs on data directory %s, the map knows %s (it lost its data?)", mb.Meta.ServerID, srv.ID)}
+	default:
+		t.member = mb
+		if mb.Meta.MapEpoch > t.epoch {
+			t.newer = mb.Meta.MapEpoch
+		}
 	}
-	if mb.Meta.MapEpoch > m.Epoch() {
-		// The server knows a newer map: fetch it, without holding this
-		// request up (the server refuses what it no longer owns).
+	return t
+}
+
+// routes is every shard's target as of one map and one gossip view: what
+// an operation would otherwise work out per key from both (the owner's
+// name in the map, its member in the view, the checks above).
+type routes struct {
+	m       *clustermap.Map
+	v       *membership.View
+	byShard [proto.NumShards]*target
+}
+
+var notBootstrapped = &target{err: &UnavailableError{Node: "(none)", Reason: "the cluster map is not bootstrapped"}}
+
+func newRoutes(m *clustermap.Map, v *membership.View) *routes {
+	r := &routes{m: m, v: v}
+	if !m.Bootstrapped() {
+		for s := range r.byShard {
+			r.byShard[s] = notBootstrapped
+		}
+		return r
+	}
+	byName := map[string]*target{}
+	for s := range r.byShard {
+		name, _ := m.Owner(proto.Shard(s))
+		t := byName[name]
+		if t == nil {
+			t = newTarget(m, v, name)
+			byName[name] = t
+		}
+		r.byShard[s] = t
+	}
+	return r
+}
+
+// routes returns the routes of the client's map and view, built anew when
+// either changed since the last call.
+func (c *Client) routes() *routes {
+	m, v := c.maps.load(), c.ml.View()
+	if r := c.route.Load(); r != nil && r.m == m && r.v == v {
+		return r
+	}
+	r := newRoutes(m, v)
+	c.route.Store(r)
+	return r
+}
+
+// use returns t's error, or nil; when the server knows a newer map it
+// fetches that, without holding the request up (the server refuses what
+// it no longer owns).
+func (c *Client) use(t *target) error {
+	if t.err != nil {
+		return t.err
+	}
+	if t.newer != 0 {
 		go func() {
 			ctx, cancel := context.WithTimeout(context.Background(), c.cfg.RetryTimeout)
 			defer cancel()
-			_ = c.refreshMap(ctx, mb.Meta.MapEpoch)
+			_ = c.refreshMap(ctx, t.newer)
 		}()
 	}
-	return target{m: m, name: name, member: mb, epoch: m.Epoch()}, nil
+	return nil
 }
 
 // targetFor is the owner of key's shard in the client's map.
-func (c *Client) targetFor(key []byte) (target, error) {
-	m := c.maps.load()
-	name, _ := m.Owner(proto.ShardOf(key))
-	if name == "" {
-		return target{}, &UnavailableError{Node: "(none)", Reason: "the cluster map is not bootstrapped"}
-	}
-	return c.targetOf(m, name)
+func (c *Client) targetFor(key []byte) (*target, error) {
+	t := c.routes().byShard[proto.ShardOf(key)]
+	return t, c.use(t)
 }
 
 // keyGroup is the keys (positions) one owner holds.
 type keyGroup struct {
-	t   target
+	t   *target
 	idx []int
 }
 
 // groupByOwner splits the keys at positions idx by owner, as of the
 // client's map.
 func (c *Client) groupByOwner(keys [][]byte, idx []int) ([]keyGroup, error) {
-	m := c.maps.load()
+	r := c.routes()
 	byName := map[string]*keyGroup{}
 	var out []*keyGroup
 	for _, i := range idx {
-		name, _ := m.Owner(proto.ShardOf(keys[i]))
-		g := byName[name]
+		t := r.byShard[proto.ShardOf(keys[i])]
+		g := byName[t.name]
 		if g == nil {
-			t, err := c.targetOf(m, name)
-			if err != nil {
+			if err := c.use(t); err != nil {
 				return nil, err
 			}
 			g = &keyGroup{t: t}
-			byName[name] = g
+			byName[t.name] = g
 			out = append(out, g)
 		}
 		g.idx = append(g.idx, i)

@@ -38,7 +38,7 @@ const maxReadBatch = 64
 // the keys it resolved anyway (done is nil without an error): their values hold, and a retry asks for the
 // others only (so a MultiGet over a server whose shards move one after the
 // other does not start over at each move).
-func (sc *serverConn) read(ctx context.Context, t target, keys [][]byte) (vals [][]byte, done []bool, err error) {
+func (sc *serverConn) read(ctx context.Context, t *target, keys [][]byte) (vals [][]byte, done []bool, err error) {
 	if err := sc.lock(ctx); err != nil {
 		return nil, nil, err
 	}
@@ -87,7 +87,7 @@ const (
 // keyReads is one call of read.
 type keyReads struct {
 	sc    *serverConn
-	t     target
+	t     *target
 	keys  [][]byte
 	vals  [][]byte
 	state []readState

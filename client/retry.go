@@ -117,7 +117,7 @@ func (c *Client) giveUp(what string, attempts int, last *retryable, cause error)
 }
 
 // doKey runs op against key's owner in the client's map, in do's loop.
-func (c *Client) doKey(ctx context.Context, what string, key []byte, op func(ctx context.Context, sc *serverConn, t target) error) error {
+func (c *Client) doKey(ctx context.Context, what string, key []byte, op func(ctx context.Context, sc *serverConn, t *target) error) error {
 	return c.do(ctx, what, func(ctx context.Context) error {
 		t, err := c.targetFor(key)
 		if err != nil {
@@ -128,10 +128,10 @@ func (c *Client) doKey(ctx context.Context, what string, key []byte, op func(ctx
 }
 
 // doNode runs op against the named server, in do's loop.
-func (c *Client) doNode(ctx context.Context, name string, op func(ctx context.Context, sc *serverConn, mb membership.Member) error) error {
+func (c *Client) doNode(ctx context.Context, name string, op func(ctx context.Context, sc *serverConn, mb *membership.Member) error) error {
 	return c.do(ctx, "other", func(ctx context.Context) error {
-		mb, ok := c.ml.View().Member(name)
-		if !ok || !mb.IsServer() {
+		mb := c.ml.View().Lookup(name)
+		if mb == nil || !mb.IsServer() {
 			return &UnavailableError{Node: name, Reason: "not alive in the gossip view"}
 		}
 		return c.withConn(ctx, name, func(sc *serverConn) error { return op(ctx, sc, mb) })
@@ -140,13 +140,13 @@ func (c *Client) doNode(ctx context.Context, name string, op func(ctx context.Co
 
 // doAny runs op against any live server, the one gossiping the newest map
 // first, in do's loop.
-func (c *Client) doAny(ctx context.Context, op func(ctx context.Context, sc *serverConn, mb membership.Member) error) error {
+func (c *Client) doAny(ctx context.Context, op func(ctx context.Context, sc *serverConn, mb *membership.Member) error) error {
 	return c.do(ctx, "other", func(ctx context.Context) error {
 		servers := c.ml.View().Servers()
 		if len(servers) == 0 {
 			return &UnavailableError{Node: "(none)", Reason: "no server in the gossip view"}
 		}
 		mb := slices.MaxFunc(servers, func(a, b membership.Member) int { return cmp.Compare(a.Meta.MapEpoch, b.Meta.MapEpoch) })
-		return c.withConn(ctx, mb.Name, func(sc *serverConn) error { return op(ctx, sc, mb) })
+		return c.withConn(ctx, mb.Name, func(sc *serverConn) error { return op(ctx, sc, &mb) })
 	})
 }
