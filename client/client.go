@@ -328,15 +328,12 @@ func (c *Client) Get(ctx context.Context, key []byte) ([]byte, error) {
 	}
 	var out []byte
 	err := c.doKey(ctx, "GET", key, func(ctx context.Context, sc *serverConn, t *target) error {
-		vals, _, err := sc.read(ctx, t, [][]byte{key})
-		if err != nil {
-			return err
+		v, err := sc.get(ctx, t, key)
+		if err == nil && v == nil {
+			err = ErrNotFound
 		}
-		if vals[0] == nil {
-			return ErrNotFound
-		}
-		out = vals[0]
-		return nil
+		out = v
+		return err
 	})
 	return out, err
 }

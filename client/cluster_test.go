@@ -146,6 +146,47 @@ func TestClusterPutGetDeleteScan(t *testing.T) {
 	}
 }
 
+// A GET whose cached location another client's write superseded falls
+// back to the index: one READ for the stale record, then the neighborhood
+// and the current record. A warm GET is the one READ.
+func TestGetFallsBackFromAStaleLocation(t *testing.T) {
+	c := startCluster(t, 1)
+	reader, writer := newClient(t, c), newClient(t, c)
+	ctx := context.Background()
+	k := []byte("stale")
+	get := func(want string, reads uint64) {
+		t.Helper()
+		before := reader.Reads()
+		if v, err := reader.Get(ctx, k); err != nil || string(v) != want {
+			t.Fatalf("Get = %q, %v; want %q", v, err, want)
+		}
+		if got := reader.Reads() - before; got != reads {
+			t.Fatalf("Get of %q took %d READs, want %d", want, got, reads)
+		}
+	}
+	if err := writer.Put(ctx, k, []byte("one")); err != nil {
+		t.Fatal(err)
+	}
+	get("one", 2) // cold: neighborhood and record
+	get("one", 1) // warm: the cached location
+	if err := writer.Put(ctx, k, []byte("two")); err != nil {
+		t.Fatal(err)
+	}
+	get("two", 3)
+	get("two", 1)
+	if err := writer.Delete(ctx, k); err != nil {
+		t.Fatal(err)
+	}
+	before := reader.Reads()
+	if _, err := reader.Get(ctx, k); !errors.Is(err, client.ErrNotFound) {
+		t.Fatalf("Get after the delete: %v", err)
+	}
+	// The stale record, the neighborhood, then word, neighborhood, word.
+	if got := reader.Reads() - before; got != 5 {
+		t.Fatalf("Get of the deleted key took %d READs, want 5", got)
+	}
+}
+
 func TestClusterServerFailureAndRestart(t *testing.T) {
 	c := startCluster(t, 3)
 	cl := newClient(t, c)

@@ -33,6 +33,7 @@ type serverConn struct {
 	wrs   []rdma.SendWR
 	sges  []rdma.SGE
 	reads keyReads
+	one   [1][]byte // a GET's key, as read's keys
 	lease *clientLease
 	// leaseAsk is the size of the next lease to ask for: small at first,
 	// so a short-lived writer holds little, and doubled each time a lease
@@ -273,7 +274,8 @@ func (sc *serverConn) put(ctx context.Context, t *target, key, value []byte, w p
 // post runs one signaled work request on [off, off+n) of the buffer and
 // waits for it.
 func (sc *serverConn) post(ctx context.Context, op rdma.Opcode, off, n int, raddr uint64, rkey uint32) error {
-	sc.wrs = append(sc.wrs[:0], rdma.SendWR{Op: op, SGL: []rdma.SGE{{MR: sc.mr, Offset: off, Length: n}}, RemoteAddr: raddr, RKey: rkey})
+	sc.sges = append(sc.sges[:0], rdma.SGE{MR: sc.mr, Offset: off, Length: n})
+	sc.wrs = append(sc.wrs[:0], rdma.SendWR{Op: op, SGL: sc.sges[:1], RemoteAddr: raddr, RKey: rkey})
 	return sc.postAll(ctx)
 }
 

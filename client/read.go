@@ -46,12 +46,57 @@ func (sc *serverConn) read(ctx context.Context, t *target, keys [][]byte) (vals 
 	if err := sc.ready(ctx, t.member); err != nil {
 		return nil, nil, err
 	}
-	r := &sc.reads
-	*r = keyReads{sc: sc, t: t, keys: keys, vals: make([][]byte, len(keys)), state: slices.Grow(r.state[:0], len(keys))[:len(keys)]}
-	clear(r.state)
+	r := sc.startReads(t, keys)
 	if err := r.cached(ctx); err != nil {
 		return nil, nil, err
 	}
+	return r.resolve(ctx)
+}
+
+// get is read of one key, with a straight path for the common GET: a
+// cached location the record is still at, one READ. It returns nil for an
+// absent key.
+func (sc *serverConn) get(ctx context.Context, t *target, key []byte) ([]byte, error) {
+	if err := sc.lock(ctx); err != nil {
+		return nil, err
+	}
+	defer sc.unlock()
+	if err := sc.ready(ctx, t.member); err != nil {
+		return nil, err
+	}
+	if cl, ok := sc.c.cacheGet(key); ok && cl.node == sc.name && cl.gen == sc.gen {
+		raddr, rkey, err := sc.recordAt(&t.member.Meta, key, cl.loc)
+		if err != nil {
+			return nil, err
+		}
+		n := int(cl.loc.Length)
+		if err := sc.post(ctx, rdma.OpRead, 0, n, raddr, rkey); err != nil {
+			return nil, err
+		}
+		if rec, err := proto.VerifyRecord(sc.mem.Bytes()[:n], key, 0); err == nil {
+			return append([]byte{}, rec.Value...), nil
+		}
+		sc.c.cacheDrop(key) // superseded, deleted or moved: the index knows
+	}
+	sc.one[0] = key
+	defer func() { sc.one[0] = nil }()
+	vals, _, err := sc.startReads(t, sc.one[:]).resolve(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return vals[0], nil
+}
+
+// startReads begins a read of keys on sc, reusing its key states.
+func (sc *serverConn) startReads(t *target, keys [][]byte) *keyReads {
+	r := &sc.reads
+	*r = keyReads{sc: sc, t: t, keys: keys, vals: make([][]byte, len(keys)), state: slices.Grow(r.state[:0], len(keys))[:len(keys)]}
+	clear(r.state)
+	return r
+}
+
+// resolve runs the steps after the cached one: the index, then misses.
+func (r *keyReads) resolve(ctx context.Context) (vals [][]byte, done []bool, err error) {
 	candidates, err := r.indexed(ctx)
 	if err != nil {
 		return nil, nil, err
@@ -61,7 +106,7 @@ func (sc *serverConn) read(ctx context.Context, t *target, keys [][]byte) (vals 
 	}
 	vals, err = r.vals, r.again
 	if err != nil {
-		done = make([]bool, len(keys))
+		done = make([]bool, len(r.keys))
 		for i, st := range r.state {
 			done[i] = st == found || st == absent
 		}
@@ -129,13 +174,36 @@ func (r *keyReads) cached(ctx context.Context) error {
 // verification once it arrived; a location outside the advertised arenas
 // (an arena not in the view yet) is a retry.
 func (r *keyReads) record(ctx context.Context, b *readBatch, i int, loc proto.Location, then func(proto.Record, error)) error {
-	a, ok := arenaOf(r.meta(), loc.Arena)
-	if !ok || loc.Offset+uint64(loc.Length) > a.Length {
-		return retry(r.sc.name, "record of %q at %+v: arena %d of %s is not in the view yet", r.keys[i], loc, loc.Arena, r.sc.name)
+	raddr, rkey, err := r.sc.recordAt(r.meta(), r.keys[i], loc)
+	if err != nil {
+		return err
 	}
-	return b.add(ctx, int(loc.Length), a.Addr+loc.Offset, a.RKey, func(buf []byte) {
+	return b.add(ctx, int(loc.Length), raddr, rkey, func(buf []byte) {
 		then(proto.VerifyRecord(buf, r.keys[i], 0))
 	})
+}
+
+// recordAt is where key's record at loc lies in the server's memory, as
+// meta advertises it; a location outside the advertised arenas (an arena
+// not in the view yet) is a retry, a record larger than the buffer an
+// error.
+func (sc *serverConn) recordAt(meta *proto.NodeMeta, key []byte, loc proto.Location) (raddr uint64, rkey uint32, err error) {
+	a, ok := arenaOf(meta, loc.Arena)
+	if !ok || loc.Offset+uint64(loc.Length) > a.Length {
+		return 0, 0, retry(sc.name, "record of %q at %+v: arena %d of %s is not in the view yet", key, loc, loc.Arena, sc.name)
+	}
+	if err := sc.fits(int(loc.Length)); err != nil {
+		return 0, 0, err
+	}
+	return a.Addr + loc.Offset, a.RKey, nil
+}
+
+// fits checks that a READ of n bytes fits the client buffer.
+func (sc *serverConn) fits(n int) error {
+	if size := len(sc.mem.Bytes()); n > size {
+		return fmt.Errorf("%w: a record of %d bytes does not fit the client buffer (%d)", ErrTooLarge, n, size)
+	}
+	return nil
 }
 
 // indexed reads the neighborhoods of the unresolved keys, then every
@@ -310,10 +378,10 @@ func (b *readBatch) add(ctx context.Context, n int, raddr uint64, rkey uint32, t
 // so the batch is not flushed in front of it.
 func (b *readBatch) addFenced(ctx context.Context, n int, raddr uint64, rkey uint32, fence bool, then func([]byte)) error {
 	sc := b.sc
-	size := len(sc.mem.Bytes())
-	if n > size {
-		return fmt.Errorf("%w: a record of %d bytes does not fit the client buffer (%d)", ErrTooLarge, n, size)
+	if err := sc.fits(n); err != nil {
+		return err
 	}
+	size := len(sc.mem.Bytes())
 	if !fence && (b.off+n > size || len(b.then) >= maxReadBatch) {
 		if err := b.flush(ctx); err != nil {
 			return err

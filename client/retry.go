@@ -67,10 +67,12 @@ func (c *Client) do(ctx context.Context, what string, attempt func(ctx context.C
 			}
 		}
 		err := attempt(actx)
-		if err == nil || !errors.As(err, &last) {
+		r, ok := errors.AsType[*retryable](err) // not errors.As: &last would escape, an allocation per operation
+		if !ok {
 			cancel()
 			return err
 		}
+		last = r
 		c.retries.add(what)
 		c.log.Debug("retrying", "op", what, "server", last.node, "attempt", n+1, "err", err)
 		if last.moving {
