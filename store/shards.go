@@ -112,25 +112,34 @@ type shardInfo struct {
 	frozen bool // FreezeShards
 	moving bool // ReleaseShards is draining it
 	// busy counts the commits and deletes admitted and not yet applied;
-	// idle is closed when it drops to 0 (nil while it is 0).
+	// idle, made when someone waits for that (drained), is closed when it
+	// drops to 0.
 	busy int
 	idle chan struct{}
 	keys int64
 	live int64
 }
 
-func (sh *shardInfo) admit() {
-	if sh.busy == 0 {
-		sh.idle = make(chan struct{})
-	}
-	sh.busy++
-}
+func (sh *shardInfo) admit() { sh.busy++ }
 
 func (sh *shardInfo) applied() {
-	if sh.busy--; sh.busy == 0 {
+	if sh.busy--; sh.busy == 0 && sh.idle != nil {
 		close(sh.idle)
 		sh.idle = nil
 	}
+}
+
+// drained returns a channel closed once no commit or delete is in flight
+// to the shard, or nil when none is now. It is made here, for the rare
+// waiter, rather than by every commit that finds the shard idle.
+func (sh *shardInfo) drained() chan struct{} {
+	if sh.busy == 0 {
+		return nil
+	}
+	if sh.idle == nil {
+		sh.idle = make(chan struct{})
+	}
+	return sh.idle
 }
 
 // writableLocked says why a commit or delete to shard sh is refused, or
@@ -512,8 +521,8 @@ func (s *Store) FreezeShards(ctx context.Context, shards []proto.Shard) error {
 	for _, sh := range list {
 		info := &s.shards[sh]
 		info.frozen = true
-		if info.idle != nil {
-			wait = append(wait, info.idle)
+		if c := info.drained(); c != nil {
+			wait = append(wait, c)
 		}
 	}
 	s.mu.Unlock()
@@ -574,8 +583,8 @@ func (s *Store) ReleaseShards(shards []proto.Shard) error {
 		}
 		owned = append(owned, sh)
 		info.moving = true
-		if info.idle != nil {
-			wait = append(wait, info.idle)
+		if c := info.drained(); c != nil {
+			wait = append(wait, c)
 		}
 	}
 	s.mu.Unlock()
