@@ -387,7 +387,12 @@ func (s *Store) apply(batch []*pendingCommit) {
 			}
 		}
 		if err == nil && c.write.Session != 0 {
-			err = b.Set(sessionKey(c.shard, c.write.Session), c.sessionRecord(now).encode(), nil)
+			// Encoded in place in the batch: b.Set would copy an encoding
+			// made on the heap first, two allocations per commit.
+			op := b.SetDeferred(sessionKeySize, sessionRecordSize)
+			appendSessionKey(op.Key[:0], c.shard, c.write.Session)
+			c.sessionRecord(now).append(op.Value[:0])
+			err = op.Finish()
 		}
 		if err != nil {
 			fail(err)

@@ -104,7 +104,11 @@ func decodeShardRecord(b []byte) (ShardState, uint64, error) {
 
 // sessionKey is the Pebble key of a session's entry in shard sh.
 func sessionKey(sh proto.Shard, session uint64) []byte {
-	b := binary.BigEndian.AppendUint16([]byte{'w'}, uint16(sh))
+	return appendSessionKey(make([]byte, 0, sessionKeySize), sh, session)
+}
+
+func appendSessionKey(b []byte, sh proto.Shard, session uint64) []byte {
+	b = binary.BigEndian.AppendUint16(append(b, 'w'), uint16(sh))
 	return binary.BigEndian.AppendUint64(b, session)
 }
 
@@ -138,8 +142,9 @@ type sessionRecord struct {
 
 const sessionRecordSize = 1 + 8 + 8 + 2 + 8 + 4 + 8
 
-func (r sessionRecord) encode() []byte {
-	b := make([]byte, 0, sessionRecordSize)
+func (r sessionRecord) encode() []byte { return r.append(make([]byte, 0, sessionRecordSize)) }
+
+func (r sessionRecord) append(b []byte) []byte {
 	b = append(b, 1)
 	b = binary.LittleEndian.AppendUint64(b, r.seq)
 	b = binary.LittleEndian.AppendUint64(b, r.version)

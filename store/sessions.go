@@ -53,12 +53,16 @@ type session struct {
 	// applied, if any.
 	pending *pendingCommit
 	hidx    int // in the table's heap; -1 when not in it
+	// aged is the time the heap orders the entry by: its time when it was
+	// pushed or last re-sorted, which lags behind a session applying again
+	// (see evict).
+	aged int64
 }
 
 // sessionTable is guarded by Store.mu.
 type sessionTable struct {
 	m      map[sessKey]*session
-	byAge  sessionHeap // applied entries, oldest first
+	byAge  sessionHeap // applied entries, by aged: oldest first
 	doomed map[sessKey]struct{}
 	ttl    time.Duration
 	max    int
@@ -72,7 +76,7 @@ func newSessionTable(ttl time.Duration, max int) sessionTable {
 type sessionHeap []*session
 
 func (h sessionHeap) Len() int           { return len(h) }
-func (h sessionHeap) Less(i, j int) bool { return h[i].time < h[j].time }
+func (h sessionHeap) Less(i, j int) bool { return h[i].aged < h[j].aged }
 func (h sessionHeap) Swap(i, j int) {
 	h[i], h[j] = h[j], h[i]
 	h[i].hidx, h[j].hidx = i, j
@@ -158,12 +162,19 @@ func (t *sessionTable) finish(c *pendingCommit, applied bool, now int64) {
 	}
 }
 
-// set makes r ss's applied write.
+// set makes r ss's applied write. An entry already in the heap keeps its
+// place when its time moves on (its session applied again): re-sorting it
+// at every commit would cost a heap.Fix each, and evict catches up with
+// it if it ever reaches the top. Only a time moved back (upsert) re-sorts
+// it now, so that aged never passes time.
 func (t *sessionTable) set(ss *session, r sessionRecord) {
 	ss.sessionRecord, ss.applied = r, true
-	if ss.hidx < 0 {
+	switch {
+	case ss.hidx < 0:
+		ss.aged = r.time
 		heap.Push(&t.byAge, ss)
-	} else {
+	case r.time < ss.aged:
+		ss.aged = r.time
 		heap.Fix(&t.byAge, ss.hidx)
 	}
 	delete(t.doomed, ss.key)
@@ -184,17 +195,25 @@ func (t *sessionTable) upsert(k sessKey, r sessionRecord) {
 }
 
 // evict drops entries past the TTL and the oldest beyond the cap; their
-// keys wait in doomed for a batch to delete them from Pebble.
+// keys wait in doomed for a batch to delete them from Pebble. No entry's
+// aged is later than its time (set), so the top of the heap bounds every
+// entry's age: when it is young enough, all are. A top whose session
+// applied again since is first put back in its place.
 func (t *sessionTable) evict(now time.Time) {
 	cutoff := now.Add(-t.ttl).UnixNano()
 	for t.byAge.Len() > 0 {
 		ss := t.byAge[0]
-		expired := ss.time < cutoff
-		if !expired && t.byAge.Len() <= t.max {
+		over := t.byAge.Len() > t.max
+		if ss.aged >= cutoff && !over {
 			return
 		}
-		if !expired {
-			t.early++
+		if ss.aged != ss.time {
+			ss.aged = ss.time
+			heap.Fix(&t.byAge, 0)
+			continue
+		}
+		if ss.time >= cutoff {
+			t.early++ // for the cap, younger than the TTL
 		}
 		heap.Pop(&t.byAge)
 		ss.applied = false

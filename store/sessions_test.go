@@ -257,3 +257,43 @@ func TestSessionTableBounds(t *testing.T) {
 		t.Fatalf("%d expired sessions counted as early evictions", st.SessionsEvictedEarly)
 	}
 }
+
+// The table orders entries by when their session last applied, though a
+// session applying again does not re-sort it at once: the cap evicts the
+// least recently applied, and the TTL spares an entry pushed long ago but
+// applied since.
+func TestSessionTableAgesByLastApplied(t *testing.T) {
+	tab := newSessionTable(time.Hour, 2)
+	base := time.Unix(1_000_000, 0)
+	apply := func(session, seq uint64, at time.Duration) {
+		c := &pendingCommit{shard: 1, write: proto.Write{Session: session, Seq: seq}}
+		tab.begin(c)
+		tab.finish(c, true, base.Add(at).UnixNano())
+	}
+	held := func(session, seq uint64) bool {
+		v, err := tab.check(1, proto.Write{Session: session, Seq: seq})
+		return err == nil && v.dup != nil
+	}
+	apply(1, 1, 0)
+	apply(2, 1, time.Second)
+	apply(1, 2, 2*time.Second) // session 1 is now the more recent
+	apply(3, 1, 3*time.Second)
+	tab.evict(base.Add(3 * time.Second))
+	if !held(1, 2) || held(2, 1) || !held(3, 1) || tab.early != 1 || tab.byAge.Len() != 2 {
+		t.Fatalf("after the cap: sessions 1 %v, 2 %v, 3 %v, %d early, %d held; want 1 and 3 held, 1 early",
+			held(1, 2), held(2, 1), held(3, 1), tab.early, tab.byAge.Len())
+	}
+	// 2.5 s past the TTL: session 1 (pushed at 0, applied at 2 s) is
+	// still young enough, 3 too.
+	tab.evict(base.Add(time.Hour + 1500*time.Millisecond))
+	if !held(1, 2) || !held(3, 1) || tab.early != 1 {
+		t.Fatalf("before their TTL: sessions 1 %v, 3 %v, %d early", held(1, 2), held(3, 1), tab.early)
+	}
+	tab.evict(base.Add(time.Hour + 2500*time.Millisecond))
+	if held(1, 2) || !held(3, 1) || tab.early != 1 {
+		t.Fatalf("past session 1's TTL: sessions 1 %v, 3 %v, %d early", held(1, 2), held(3, 1), tab.early)
+	}
+	if len(tab.doomed) != 2 {
+		t.Fatalf("%d entries to delete from Pebble, want 2", len(tab.doomed))
+	}
+}
