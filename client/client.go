@@ -76,8 +76,9 @@ type Config struct {
 	// until the new owner serves it: milliseconds, longer on a loaded
 	// machine). Default 10s.
 	MoveWait time.Duration
-	// BufferSize is each connection's registered buffer: it bounds the
-	// largest record. Default 2 MiB.
+	// BufferSize is each connection's registered buffer, at least: a
+	// connection to a server that takes larger records (its advertised
+	// limits) gets a buffer that holds the largest. Default 2 MiB.
 	BufferSize int
 	// ConnsPerServer bounds the connections (each with its own QP,
 	// buffer and lease) to each server, dialed as concurrent requests
@@ -292,6 +293,21 @@ func (c *Client) Owner(key []byte) (string, error) {
 	return name, nil
 }
 
+// Limits returns the largest key and value the server that owns key takes,
+// as it advertises them (zero when it does not, or is not in the view): a
+// writer with a value to read checks it before reading it all.
+func (c *Client) Limits(key []byte) (proto.RecordLimits, error) {
+	name, err := c.Owner(key)
+	if err != nil {
+		return proto.RecordLimits{}, err
+	}
+	mb, ok := c.ml.View().Member(name)
+	if !ok {
+		return proto.RecordLimits{}, nil
+	}
+	return mb.Meta.Limits, nil
+}
+
 func checkKey(key []byte) error {
 	if len(key) == 0 || len(key) > proto.MaxKeyLen {
 		return fmt.Errorf("%w: key of %d bytes (1 to %d)", ErrTooLarge, len(key), proto.MaxKeyLen)
@@ -328,6 +344,9 @@ func (c *Client) Get(ctx context.Context, key []byte) ([]byte, error) {
 	}
 	var out []byte
 	err := c.doKey(ctx, "GET", key, func(ctx context.Context, sc *serverConn, t *target) error {
+		if err := checkLimits(sc.name, t.member.Meta.Limits, key, nil); err != nil {
+			return err
+		}
 		v, err := sc.get(ctx, t, key)
 		if err == nil && v == nil {
 			err = ErrNotFound
@@ -425,9 +444,6 @@ func (c *Client) Put(ctx context.Context, key, value []byte) error {
 	if err := checkKey(key); err != nil {
 		return err
 	}
-	if proto.RecordSize(len(key), len(value)) > c.cfg.BufferSize {
-		return fmt.Errorf("%w: a record of %d bytes exceeds the client buffer (%d)", ErrTooLarge, proto.RecordSize(len(key), len(value)), c.cfg.BufferSize)
-	}
 	w := c.ids.next()
 	defer c.ids.done(w)
 	return c.doKey(ctx, "PUT", key, func(ctx context.Context, sc *serverConn, t *target) error {
@@ -444,6 +460,9 @@ func (c *Client) Delete(ctx context.Context, key []byte) error {
 	w := c.ids.next()
 	defer c.ids.done(w)
 	return c.doKey(ctx, "DELETE", key, func(ctx context.Context, sc *serverConn, t *target) error {
+		if err := checkLimits(sc.name, t.member.Meta.Limits, key, nil); err != nil {
+			return err
+		}
 		_, err := sc.call(ctx, t.member, &proto.Delete{Key: key, Epoch: t.epoch, Write: w.Write})
 		return err
 	})

@@ -117,8 +117,14 @@ func (sc *serverConn) ready(ctx context.Context, mb *membership.Member) error {
 	}
 	c := sc.c
 	var err error
+	want := max(c.cfg.BufferSize, proto.RecordSize(int(mb.Meta.Limits.MaxKeyLen), int(mb.Meta.Limits.MaxValueLen)))
+	if sc.mem != nil && len(sc.mem.Bytes()) < want { // the server restarted taking larger records
+		_ = sc.mr.Deregister()
+		_ = sc.mem.Close()
+		sc.mem = nil
+	}
 	if sc.mem == nil {
-		if sc.mem, err = rdma.Alloc(c.cfg.BufferSize); err != nil {
+		if sc.mem, err = rdma.Alloc(want); err != nil {
 			return fmt.Errorf("rkv: client buffer: %w", err)
 		}
 		if sc.mr, err = c.pd.Register(sc.mem.Bytes(), rdma.AccessLocalWrite); err != nil {
@@ -214,7 +220,13 @@ func (sc *serverConn) put(ctx context.Context, t *target, key, value []byte, w p
 	if err := sc.ready(ctx, t.member); err != nil {
 		return err
 	}
+	if err := checkLimits(sc.name, t.member.Meta.Limits, key, value); err != nil {
+		return err
+	}
 	size := uint64(proto.RecordSize(len(key), len(value)))
+	if size > uint64(len(sc.mem.Bytes())) {
+		return fmt.Errorf("%w: a record of %d bytes exceeds the client buffer (%d)", ErrTooLarge, size, len(sc.mem.Bytes()))
+	}
 	l := sc.lease
 	if l != nil && (time.Now().After(l.expires) || l.off+size > l.Size || l.version >= l.VersionBase+l.VersionCount) {
 		if time.Now().After(l.expires) {
@@ -267,6 +279,19 @@ func (sc *serverConn) put(ctx context.Context, t *target, key, value []byte, w p
 		sc.c.cachePut(key, cachedLoc{node: sc.name, gen: sc.gen, loc: proto.Location{Arena: cr.Arena, Offset: cr.Offset, Length: cr.Length}})
 	} else {
 		sc.c.cacheDrop(key) // a retry answered from the first attempt, since superseded
+	}
+	return nil
+}
+
+// checkLimits checks key and value against the limits server advertises
+// (none: the server predates them, and its commit says).
+func checkLimits(server string, lim proto.RecordLimits, key, value []byte) error {
+	switch {
+	case lim.MaxKeyLen != 0 && len(key) > int(lim.MaxKeyLen):
+		return fmt.Errorf("%w: key too long: %d bytes, %s takes at most %d", ErrTooLarge, len(key), server, lim.MaxKeyLen)
+	case lim.MaxKeyLen != 0 && len(value) > int(lim.MaxValueLen):
+		return fmt.Errorf("%w: value too large: %d bytes, %s takes at most %d (its --lease-size less the record header and the key limit)",
+			ErrTooLarge, len(value), server, lim.MaxValueLen)
 	}
 	return nil
 }

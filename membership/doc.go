@@ -11,7 +11,7 @@
 // another arena finishes its asynchronous registration.
 //
 // memberlist caps metadata at 512 bytes, which holds a server's index and
-// up to 17 arenas (11 with every field at its widest; measured in
+// up to 17 arenas (10 with every field at its widest; measured in
 // proto.TestNodeMetaSize). Beyond that the metadata carries only the arena
 // count and a digest (proto.ArenaSet), and the list itself (a
 // proto.ArenaTable) travels two ways: the server pushes it to every member

@@ -25,16 +25,17 @@ import (
 //	  [indexAddr, indexRKey, slots, neighborhood, seed] | nil,
 //	  [[arenaID, addr, length, rkey], ...],      // sorted by ID
 //	  [arenaCount, arenaDigest] | nil,
-//	  serverID, clusterID, mapEpoch ]
+//	  serverID, clusterID, mapEpoch,
+//	  [maxKeyLen, maxValueLen] | nil ]
 //
 // Integers take msgpack's smallest form. Measured (TestNodeMetaSize) for a
 // verbs server with its index, a 34-byte control address, a 16-character
-// server ID and 1 GiB arenas at 47-bit addresses with 32-bit rkeys: 144
-// bytes with no arena, 165 with one, 228 with 4, 312 with 8, 482 with 16;
-// an arena costs about 21 bytes (27 at most). So 17 arenas fit in
-// memberlist's 512 bytes (11 with every field at its widest). Beyond that,
-// EncodeNodeMetaLimit leaves the arena list out and keeps its count and
-// digest (ArenaSet): 154 bytes for 64 arenas. The list then travels as an
+// server ID, its record limits and 1 GiB arenas at 47-bit addresses with
+// 32-bit rkeys: 153 bytes with no arena, 174 with one, 237 with 4, 321
+// with 8, 491 with 16; an arena costs about 21 bytes (27 at most). So 17
+// arenas fit in memberlist's 512 bytes (10 with every field at its
+// widest). Beyond that, EncodeNodeMetaLimit leaves the arena list out and
+// keeps its count and digest (ArenaSet): 163 bytes for 64 arenas. The list then travels as an
 // ArenaTable, in memberlist's push/pull state and in direct messages.
 //
 // The version comes first. A decoder refuses any other version: the layout
@@ -42,7 +43,7 @@ import (
 // new MetaVersion, and a cluster moves to it only once every node can read
 // it.
 const (
-	MetaVersion = 2
+	MetaVersion = 3
 
 	// GossipMetaMaxSize is memberlist's limit on node metadata
 	// (memberlist.MetaMaxSize).
@@ -161,6 +162,14 @@ type NodeMeta struct {
 	// yet). A client that sees a higher epoch than its own refreshes its
 	// map.
 	MapEpoch uint64
+	// Limits are the largest key and value a server takes, so that a
+	// writer checks them before it writes anything. Zero on clients.
+	Limits RecordLimits
+}
+
+// RecordLimits bound a record's key and value, in bytes.
+type RecordLimits struct {
+	MaxKeyLen, MaxValueLen uint32
 }
 
 // Detached reports whether the arena list travels outside the metadata.
@@ -221,8 +230,11 @@ func (m *NodeMeta) Validate() error {
 			return badMeta("%s of %d bytes, limit %d", s.name, len(s.v), s.max)
 		}
 	}
-	if m.Role == RoleClient && (m.Index != nil || len(m.Arenas) != 0 || m.Detached() || m.ServerID != "") {
-		return badMeta("a client advertises no index, arenas or server ID")
+	if m.Role == RoleClient && (m.Index != nil || len(m.Arenas) != 0 || m.Detached() || m.ServerID != "" || m.Limits != (RecordLimits{})) {
+		return badMeta("a client advertises no index, arenas, server ID or limits")
+	}
+	if m.Limits.MaxKeyLen > MaxKeyLen {
+		return badMeta("key limit %d, beyond the record format's %d", m.Limits.MaxKeyLen, MaxKeyLen)
 	}
 	if x := m.Index; x != nil {
 		if err := x.Geometry.Validate(); err != nil {
@@ -319,11 +331,18 @@ func EncodeNodeMeta(m NodeMeta) ([]byte, error) {
 	_ = e.EncodeString(m.ServerID)
 	_ = e.EncodeUint(m.ClusterID)
 	_ = e.EncodeUint(m.MapEpoch)
+	if m.Limits == (RecordLimits{}) {
+		_ = e.EncodeNil()
+	} else {
+		_ = e.EncodeArrayLen(2)
+		_ = e.EncodeUint(uint64(m.Limits.MaxKeyLen))
+		_ = e.EncodeUint(uint64(m.Limits.MaxValueLen))
+	}
 	return buf.Bytes(), nil // writes to a bytes.Buffer cannot fail
 }
 
-// metaFields is the length of a MetaVersion 2 metadata array.
-const metaFields = 14
+// metaFields is the length of a MetaVersion 3 metadata array.
+const metaFields = 15
 
 func encodeArenas(e *msgpack.Encoder, arenas []ArenaRegion) {
 	_ = e.EncodeArrayLen(len(arenas))
@@ -421,6 +440,9 @@ func DecodeNodeMeta(b []byte) (NodeMeta, error) {
 		return NodeMeta{}, err
 	}
 	if m.MapEpoch, err = d.u64("map epoch"); err != nil {
+		return NodeMeta{}, err
+	}
+	if m.Limits, err = d.limits(); err != nil {
 		return NodeMeta{}, err
 	}
 	if err := d.end("metadata"); err != nil {
@@ -565,6 +587,18 @@ func (d *decoder) index() (*IndexRegion, error) {
 		return nil, err
 	}
 	return &x, nil
+}
+
+func (d *decoder) limits() (RecordLimits, error) {
+	if isNil, err := d.fixedArray("limits", 2, true); err != nil || isNil {
+		return RecordLimits{}, err
+	}
+	k, err := d.uint("key limit", 1<<32-1)
+	if err != nil {
+		return RecordLimits{}, err
+	}
+	v, err := d.uint("value limit", 1<<32-1)
+	return RecordLimits{MaxKeyLen: uint32(k), MaxValueLen: uint32(v)}, err
 }
 
 func (d *decoder) arenas() ([]ArenaRegion, error) {

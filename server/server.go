@@ -293,6 +293,7 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		ServerID:    s.id,
 		ClusterID:   m.ClusterID(),
 		MapEpoch:    m.Epoch(),
+		Limits:      proto.RecordLimits{MaxKeyLen: uint32(s.st.Options().MaxKeyLen), MaxValueLen: uint32(s.st.Options().MaxValueLen)},
 	}
 	mc := cfg.Membership
 	mc.Name, mc.Role, mc.Meta = cfg.Name, proto.RoleServer, s.meta

@@ -90,19 +90,32 @@ func putCmd(g *globals) *cobra.Command {
 	return &cobra.Command{
 		Use:   "put KEY [VALUE | -]",
 		Short: "store VALUE under KEY; without VALUE, or with -, the value is standard input",
+		Long: `put stores VALUE under KEY; without VALUE, or with -, the value is standard
+input. Keys are 1 to 1024 bytes; the largest value is what the key's server
+advertises: its --lease-size less 1056 bytes (1,047,520 by default). Both are
+checked before anything is written, and a value on stdin as soon as it passes
+the limit.`,
 		Args:  cobra.RangeArgs(1, 2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			key, err := g.parseKey(args[0])
 			if err != nil {
 				return err
 			}
-			var value []byte
-			if len(args) == 2 && args[1] != "-" {
-				value = []byte(args[1])
-			} else if value, err = g.readValue(cmd); err != nil {
-				return err
-			}
 			return g.withClient(cmd, func(ctx context.Context, c *client.Client) error {
+				var value []byte
+				if len(args) == 2 && args[1] != "-" {
+					value = []byte(args[1])
+				} else {
+					// The owner's limit first, so that a value too large
+					// fails at once rather than after all of stdin.
+					lim, err := c.Limits(key)
+					if err != nil {
+						return err
+					}
+					if value, err = g.readValue(cmd, int64(lim.MaxValueLen)); err != nil {
+						return err
+					}
+				}
 				if err := c.Put(ctx, key, value); err != nil {
 					return err
 				}

@@ -115,15 +115,23 @@ func isTerminal(f any) bool {
 	return err == nil
 }
 
-// readValue reads a value from stdin, saying so first when stdin is a
-// terminal (else the command seems to hang).
-func (g *globals) readValue(cmd *cobra.Command) ([]byte, error) {
+// readValue reads a value of at most limit bytes (0: no limit) from
+// stdin, saying so first when stdin is a terminal (else the command seems
+// to hang). It stops reading as soon as the value is too large.
+func (g *globals) readValue(cmd *cobra.Command, limit int64) ([]byte, error) {
 	if isTerminal(g.stdin) {
 		fmt.Fprintln(cmd.ErrOrStderr(), "rkv-client: reading the value from standard input (end it with Ctrl-D)")
 	}
-	b, err := io.ReadAll(g.stdin)
-	if err != nil {
+	in := g.stdin
+	if limit > 0 {
+		in = io.LimitReader(in, limit+1)
+	}
+	b, err := io.ReadAll(in)
+	switch {
+	case err != nil:
 		return nil, &exitError{exitOther, fmt.Errorf("reading the value from stdin: %w", err)}
+	case limit > 0 && int64(len(b)) > limit:
+		return nil, fmt.Errorf("%w: value too large: more than %d bytes on stdin, the key's server takes at most %d", client.ErrTooLarge, limit, limit)
 	}
 	return b, nil
 }

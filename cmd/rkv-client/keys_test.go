@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"strings"
 	"testing"
 )
@@ -86,5 +87,48 @@ func TestKeysOnTheCommandLine(t *testing.T) {
 	}
 	if out, _, code := runCLI(env, "exists", "a", "absent"); code != exitNotFound || !strings.Contains(out, "absent  false") {
 		t.Fatalf("exists a absent: exit %d, %q", code, out)
+	}
+}
+
+// countingReader counts what was read of it.
+type countingReader struct {
+	r io.Reader
+	n int
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += n
+	return n, err
+}
+
+// The limits a server advertises are checked before anything is written or
+// read: a key too long fails the same way for put, get and del, and a value
+// on stdin too large fails once it passes the limit, not after all of it.
+func TestLimitsCheckedFirst(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a server")
+	}
+	srv := startServer(t, nil, nil)
+	env := map[string]string{"RKV_JOIN": srv.GossipAddr()}
+	maxValue := srv.Store().Options().MaxValueLen
+	long := strings.Repeat("k", srv.Store().Options().MaxKeyLen+1)
+	for _, args := range [][]string{{"put", long, "v"}, {"get", long}, {"del", long}} {
+		_, errs, code := runCLI(env, args...)
+		if code != exitOther || !strings.Contains(errs, "key too long: 1025 bytes, s1 takes at most 1024") || len(errs) > 300 {
+			t.Errorf("%s of a 1025-byte key: exit %d, %q", args[0], code, errs)
+		}
+	}
+	in := &countingReader{r: strings.NewReader(strings.Repeat("v", 16<<20))}
+	var out, errb bytes.Buffer
+	code := run(context.Background(), []string{"put", "big", "-"}, func(k string) string { return env[k] }, in, &out, &errb)
+	if code != exitOther || !strings.Contains(errb.String(), "value too large") || in.n > 2*maxValue {
+		t.Fatalf("put of 16 MiB from stdin: exit %d, %q, %d bytes read (limit %d)", code, errb.String(), in.n, maxValue)
+	}
+	if _, errs, code := runCLIIn(env, strings.Repeat("v", maxValue), "put", "big", "-"); code != exitOK {
+		t.Fatalf("put of a value at the limit (%d bytes): exit %d, %q", maxValue, code, errs)
+	}
+	if _, errs, code := runCLI(env, "put", "big2", strings.Repeat("v", maxValue+1)); code != exitOther || !strings.Contains(errs, "value too large") {
+		t.Fatalf("put of a value over the limit: exit %d, %q", code, errs)
 	}
 }

@@ -116,7 +116,7 @@ func newFlagSet(o *options) *pflag.FlagSet {
 	fs.IntVar(&o.ArenaCount, "arena-count", 4, "number of arenas a new store starts with")
 	fs.IntVar(&o.MaxArenaCount, "max-arena-count", 0, "arenas the store may grow to while serving, adding one when free space runs short with 70% of it live (0: --arena-count, no growth)")
 	fs.Uint64Var(&o.IndexSlots, "index-slots", 1<<18, "home slots of the one-sided hash index, a power of two (16 bytes each)")
-	fs.Var(newSize(&o.LeaseSize, 1<<20), "lease-size", "largest write lease, and so the largest record (writers ask for what they need, from 4KiB)")
+	fs.Var(newSize(&o.LeaseSize, 1<<20), "lease-size", "largest write lease, and so the largest record: values up to it less 1056 bytes (writers ask for what they need, from 4KiB)")
 	fs.Var(newSize(&o.SegmentSize, 0), "segment-size", "unit the arenas are carved and cleaned in, a multiple of 4KiB and at least --lease-size (0: 4 leases, or one when that does not divide --arena-size); keep it across restarts")
 	fs.StringVar(&o.Sync, "sync", "always", "durability: always (fsync before ack), batch (every 10ms), none")
 	fs.IntVar(&o.RegistrationWorkers, "registration-workers", 0, "memory registrations run at once (0: min(4, GOMAXPROCS))")
