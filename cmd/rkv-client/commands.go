@@ -95,7 +95,7 @@ input. Keys are 1 to 1024 bytes; the largest value is what the key's server
 advertises: its --lease-size less 1056 bytes (1,047,520 by default). Both are
 checked before anything is written, and a value on stdin as soon as it passes
 the limit.`,
-		Args:  cobra.RangeArgs(1, 2),
+		Args: cobra.RangeArgs(1, 2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			key, err := g.parseKey(args[0])
 			if err != nil {
