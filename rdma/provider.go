@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sort"
 	"sync"
 )
@@ -39,6 +40,11 @@ type Options struct {
 	// decimal string is a GID table index ("1"); an IP address selects the
 	// RoCEv2 GID of that address.
 	GID string
+	// Logger (soft) receives the provider's logs: data connections
+	// refused or dropped, QPs moved to ERR and why. The command that opens
+	// the device passes its own, so that these lines share its handler
+	// and format. Default slog.Default().
+	Logger *slog.Logger
 }
 
 // The resource interfaces below state, method by method, how long a call

@@ -4,7 +4,6 @@ package soft
 
 import (
 	"errors"
-	"log/slog"
 
 	"github.com/rkv-io/rkv/rdma"
 )
@@ -71,9 +70,9 @@ func (q *qp) finishError(reason error) {
 	}
 	q.mu.Unlock()
 	if errors.Is(reason, errModifyToError) {
-		slog.Debug("rdma/soft: QP moved to ERR", "device", q.dev.name, "qp", q.num, "reason", reason)
+		q.dev.log.Debug("rdma/soft: QP moved to ERR", "device", q.dev.name, "qp", q.num, "reason", reason)
 	} else {
-		slog.Warn("rdma/soft: QP moved to ERR", "device", q.dev.name, "qp", q.num, "reason", reason)
+		q.dev.log.Warn("rdma/soft: QP moved to ERR", "device", q.dev.name, "qp", q.num, "reason", reason)
 	}
 	if req != nil {
 		_ = req.Close()

@@ -6,7 +6,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"time"
 
@@ -23,7 +22,7 @@ func (q *qp) sender(ctx context.Context, remote rdma.QPInfo) {
 	}
 	if err != nil {
 		if ctx.Err() == nil && !q.gone() {
-			slog.Warn("rdma/soft: cannot connect QP", "device", q.dev.name, "qp", q.num,
+			q.dev.log.Warn("rdma/soft: cannot connect QP", "device", q.dev.name, "qp", q.num,
 				"peer", remote.Addr, "peer_qp", remote.QPNum, "err", err)
 		}
 		q.sq.mu.Lock()

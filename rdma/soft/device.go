@@ -21,6 +21,7 @@ const defaultListenAddr = "127.0.0.1:0"
 type device struct {
 	name string
 	addr string // data endpoint, host:port
+	log  *slog.Logger
 	ln   *net.TCPListener
 
 	mrs   mrTable
@@ -54,9 +55,14 @@ func openDevice(name string, opts rdma.Options) (*device, error) {
 	if err != nil {
 		return nil, fmt.Errorf("rdma/soft: device %s: listening on %s: %w", name, laddr, err)
 	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.Default()
+	}
 	d := &device{
 		name:      name,
 		addr:      ln.Addr().String(),
+		log:       log,
 		ln:        ln.(*net.TCPListener),
 		mrs:       mrTable{m: map[uint32]*mr{}},
 		rkeys:     newKeyGen(),
@@ -127,7 +133,7 @@ func (d *device) acceptLoop() {
 				return
 			}
 			// Out of file descriptors and the like: back off, as net/http does.
-			slog.Warn("rdma/soft: accept failed", "device", d.name, "err", err)
+			d.log.Warn("rdma/soft: accept failed", "device", d.name, "err", err)
 			select {
 			case <-d.closing:
 				return

@@ -54,8 +54,8 @@
 // rejected, so no length field can cause an allocation (payloads go
 // straight into registered memory) and a frame that decodes re-encodes to
 // the same bytes. A malformed, truncated or out-of-sequence frame closes
-// that connection and moves its QP to ERR, with the reason logged through
-// log/slog; nothing else on the device is affected.
+// that connection and moves its QP to ERR, with the reason logged to
+// rdma.Options.Logger; nothing else on the device is affected.
 //
 // # Responder
 //

@@ -4,7 +4,6 @@ package soft
 
 import (
 	"io"
-	"log/slog"
 	"net"
 	"time"
 
@@ -25,7 +24,7 @@ func (d *device) handshake(c *net.TCPConn) {
 	if _, err := io.ReadFull(c, b); err != nil {
 		// A requester that gave up before saying hello (its QP was
 		// destroyed while connecting) looks like this too.
-		slog.Debug("rdma/soft: data connection closed before its hello", "device", d.name, "remote", c.RemoteAddr(), "err", err)
+		d.log.Debug("rdma/soft: data connection closed before its hello", "device", d.name, "remote", c.RemoteAddr(), "err", err)
 		d.forget(c)
 		_ = c.Close()
 		return
@@ -40,7 +39,7 @@ func (d *device) handshake(c *net.TCPConn) {
 	encodeHelloAck(ack, code)
 	_, werr := c.Write(ack)
 	if code != ackOK {
-		slog.Warn("rdma/soft: refused a data connection", "device", d.name, "remote", c.RemoteAddr(),
+		d.log.Warn("rdma/soft: refused a data connection", "device", d.name, "remote", c.RemoteAddr(),
 			"qp", h.dstQPN, "peer_qp", h.srcQPN, "reason", ackReasons[code])
 		d.forget(c)
 		_ = c.Close()
@@ -57,7 +56,7 @@ func (d *device) reject(c *net.TCPConn, what string, err error) {
 	select {
 	case <-d.closing:
 	default:
-		slog.Warn("rdma/soft: dropped a data connection", "device", d.name, "remote", c.RemoteAddr(), "stage", what, "err", err)
+		d.log.Warn("rdma/soft: dropped a data connection", "device", d.name, "remote", c.RemoteAddr(), "stage", what, "err", err)
 	}
 	d.forget(c)
 	_ = c.Close()

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"sync/atomic"
 	"time"
@@ -63,7 +62,7 @@ func (q *qp) serve() {
 	case fatal:
 		q.enterError(fmt.Errorf("responder: %w", err))
 	case err != nil:
-		slog.Debug("rdma/soft: responder connection ended", "device", q.dev.name, "qp", q.num, "reason", err)
+		q.dev.log.Debug("rdma/soft: responder connection ended", "device", q.dev.name, "qp", q.num, "reason", err)
 	}
 	if nak {
 		_ = q.rsp.conn.SetReadDeadline(time.Now().Add(min(q.budget, 10*time.Second)))
