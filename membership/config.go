@@ -56,6 +56,11 @@ type Config struct {
 	// starts a cluster of its own (the first server), or joins later with
 	// Join.
 	Seeds []string
+	// JoinTimeout is how long Create keeps trying Seeds while none of
+	// them answers (a cluster whose members start together, or a seed
+	// restarting): it retries with a backoff from 100 ms to 2 s, logging
+	// each failed attempt at INFO with its error. Default 0: one attempt.
+	JoinTimeout time.Duration
 
 	// SecretKey turns on gossip encryption (AES-GCM; 16, 24 or 32 bytes
 	// for AES-128/192/256): every message is encrypted with it, and
@@ -66,6 +71,10 @@ type Config struct {
 	// Warning says so.
 	SecretKey []byte
 	ExtraKeys [][]byte
+	// SecretKeySetting names, in the warning logged without a SecretKey,
+	// how the operator sets one: a command passes its flag (for example
+	// "--gossip-key"). Default "Config.SecretKey".
+	SecretKeySetting string
 
 	// Logger receives the package's logs, and memberlist's at debug
 	// level. Default: slog.Default().
@@ -175,6 +184,12 @@ func (c Config) settings() (*settings, error) {
 		c.Logger = slog.Default()
 	}
 	c.Logger = c.Logger.With("node", c.Name)
+	if c.SecretKeySetting == "" {
+		c.SecretKeySetting = "Config.SecretKey"
+	}
+	if c.JoinTimeout < 0 {
+		return nil, fmt.Errorf("membership: Config.JoinTimeout %v: want 0 (one attempt) or more", c.JoinTimeout)
+	}
 	if c.EventBuffer <= 0 {
 		c.EventBuffer = 64
 	}

@@ -2,6 +2,7 @@ package membership
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -66,12 +67,16 @@ type Membership struct {
 	done chan struct{}
 }
 
-// Create starts gossip on the configured address, with this node as the
-// only member, then joins Config.Seeds if any (failing if none answers).
-// It fails if the cluster has a live member of the same name at another
-// address (memberlist refuses the newcomer; the members log it at ERROR).
-// Without a gossip key it logs a warning (see Warning).
-func Create(cfg Config) (*Membership, error) {
+// Create is CreateContext with a context that is never done.
+func Create(cfg Config) (*Membership, error) { return CreateContext(context.Background(), cfg) }
+
+// CreateContext starts gossip on the configured address, with this node
+// as the only member, then joins Config.Seeds if any: it fails if none
+// answers within Config.JoinTimeout (one attempt by default) or before ctx
+// is done. It fails if the cluster has a live member of the same name at
+// another address (memberlist refuses the newcomer; the members log it at
+// ERROR). Without a gossip key it logs a warning (see Warning).
+func CreateContext(ctx context.Context, cfg Config) (*Membership, error) {
 	s, err := cfg.settings()
 	if err != nil {
 		return nil, err
@@ -98,7 +103,7 @@ func Create(cfg Config) (*Membership, error) {
 	}
 	m.view.Store(newView(0, nil))
 	if s.keyring == nil {
-		m.warn = "gossip is not encrypted: node metadata, including the rkeys that let any host on the network RDMA_READ server memory, travels in clear text; set Config.SecretKey"
+		m.warn = "gossip is not encrypted: node metadata, including the rkeys that let any host on the network RDMA_READ server memory, travels in clear text; set " + s.SecretKeySetting
 	}
 	d := &delegate{m}
 	s.ml.Delegate, s.ml.Events, s.ml.Merge, s.ml.Conflict = d, d, d, d
@@ -113,7 +118,7 @@ func Create(cfg Config) (*Membership, error) {
 		s.Logger.Warn(m.warn)
 	}
 	if len(s.Seeds) > 0 {
-		if _, err := m.Join(s.Seeds); err != nil {
+		if err := m.joinRetrying(ctx, s.Seeds, s.JoinTimeout); err != nil {
 			_ = m.Shutdown()
 			return nil, err
 		}
@@ -154,6 +159,40 @@ func (m *Membership) Join(seeds []string) (int, error) {
 		m.settle()
 	}
 	return n, nil
+}
+
+// joinRetrying joins through seeds, retrying with backoff while none
+// answers, for up to timeout (0: once) and while ctx is not done.
+func (m *Membership) joinRetrying(ctx context.Context, seeds []string, timeout time.Duration) error {
+	const first, most = 100 * time.Millisecond, 2 * time.Second
+	deadline := time.Now().Add(timeout)
+	wait := first
+	for attempt := 1; ; attempt++ {
+		_, err := m.Join(seeds)
+		if err == nil {
+			if attempt > 1 {
+				m.s.Logger.Info("joined the cluster", "seeds", seeds, "attempts", attempt)
+			}
+			return nil
+		}
+		left := time.Until(deadline)
+		if left <= 0 || errors.Is(err, ErrLeft) || errors.Is(err, ErrClosed) {
+			if attempt > 1 {
+				return fmt.Errorf("%w (%d attempts in %v)", err, attempt, timeout)
+			}
+			return err
+		}
+		wait = min(wait, left)
+		m.s.Logger.Info("no seed answered: retrying", "seeds", seeds, "attempt", attempt, "retry_in", wait, "err", err)
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("membership: joining through %v: %w (after %d attempts: %w)", seeds, ctx.Err(), attempt, err)
+		case <-t.C:
+		}
+		wait = min(2*wait, most)
+	}
 }
 
 func (m *Membership) usable() error {
