@@ -435,6 +435,10 @@ const (
 	codeEnd
 )
 
+// NumErrorCodes is one more than the largest ErrorCode: arrays indexed
+// by code have this length.
+const NumErrorCodes = int(codeEnd)
+
 var codeNames = [...]string{
 	CodeNotFound: "not found", CodeLeaseInvalid: "lease invalid", CodeRecordInvalid: "record invalid",
 	CodeFull: "full", CodeIndexFull: "index full", CodeUnauthenticated: "unauthenticated",

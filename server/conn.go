@@ -98,6 +98,10 @@ func (c *conn) serve() {
 		}
 		reply := c.handle(m)
 		s.handled[m.Type()].Add(1)
+		if e, ok := reply.(*proto.Error); ok {
+			s.refused[e.Code].Add(1)
+			s.logRefusal(m, e)
+		}
 		if drop := s.dropReply.Load(); drop != nil && (*drop)(m) {
 			return // tests: the reply lost, as in a crash of the connection
 		}
@@ -139,16 +143,16 @@ func (c *conn) handshake() error {
 	s.handled[m.Type()].Add(1)
 	h, ok := m.(*proto.Hello)
 	if !ok {
-		_ = proto.WriteFrame(c.nc, id, &proto.Error{Code: proto.CodeUnauthenticated, Message: "the first request must be Hello"})
+		c.refuseHello(id, &proto.Error{Code: proto.CodeUnauthenticated, Message: "the first request must be Hello"})
 		return fmt.Errorf("first request %v, not Hello", m.Type())
 	}
 	if tok := s.cfg.AuthToken; tok != "" && !tokenMatches(tok, h.Token) {
-		_ = proto.WriteFrame(c.nc, id, &proto.Error{Code: proto.CodeUnauthenticated, Message: "wrong auth token"})
+		c.refuseHello(id, &proto.Error{Code: proto.CodeUnauthenticated, Message: "wrong auth token"})
 		return fmt.Errorf("client %q: wrong auth token", h.Client)
 	}
 	if h.Target != "" && h.Target != s.id {
 		// A peer that means the server this address used to be.
-		_ = proto.WriteFrame(c.nc, id, &proto.Error{Code: proto.CodeBadRequest,
+		c.refuseHello(id, &proto.Error{Code: proto.CodeBadRequest,
 			Message: fmt.Sprintf("this is server %s with data directory ID %s, not %s", s.cfg.Name, s.id, h.Target)})
 		return fmt.Errorf("%s session from %q for server ID %s, not this one", h.Kind, h.Client, h.Target)
 	}
@@ -170,6 +174,13 @@ func (c *conn) handshake() error {
 	}
 	_ = c.nc.SetDeadline(time.Time{})
 	return nil
+}
+
+// refuseHello answers a Hello (or what came instead of one) with e, and
+// counts it with the refused requests.
+func (c *conn) refuseHello(id uint64, e *proto.Error) {
+	c.s.refused[e.Code].Add(1)
+	_ = proto.WriteFrame(c.nc, id, e)
 }
 
 // tokenMatches compares a presented token with the server's in time that

@@ -196,6 +196,8 @@ type Server struct {
 	stop   chan struct{}
 
 	handled     [proto.NumMsgTypes]atomic.Uint64
+	refused     [proto.NumErrorCodes]atomic.Uint64 // requests answered with an Error, by code
+	refusals    *refusalLog
 	connections atomic.Int64
 
 	// dropReply, set by tests, closes a connection instead of sending the
@@ -212,10 +214,12 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	if cfg, err = cfg.withDefaults(); err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, dev: cfg.Device, conns: map[*conn]struct{}{}, stop: make(chan struct{}), errs: make(chan error, 1)}
+	s := &Server{cfg: cfg, log: cfg.Logger, dev: cfg.Device, conns: map[*conn]struct{}{}, stop: make(chan struct{}), errs: make(chan error, 1),
+		refusals: newRefusalLog(cfg.Logger, refusalLogEvery)}
 	var undo []func() error
 	defer func() {
 		if err != nil {
+			s.refusals.close()
 			for i := len(undo) - 1; i >= 0; i-- {
 				_ = undo[i]()
 			}
@@ -295,9 +299,18 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		MapEpoch:    m.Epoch(),
 		Limits:      proto.RecordLimits{MaxKeyLen: uint32(s.st.Options().MaxKeyLen), MaxValueLen: uint32(s.st.Options().MaxValueLen)},
 	}
+	// The arenas register while the listener and the replica start. A
+	// server none of whose arenas registers has nothing to serve: it
+	// fails here with the reason (RLIMIT_MEMLOCK, typically, and how to
+	// raise it) instead of joining the cluster and leaving its clients
+	// to time out waiting for a lease. One arena is enough to serve; the
+	// store logs each that fails.
+	if err := s.st.WaitArena(ctx); err != nil {
+		return nil, noArenaError(cfg.Store.Dir, err)
+	}
 	mc := cfg.Membership
 	mc.Name, mc.Role, mc.Meta = cfg.Name, proto.RoleServer, s.meta
-	if s.ml, err = membership.Create(mc); err != nil {
+	if s.ml, err = membership.CreateContext(ctx, mc); err != nil {
 		return nil, fmt.Errorf("server: %w", err)
 	}
 	s.mlReady.Store(s.ml)
@@ -310,6 +323,18 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	go s.watchMap()
 	go s.lead()
 	return s, nil
+}
+
+// noArenaError explains a start none of whose arenas registered, from
+// store.WaitArena's error: the first arena's failure says why (the others
+// fail alike, and the store logs each).
+func noArenaError(dir string, err error) error {
+	var ae *store.ArenaError
+	joined, ok := err.(interface{ Unwrap() []error })
+	if !ok || !errors.As(err, &ae) {
+		return fmt.Errorf("server: waiting for an arena of %s to register: %w", dir, err)
+	}
+	return fmt.Errorf("server: none of the %d arenas of %s could be registered, so this server has nothing to serve: %w", len(joined.Unwrap()), dir, ae)
 }
 
 // peerConfig is how this server opens sessions to other servers.
@@ -408,6 +433,36 @@ func (s *Server) fatal(err error) {
 	}
 }
 
+// Ready returns nil when the server serves: an arena registered, a
+// bootstrapped cluster map that holds this server, and not closed or
+// removed. Otherwise its error says what the server waits for; it is what
+// a readiness probe reports.
+func (s *Server) Ready() error {
+	s.mu.Lock()
+	closed := s.closed
+	s.mu.Unlock()
+	if closed {
+		return errors.New("server: closed")
+	}
+	if len(s.st.Arenas()) == 0 {
+		return errors.New("server: no arena is registered")
+	}
+	m := s.Map()
+	if !m.Bootstrapped() {
+		return fmt.Errorf("server: the cluster map is not bootstrapped yet (epoch %d): waiting for a --bootstrap server, or for this one's join to be accepted", m.Epoch())
+	}
+	srv, ok := m.Server(s.cfg.Name)
+	switch {
+	case !ok:
+		return fmt.Errorf("server: not in the cluster map yet (epoch %d): waiting for its leader to add this server", m.Epoch())
+	case srv.State == proto.ServerRemoved:
+		return fmt.Errorf("%w (map epoch %d)", ErrRemoved, m.Epoch())
+	case srv.ID != s.id:
+		return fmt.Errorf("server: the cluster map knows %s by data directory ID %s, not this one's %s", s.cfg.Name, srv.ID, s.id)
+	}
+	return nil
+}
+
 // Meta is the metadata the server advertises now.
 func (s *Server) Meta() proto.NodeMeta {
 	s.metaMu.Lock()
@@ -419,7 +474,10 @@ func (s *Server) Meta() proto.NodeMeta {
 type Stats struct {
 	// Handled[t] is the number of requests of type t handled (answered
 	// or failed).
-	Handled     [proto.NumMsgTypes]uint64
+	Handled [proto.NumMsgTypes]uint64
+	// Refused[c] is the number of requests answered with an Error of
+	// code c (Hellos refused included).
+	Refused     [proto.NumErrorCodes]uint64
 	Connections int64 // open control connections
 }
 
@@ -445,6 +503,9 @@ func (s *Server) Stats() Stats {
 	var st Stats
 	for i := range s.handled {
 		st.Handled[i] = s.handled[i].Load()
+	}
+	for i := range s.refused {
+		st.Refused[i] = s.refused[i].Load()
 	}
 	st.Connections = s.connections.Load()
 	return st
@@ -478,6 +539,7 @@ func (s *Server) Close() error {
 	s.wg.Wait()
 	errs = append(errs, s.node.Close())
 	s.peers.close()
+	s.refusals.close()
 	errs = append(errs, s.st.Close(), s.reg.Close(), s.cq.Close(), s.pd.Close())
 	s.log.Info("server closed")
 	return errors.Join(errs...)
