@@ -109,7 +109,8 @@ func (g *globals) finish(cmd *cobra.Command) error {
 	if err := g.level.UnmarshalText([]byte(g.logLevel)); err != nil {
 		return fmt.Errorf("--log-level %q: want debug, info, warn or error", g.logLevel)
 	}
-	// The RDMA providers log through slog's default logger.
+	// What logs through slog's default logger (a library given no
+	// Logger) shares the command's handler and level.
 	slog.SetDefault(slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: g.level})))
 	if g.gossipKey != "" && g.gossipKeyFile != "" {
 		return errors.New("--gossip-key and --gossip-key-file: give one")
@@ -182,7 +183,7 @@ func (g *globals) connect(cmd *cobra.Command) (*client.Client, error) {
 	}
 	log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: g.level}))
 	if g.dev == nil {
-		dev, err := rdma.Open(g.provider, g.device, rdma.Options{ListenAddr: g.dataAddr})
+		dev, err := rdma.Open(g.provider, g.device, rdma.Options{ListenAddr: g.dataAddr, Logger: log})
 		if err != nil {
 			return nil, &exitError{exitOther, fmt.Errorf("opening the RDMA device (--provider %s): %w", g.provider, err)}
 		}
@@ -198,7 +199,7 @@ func (g *globals) connect(cmd *cobra.Command) (*client.Client, error) {
 		TLS:            g.tls,
 		RetryTimeout:   min(g.timeout, 2*time.Second),
 		ConnsPerServer: g.conns,
-		Membership:     membership.Config{BindAddr: host, BindPort: port},
+		Membership:     membership.Config{BindAddr: host, BindPort: port, SecretKeySetting: "--gossip-key or RKV_GOSSIP_KEY"},
 		Logger:         log,
 	})
 	switch {

@@ -18,6 +18,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/rkv-io/rkv/client"
+	"github.com/rkv-io/rkv/internal/buildinfo"
 	"github.com/rkv-io/rkv/rdma"
 	_ "github.com/rkv-io/rkv/rdma/soft" // the pure-Go provider; verbs.go adds libibverbs under -tags verbs
 )
@@ -145,6 +146,10 @@ Keys are arguments as they are spelled, or hex or base64 with --key-encoding
 			return g.finish(cmd)
 		},
 	}
+	// --version prints the build: cobra answers it before any command
+	// runs (no --join needed).
+	root.Version = buildinfo.Read().String()
+	root.SetVersionTemplate("rkv-client {{.Version}}\n")
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return err })
 	root.SetUsageTemplate(root.UsageTemplate() + "\n" + exitCodesHelp + "\n")
 	g.register(root.PersistentFlags())

@@ -144,3 +144,11 @@ func TestTLSAgainstAServer(t *testing.T) {
 		}
 	}
 }
+
+func TestVersion(t *testing.T) {
+	// No --join needed: the version is answered before any command runs.
+	out, errs, code := runCLI(nil, "--version")
+	if code != exitOK || !strings.HasPrefix(out, "rkv-client ") || !strings.Contains(out, " commit ") || !strings.Contains(out, "go1") {
+		t.Fatalf("--version: exit %d, stdout %q, stderr %q", code, out, errs)
+	}
+}
