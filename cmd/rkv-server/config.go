@@ -39,6 +39,7 @@ type options struct {
 	ControlAddr         string
 	GossipAddr          string
 	Join                []string
+	JoinTimeout         time.Duration
 	Bootstrap           bool
 	RaftVoters          int
 	MoveTimeout         time.Duration
@@ -53,8 +54,10 @@ type options struct {
 	TLSClientCA         string
 	TLSPeerCA           string
 	MetricsAddr         string
+	Pprof               bool
 	LogLevel            string
 	LogFormat           string
+	Version             bool
 
 	// Derived by validate.
 	gossipKey []byte
@@ -64,6 +67,10 @@ type options struct {
 	gossipPrt int
 	tls       *tls.Config // nil without --tls-cert
 	peerTLS   *tls.Config // for connections to other servers; nil without --tls-cert
+	// envWarnings are the RKV_ variables of the environment that name no
+	// flag (a misspelling would otherwise be ignored without a word),
+	// logged once the logger is up.
+	envWarnings []envWarning
 }
 
 const usageHeader = `rkv-server runs one rkv server: it opens an RDMA device, the store (arenas
@@ -125,7 +132,8 @@ func newFlagSet(o *options) *pflag.FlagSet {
 	fs.StringVar(&o.DataAddr, "data-addr", "127.0.0.1:0", "soft provider's data endpoint host:port")
 	fs.StringVar(&o.ControlAddr, "control-addr", "127.0.0.1:0", "control RPC listener host:port (advertised by gossip)")
 	fs.StringVar(&o.GossipAddr, "gossip-addr", "127.0.0.1:7946", "gossip host:port, UDP and TCP; what others pass to --join")
-	fs.StringSliceVar(&o.Join, "join", nil, "gossip addresses of members to join, comma separated")
+	fs.StringSliceVar(&o.Join, "join", nil, "gossip addresses of members to join, comma separated; any that answers will do")
+	fs.DurationVar(&o.JoinTimeout, "join-timeout", 60*time.Second, "keep retrying --join while no member answers (with backoff, each attempt logged) for this long; 0: one attempt")
 	fs.BoolVar(&o.Bootstrap, "bootstrap", false, "start a new cluster of this server alone, if the data directory holds no cluster state yet (ignored on a restart)")
 	fs.IntVar(&o.RaftVoters, "raft-voters", 3, "servers voting in the cluster map's Raft group (an odd number is kept: 1 with one or two servers); the others follow without voting")
 	fs.DurationVar(&o.MoveTimeout, "move-timeout", 30*time.Second, "abort a shard move whose source or target has been down this long")
@@ -139,9 +147,11 @@ func newFlagSet(o *options) *pflag.FlagSet {
 	fs.StringVar(&o.TLSKey, "tls-key", "", "PEM private key `file` of --tls-cert")
 	fs.StringVar(&o.TLSClientCA, "tls-client-ca", "", "PEM CA certificate(s) `file`: require client certificates signed by them (mTLS); needs --tls-cert")
 	fs.StringVar(&o.TLSPeerCA, "tls-peer-ca", "", "PEM CA certificate(s) `file` verifying the other servers' certificates (default: --tls-client-ca, else the system's roots); this server presents --tls-cert to them")
-	fs.StringVar(&o.MetricsAddr, "metrics-addr", "", "serve Prometheus /metrics and Go profiles (/debug/pprof/) on host:port (empty: off)")
+	fs.StringVar(&o.MetricsAddr, "metrics-addr", "", "serve Prometheus /metrics, /healthz (process up) and /readyz (serving: 503 with the reason otherwise) on host:port (empty: off)")
+	fs.BoolVar(&o.Pprof, "pprof", false, "also serve Go profiles under /debug/pprof/ on --metrics-addr (they expose the process's internals: keep the address private)")
 	fs.StringVar(&o.LogLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&o.LogFormat, "log-format", "text", "text or json")
+	fs.BoolVar(&o.Version, "version", false, "print the version and commit, and exit")
 	return fs
 }
 
@@ -153,31 +163,40 @@ func envName(flag string) string {
 // errHelp is returned by parseOptions for --help.
 var errHelp = pflag.ErrHelp
 
-// parseOptions reads the command line, then the environment, then the
-// config file, each filling only what the ones before left unset.
-func parseOptions(args []string, getenv func(string) string, usageOut io.Writer) (*options, error) {
+// errVersion is returned by parseOptions for --version.
+var errVersion = errors.New("--version")
+
+// parseOptions reads the command line, then the environment (environ is
+// os.Environ's "KEY=value" list), then the config file, each filling only
+// what the ones before left unset.
+func parseOptions(args []string, environ []string, usageOut io.Writer) (*options, error) {
 	o := &options{}
 	fs := newFlagSet(o)
+	env := envMap(environ)
 	fs.SetOutput(usageOut)
 	fs.Usage = func() {
 		fmt.Fprint(usageOut, usageHeader)
 		fmt.Fprint(usageOut, fs.FlagUsages())
-		fmt.Fprintln(usageOut, "\nEnvironment: RKV_<FLAG> for every flag above, e.g. RKV_NAME, RKV_JOIN, RKV_GOSSIP_KEY.")
+		fmt.Fprintln(usageOut, "\nEnvironment: RKV_<FLAG> for every flag above but --version, e.g. RKV_NAME, RKV_JOIN, RKV_GOSSIP_KEY;\nthe server warns at start about each RKV_ variable that names no flag.")
 	}
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
+	if o.Version {
+		return nil, errVersion
+	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected argument %q (every setting is a --flag)", fs.Arg(0))
 	}
+	o.envWarnings = unknownEnv(fs, env)
 	set := map[string]bool{}
 	fs.Visit(func(f *pflag.Flag) { set[f.Name] = true })
 	var err error
 	fs.VisitAll(func(f *pflag.Flag) {
-		if err != nil || set[f.Name] {
+		if err != nil || set[f.Name] || f.Name == "version" {
 			return
 		}
-		if v, ok := lookupEnv(getenv, envName(f.Name)); ok {
+		if v := env[envName(f.Name)]; v != "" {
 			if e := fs.Set(f.Name, v); e != nil {
 				err = fmt.Errorf("environment %s=%q: %w", envName(f.Name), v, e)
 			}
@@ -211,11 +230,6 @@ func parseOptions(args []string, getenv func(string) string, usageOut io.Writer)
 		return nil, err
 	}
 	return o, nil
-}
-
-func lookupEnv(getenv func(string) string, name string) (string, bool) {
-	v := getenv(name)
-	return v, v != ""
 }
 
 type configEntry struct {
@@ -327,6 +341,9 @@ func (o *options) validate() error {
 	if o.RaftVoters < 1 {
 		return fmt.Errorf("--raft-voters %d: must be at least 1", o.RaftVoters)
 	}
+	if o.JoinTimeout < 0 {
+		return fmt.Errorf("--join-timeout %v: must be 0 (one attempt) or positive", o.JoinTimeout)
+	}
 	if o.MoveTimeout <= 0 {
 		return fmt.Errorf("--move-timeout %v: must be positive", o.MoveTimeout)
 	}
@@ -373,6 +390,8 @@ func (o *options) validate() error {
 		if _, _, err := splitHostPort(o.MetricsAddr); err != nil {
 			return fmt.Errorf("--metrics-addr %q: %w", o.MetricsAddr, err)
 		}
+	} else if o.Pprof {
+		return errors.New("--pprof serves on --metrics-addr: give one")
 	}
 	if err := o.level.UnmarshalText([]byte(o.LogLevel)); err != nil {
 		return fmt.Errorf("--log-level %q: want debug, info, warn or error", o.LogLevel)

@@ -15,7 +15,14 @@ import (
 	"github.com/rkv-io/rkv/store"
 )
 
-func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
+// env is m as os.Environ lists it.
+func env(m map[string]string) []string {
+	var out []string
+	for k, v := range m {
+		out = append(out, k+"="+v)
+	}
+	return out
+}
 
 func TestOptionsPrecedence(t *testing.T) {
 	dir := t.TempDir()
@@ -111,11 +118,11 @@ func TestConfigFileErrors(t *testing.T) {
 
 func TestRunExitCodes(t *testing.T) {
 	var out bytes.Buffer
-	if code := run([]string{"--help"}, env(nil), &out, nil); code != exitOK || !strings.Contains(out.String(), "RKV_<FLAG>") {
+	if code := run([]string{"--help"}, env(nil), io.Discard, &out, nil); code != exitOK || !strings.Contains(out.String(), "RKV_<FLAG>") {
 		t.Fatalf("--help: %d\n%s", code, out.String())
 	}
 	out.Reset()
-	if code := run([]string{"--sync", "x", "--name", "n"}, env(nil), &out, nil); code != exitUsage || !strings.Contains(out.String(), "--sync") {
+	if code := run([]string{"--sync", "x", "--name", "n"}, env(nil), io.Discard, &out, nil); code != exitUsage || !strings.Contains(out.String(), "--sync") {
 		t.Fatalf("bad flag: %d %s", code, out.String())
 	}
 }
@@ -228,7 +235,7 @@ func TestTLSOptionErrors(t *testing.T) {
 		}
 	}
 	var out bytes.Buffer
-	if code := run([]string{"--name", "n", "--tls-key", files.ServerKey}, env(nil), &out, nil); code != exitUsage || !strings.Contains(out.String(), "--tls-cert") {
+	if code := run([]string{"--name", "n", "--tls-key", files.ServerKey}, env(nil), io.Discard, &out, nil); code != exitUsage || !strings.Contains(out.String(), "--tls-cert") {
 		t.Fatalf("run with --tls-key alone: exit %d\n%s", code, out.String())
 	}
 }

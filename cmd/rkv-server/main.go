@@ -13,14 +13,12 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/http/pprof"
 	"os"
 	"os/signal"
 	"syscall"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus/promhttp"
-
+	"github.com/rkv-io/rkv/internal/buildinfo"
 	"github.com/rkv-io/rkv/membership"
 	"github.com/rkv-io/rkv/rdma"
 	_ "github.com/rkv-io/rkv/rdma/soft"
@@ -38,14 +36,18 @@ const (
 func main() {
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
-	os.Exit(run(os.Args[1:], os.Getenv, os.Stderr, sigs))
+	os.Exit(run(os.Args[1:], os.Environ(), os.Stdout, os.Stderr, sigs))
 }
 
 // run is the whole command; main only supplies the process's arguments,
-// environment, stderr and signals.
-func run(args []string, getenv func(string) string, stderr io.Writer, sigs <-chan os.Signal) int {
-	o, err := parseOptions(args, getenv, stderr)
+// environment, stdout (--version), stderr and signals.
+func run(args []string, environ []string, stdout, stderr io.Writer, sigs <-chan os.Signal) int {
+	o, err := parseOptions(args, environ, stderr)
 	if errors.Is(err, errHelp) {
+		return exitOK
+	}
+	if errors.Is(err, errVersion) {
+		fmt.Fprintln(stdout, "rkv-server", buildinfo.Read())
 		return exitOK
 	}
 	if err != nil {
@@ -60,12 +62,19 @@ func run(args []string, getenv func(string) string, stderr io.Writer, sigs <-cha
 		h = slog.NewTextHandler(stderr, hopts)
 	}
 	log := slog.New(h)
+	for _, w := range o.envWarnings {
+		if w.Closest != "" {
+			log.Warn("unknown environment variable: ignored", "name", w.Name, "did_you_mean", envName(w.Closest), "flag", "--"+w.Closest)
+		} else {
+			log.Warn("unknown environment variable: ignored (RKV_<FLAG> names a flag of rkv-server --help)", "name", w.Name)
+		}
+	}
 
 	if err := os.MkdirAll(o.DataDir, 0o750); err != nil {
 		log.Error("creating the data directory", "dir", o.DataDir, "err", err)
 		return exitError
 	}
-	dev, err := rdma.Open(o.Provider, o.Device, rdma.Options{ListenAddr: o.DataAddr})
+	dev, err := rdma.Open(o.Provider, o.Device, rdma.Options{ListenAddr: o.DataAddr, Logger: log})
 	if err != nil {
 		log.Error("opening the RDMA device", "provider", o.Provider, "device", o.Device, "err", err)
 		return exitError
@@ -86,11 +95,13 @@ func run(args []string, getenv func(string) string, stderr io.Writer, sigs <-cha
 			Sync:          o.syncMode,
 		},
 		Membership: membership.Config{
-			BindAddr:  o.gossipIP,
-			BindPort:  o.gossipPrt,
-			Seeds:     o.Join,
-			SecretKey: o.gossipKey,
-			Tuning:    membership.Tuning{Profile: membership.Profile(o.GossipProfile)},
+			BindAddr:         o.gossipIP,
+			BindPort:         o.gossipPrt,
+			Seeds:            o.Join,
+			JoinTimeout:      o.JoinTimeout,
+			SecretKey:        o.gossipKey,
+			SecretKeySetting: "--gossip-key or --gossip-key-file",
+			Tuning:           membership.Tuning{Profile: membership.Profile(o.GossipProfile)},
 		},
 		Bootstrap:         o.Bootstrap,
 		Voters:            o.RaftVoters,
@@ -160,17 +171,10 @@ func run(args []string, getenv func(string) string, stderr io.Writer, sigs <-cha
 			_ = srv.Close()
 			return exitError
 		}
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", promhttp.HandlerFor(newRegistry(srv), promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(h, slog.LevelError)}))
-		// Profiles, for finding where a benchmark's time goes: the
-		// metrics address is an operator's, like /metrics itself.
-		mux.HandleFunc("/debug/pprof/", pprof.Index)
-		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-		metrics = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		metrics = &http.Server{Handler: newMetricsMux(metricsHandler(srv, h), srv.Ready, o.Pprof), ReadHeaderTimeout: 10 * time.Second,
+			ErrorLog: slog.NewLogLogger(h, slog.LevelError)}
 		go func() { metricsErr <- metrics.Serve(ln) }()
-		log.Info("metrics", "addr", "http://"+ln.Addr().String()+"/metrics")
+		log.Info("metrics", "addr", "http://"+ln.Addr().String()+"/metrics", "health", "/healthz", "readiness", "/readyz", "pprof", o.Pprof)
 	}
 
 	log.Info("ready", "name", srv.Name(), "control", srv.ControlAddr(), "gossip", srv.GossipAddr(),

@@ -1,9 +1,16 @@
 package main
 
 import (
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/pprof"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/rkv-io/rkv/internal/buildinfo"
 	"github.com/rkv-io/rkv/proto"
 	"github.com/rkv-io/rkv/rdma"
 	"github.com/rkv-io/rkv/server"
@@ -21,7 +28,7 @@ type collector struct {
 	leasesActive, leasesGranted, leasesExpired, leasesRefused         *prometheus.Desc
 	commits, commitsRejected, deletes, batches, syncSeconds           *prometheus.Desc
 	keys, indexLoad, indexMoves                                       *prometheus.Desc
-	handled, connections, generation                                  *prometheus.Desc
+	handled, refused, connections, generation                         *prometheus.Desc
 }
 
 func newCollector(srv *server.Server) *collector {
@@ -57,6 +64,7 @@ func newCollector(srv *server.Server) *collector {
 		indexLoad:       d("index_load_ratio", "Hash index load factor."),
 		indexMoves:      d("index_moves_total", "Hopscotch displacements."),
 		handled:         d("control_requests_total", "Control RPC requests handled, by type.", "type"),
+		refused:         d("control_errors_total", "Control RPC requests answered with an error, by its code (Hellos refused included).", "code"),
 		connections:     d("control_connections", "Open control connections."),
 		generation:      d("generation", "The store's generation of this start."),
 	}
@@ -121,16 +129,65 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	for _, t := range []proto.MsgType{proto.MsgHello, proto.MsgGrantLease, proto.MsgCommit, proto.MsgDelete, proto.MsgScan, proto.MsgEndLease, proto.MsgStats} {
 		counter(c.handled, float64(ss.Handled[t]), t.String())
 	}
+	for code := proto.ErrorCode(1); int(code) < proto.NumErrorCodes; code++ {
+		counter(c.refused, float64(ss.Refused[code]), code.String())
+	}
 	gauge(c.connections, float64(ss.Connections))
 	gauge(c.generation, float64(c.srv.Generation()))
 }
 
-// newRegistry is the server's own registry: its collector, and the Go
-// runtime's and process's.
+// metricsHandler serves the server's registry; its errors go to h.
+func metricsHandler(srv *server.Server, h slog.Handler) http.Handler {
+	return promhttp.HandlerFor(newRegistry(srv), promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(h, slog.LevelError)})
+}
+
+// newRegistry is the server's own registry: its collector, the build's
+// rkv_build_info, and the Go runtime's and process's.
 func newRegistry(srv *server.Server) *prometheus.Registry {
+	bi := buildinfo.Read()
+	build := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name:        "rkv_build_info",
+		Help:        "Always 1; its labels say what the server was built from.",
+		ConstLabels: prometheus.Labels{"version": bi.Version, "commit": bi.Commit, "go": bi.Go},
+	})
+	build.Set(1)
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(newCollector(srv),
+	reg.MustRegister(newCollector(srv), build,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return reg
+}
+
+// newMetricsMux serves --metrics-addr: metrics on /metrics; /healthz,
+// 200 while the process serves HTTP at all (a liveness probe); /readyz,
+// 200 while ready returns nil (the server serves: an arena registered, in
+// a bootstrapped map), else 503 with its error (a readiness probe); and
+// with --pprof, Go's profiles.
+func newMetricsMux(metrics http.Handler, ready func() error, withPprof bool) *http.ServeMux {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", metrics)
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		if err := ready(); err != nil {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			fmt.Fprintln(w, "not ready:", err)
+			return
+		}
+		fmt.Fprintln(w, "ready")
+	})
+	if withPprof {
+		// Profiles, for finding where a benchmark's time goes. They show
+		// the process's internals, so only when asked for; never
+		// /debug/pprof/cmdline, which would show an --auth-token given on
+		// the command line.
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
+	return mux
 }

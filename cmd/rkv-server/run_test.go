@@ -1,0 +1,206 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/rkv-io/rkv/internal/freeport"
+)
+
+// syncBuffer is a bytes.Buffer the server's goroutines may write to.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func port(t *testing.T) int {
+	t.Helper()
+	p, err := freeport.Loopback()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func httpGet(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// The whole command in this process, with --log-format json: every line
+// it logs is JSON (the soft provider's warnings included: they used to be
+// plain text); it warns about a misspelled RKV_ variable, naming the flag
+// meant; the clear-text gossip warning names --gossip-key; --metrics-addr
+// serves /healthz, /readyz, rkv_build_info and rkv_control_errors_total,
+// and no profiles without --pprof; SIGTERM stops it with status 0.
+func TestRunServes(t *testing.T) {
+	metrics := fmt.Sprintf("127.0.0.1:%d", port(t))
+	args := []string{"--name", "n1", "--data-dir", t.TempDir(), "--bootstrap", "--provider", "soft",
+		"--gossip-addr", fmt.Sprintf("127.0.0.1:%d", port(t)), "--metrics-addr", metrics, "--log-format", "json",
+		"--arena-size", "1MiB", "--arena-count", "1", "--index-slots", "1024", "--lease-size", "256KiB"}
+	var stderr syncBuffer
+	sigs := make(chan os.Signal, 1)
+	exited := make(chan int, 1)
+	go func() { exited <- run(args, env(map[string]string{"RKV_ARENA_CONT": "3"}), io.Discard, &stderr, sigs) }()
+	base := "http://" + metrics
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if resp, err := http.Get(base + "/readyz"); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				break
+			}
+		}
+		select {
+		case code := <-exited:
+			t.Fatalf("exited with %d before it was ready:\n%s", code, stderr.String())
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/readyz not 200 within 30s:\n%s", stderr.String())
+		}
+	}
+	if code, body := httpGet(t, base+"/healthz"); code != http.StatusOK || body != "ok\n" {
+		t.Fatalf("/healthz: %d %q", code, body)
+	}
+	if code, body := httpGet(t, base+"/readyz"); code != http.StatusOK || body != "ready\n" {
+		t.Fatalf("/readyz: %d %q", code, body)
+	}
+	_, body := httpGet(t, base+"/metrics")
+	for _, want := range []string{`rkv_build_info{commit="`, `rkv_control_errors_total{code="full"} 0`, "rkv_arenas_registered 1"} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/metrics has no %q", want)
+		}
+	}
+	if code, _ := httpGet(t, base+"/debug/pprof/"); code != http.StatusNotFound {
+		t.Errorf("/debug/pprof/ without --pprof: %d, want 404", code)
+	}
+
+	// A warning of the soft provider: a data connection with a bad hello.
+	var ready struct{ Data string }
+	for _, line := range strings.Split(stderr.String(), "\n") {
+		if strings.Contains(line, `"msg":"ready"`) {
+			if err := json.Unmarshal([]byte(line), &ready); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	c, err := net.Dial("tcp", ready.Data)
+	if err != nil {
+		t.Fatalf("the data endpoint of the ready line (%q): %v", ready.Data, err)
+	}
+	c.Write(bytes.Repeat([]byte{'x'}, 24))
+	io.Copy(io.Discard, c) // closed once the refusal is logged
+	c.Close()
+
+	sigs <- syscall.SIGTERM
+	select {
+	case code := <-exited:
+		if code != exitOK {
+			t.Fatalf("exit %d after SIGTERM:\n%s", code, stderr.String())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("still running 30s after SIGTERM:\n%s", stderr.String())
+	}
+
+	msgs := map[string][]map[string]any{}
+	for _, line := range strings.Split(strings.TrimSpace(stderr.String()), "\n") {
+		var r map[string]any
+		if err := json.Unmarshal([]byte(line), &r); err != nil {
+			t.Fatalf("a log line that is not JSON: %q", line)
+		}
+		msg := fmt.Sprint(r["msg"])
+		msgs[msg] = append(msgs[msg], r)
+	}
+	if w := msgs["unknown environment variable: ignored"]; len(w) != 1 || w[0]["name"] != "RKV_ARENA_CONT" ||
+		w[0]["did_you_mean"] != "RKV_ARENA_COUNT" || w[0]["level"] != "WARN" {
+		t.Errorf("the misspelled RKV_ARENA_CONT: %v", w)
+	}
+	if len(msgs["rdma/soft: dropped a data connection"]) != 1 {
+		t.Errorf("the soft provider's warning is not among the JSON lines:\n%s", stderr.String())
+	}
+	var gossip string
+	for m := range msgs {
+		if strings.HasPrefix(m, "gossip is not encrypted") {
+			gossip = m
+		}
+	}
+	if !strings.Contains(gossip, "--gossip-key") || strings.Contains(gossip, "Config.") {
+		t.Errorf("the clear-text gossip warning %q: want it to name --gossip-key", gossip)
+	}
+}
+
+func TestPprofOnlyWhenAsked(t *testing.T) {
+	for _, on := range []bool{false, true} {
+		rec := httptest.NewRecorder()
+		newMetricsMux(http.NotFoundHandler(), func() error { return nil }, on).ServeHTTP(rec, httptest.NewRequest("GET", "/debug/pprof/", nil))
+		if want := map[bool]int{false: http.StatusNotFound, true: http.StatusOK}[on]; rec.Code != want {
+			t.Errorf("--pprof=%v: /debug/pprof/ answers %d, want %d", on, rec.Code, want)
+		}
+		rec = httptest.NewRecorder()
+		newMetricsMux(http.NotFoundHandler(), func() error { return nil }, on).ServeHTTP(rec, httptest.NewRequest("GET", "/debug/pprof/cmdline", nil))
+		if rec.Code == http.StatusOK {
+			t.Errorf("--pprof=%v: /debug/pprof/cmdline is served: it would show an --auth-token", on)
+		}
+	}
+	if _, err := parseOptions([]string{"--name", "n", "--pprof"}, nil, io.Discard); err == nil || !strings.Contains(err.Error(), "--metrics-addr") {
+		t.Fatalf("--pprof without --metrics-addr: %v", err)
+	}
+}
+
+func TestUnknownEnv(t *testing.T) {
+	o, err := parseOptions([]string{"--name", "n"}, env(map[string]string{
+		"RKV_DAT_DIR": "/x", "RKV_JION": "h:1", "RKV_FROBNICATE": "1", "RKV_SYNC": "none", "PATH": "/bin", "RKV_A": "1",
+	}), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []envWarning{{"RKV_A", ""}, {"RKV_DAT_DIR", "data-dir"}, {"RKV_FROBNICATE", ""}, {"RKV_JION", "join"}}
+	if fmt.Sprint(o.envWarnings) != fmt.Sprint(want) {
+		t.Fatalf("warnings %v, want %v", o.envWarnings, want)
+	}
+	if o.DataDir != "rkv-data/n" || o.Sync != "none" {
+		t.Fatalf("the known variables: %+v", o)
+	}
+}
+
+func TestVersion(t *testing.T) {
+	var out bytes.Buffer
+	if code := run([]string{"--version"}, nil, &out, io.Discard, nil); code != exitOK ||
+		!strings.HasPrefix(out.String(), "rkv-server ") || !strings.Contains(out.String(), " commit ") {
+		t.Fatalf("--version: exit %d, %q", code, out.String())
+	}
+	// --version needs no --name, and RKV_VERSION is not a way to ask.
+	if _, err := parseOptions(nil, env(map[string]string{"RKV_VERSION": "1"}), io.Discard); err == nil || !strings.Contains(err.Error(), "--name") {
+		t.Fatalf("RKV_VERSION=1 without --name: %v", err)
+	}
+}
