@@ -11,7 +11,7 @@ help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
 
 build: ## build the commands into bin/
-	$(GO) build -o $(BIN)/ ./cmd/... ./examples/...
+	$(GO) build -buildvcs=auto -o $(BIN)/ ./cmd/... ./examples/...
 
 test: ## the test suite: every package, race detector on (the README's test command)
 	$(GO) test -race -timeout $(TESTTIME) $(PKGS)

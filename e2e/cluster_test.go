@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -30,7 +31,9 @@ const (
 func build(dir string) (server, cli string, err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", dir+"/", "github.com/rkv-io/rkv/cmd/rkv-server", "github.com/rkv-io/rkv/cmd/rkv-client")
+	// -buildvcs=auto: stamp the commit (--version) in a checkout even where
+	// GOFLAGS says -buildvcs=false.
+	cmd := exec.CommandContext(ctx, "go", "build", "-buildvcs=auto", "-o", dir+"/", "github.com/rkv-io/rkv/cmd/rkv-server", "github.com/rkv-io/rkv/cmd/rkv-client")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return "", "", fmt.Errorf("go build: %w\n%s", err, out)
 	}
@@ -50,7 +53,9 @@ func freePort(t *testing.T) int {
 type node struct {
 	name, dir, log string
 	port           int
-	starts         int // how many times started: one "ready" log line each
+	starts         int      // how many times started: one "ready" log line each
+	wrap           []string // a command that runs rkv-server (setpriv, prlimit), if any
+	args           []string // flags of rkv-server besides the cluster's
 	cmd            *exec.Cmd
 	done           chan error
 }
@@ -81,6 +86,14 @@ func (c *cluster) seeds(except string) string {
 // and waits for its "ready" log line.
 func (c *cluster) start(n *node, join bool) {
 	c.t.Helper()
+	c.launch(n, join)
+	c.waitReady(n)
+}
+
+// launch starts n (again), joining through the other nodes when join is
+// set, without waiting for it.
+func (c *cluster) launch(n *node, join bool) {
+	c.t.Helper()
 	n.starts++
 	args := []string{"--name", n.name, "--data-dir", n.dir, "--provider", "soft",
 		"--gossip-addr", fmt.Sprintf("127.0.0.1:%d", n.port)}
@@ -90,18 +103,25 @@ func (c *cluster) start(n *node, join bool) {
 	} else {
 		args = append(args, "--bootstrap")
 	}
+	args = append(args, n.args...)
 	logf, err := os.OpenFile(n.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		c.t.Fatal(err)
 	}
 	defer logf.Close()
-	n.cmd = exec.Command(c.server, args...)
+	argv := append(append(slices.Clone(n.wrap), c.server), args...)
+	n.cmd = exec.Command(argv[0], argv[1:]...)
 	n.cmd.Stdout, n.cmd.Stderr = logf, logf
 	if err := n.cmd.Start(); err != nil {
 		c.t.Fatalf("starting %s: %v", n.name, err)
 	}
 	n.done = make(chan error, 1)
 	go func(cmd *exec.Cmd, done chan error) { done <- cmd.Wait() }(n.cmd, n.done)
+}
+
+// waitReady waits for the "ready" line of n's last start.
+func (c *cluster) waitReady(n *node) {
+	c.t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		b, _ := os.ReadFile(n.log)
@@ -252,10 +272,23 @@ func startCluster(t *testing.T, n int) *cluster {
 // startClusterWith is startCluster with the servers' store flags.
 func startClusterWith(t *testing.T, n int, storeArgs []string) *cluster {
 	t.Helper()
+	t0 := time.Now()
+	c := newCluster(t, n, storeArgs)
+	for i, n := range c.nodes {
+		c.start(n, i > 0)
+	}
+	c.waitConverged()
+	t.Logf("cluster of %d up in %v", n, time.Since(t0).Round(time.Millisecond))
+	return c
+}
+
+// newCluster builds the commands (once) and names n servers, none started;
+// those started are killed at the end of the test.
+func newCluster(t *testing.T, n int, storeArgs []string) *cluster {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("builds binaries and runs a multi-process cluster")
 	}
-	t0 := time.Now()
 	binaries.once.Do(func() {
 		if binaries.dir, binaries.err = os.MkdirTemp("", "rkv-e2e-bin"); binaries.err == nil {
 			binaries.server, binaries.cli, binaries.err = build(binaries.dir)
@@ -280,11 +313,6 @@ func startClusterWith(t *testing.T, n int, storeArgs []string) *cluster {
 			t.Log(c.logs())
 		}
 	})
-	for i, n := range c.nodes {
-		c.start(n, i > 0)
-	}
-	c.waitConverged()
-	t.Logf("cluster of %d up in %v", n, time.Since(t0).Round(time.Millisecond))
 	return c
 }
 
