@@ -79,7 +79,8 @@ listener, and joins the cluster's gossip.
 
 Usage:
   rkv-server --name NAME --bootstrap [flags]        the first server of a new cluster
-  rkv-server --name NAME --join HOST:PORT [flags]   another server: joins, and takes its share of the shards
+  rkv-server --name NAME --join HOST:PORT [flags]   another server: joins (retrying for --join-timeout
+                                                    while no seed answers), and takes its share of the shards
   (a restart is the same command: the data directory holds the cluster state)
 
 Every flag can also be given as an environment variable RKV_<FLAG> in upper
@@ -107,7 +108,14 @@ as an IP SAN: clients verify it against the address the server advertises.
 On SIGTERM or SIGINT the server shuts down gracefully (stops granting leases,
 finishes commits, deregisters memory, leaves the cluster) and exits 0; a
 second signal exits at once with status 1. Exit status 2 means bad flags or
-configuration, 1 a failure to start or to shut down cleanly.
+configuration, 1 a failure to start or to shut down cleanly. A server that
+can register none of its arenas (RLIMIT_MEMLOCK below --arena-size, typically)
+fails to start, with the reason and how to raise the limit; with some of them
+it serves on those.
+
+With --metrics-addr: /metrics (Prometheus), /healthz (200 while the process
+answers) and /readyz (200 once the server serves: an arena registered and the
+cluster map holding it; else 503 and the reason); /debug/pprof/ with --pprof.
 
 Flags:
 `
