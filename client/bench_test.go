@@ -16,24 +16,28 @@ import (
 )
 
 // BenchmarkLatency measures one client's warm GET, GET of an absent key
-// and PUT against one server on the soft provider over loopback, next to a
-// raw TCP echo of the same payload in the same run, and reports p50/p99 of
-// each:
+// and PUT (and PUT without idempotency sessions, by a second client, to
+// tell their cost from the rest) against one server on the soft provider
+// over loopback, next to a raw TCP echo of the same payload in the same
+// run, and reports p50/p99 of each:
 //
 //	go test -run '^$' -bench Latency -benchtime 2000x ./client/
 func BenchmarkLatency(b *testing.B) {
 	for _, sync := range []store.SyncPolicy{store.SyncNone, store.SyncAlways} {
 		for _, size := range []int{64, 1024, 64 << 10} {
 			b.Run(fmt.Sprintf("sync=%v/%dB", sync, size), func(b *testing.B) {
-				cl := benchCluster(b, sync)
+				c := benchClusterOf(b, sync)
+				cl, plain := c.Client(b, nil), c.Client(b, nil)
+				client.DisableWriteSessions(plain)
 				ctx := context.Background()
-				k, v, absent := []byte("bench-key"), make([]byte, size), []byte("bench-absent")
+				k, v, absent, plainKey := []byte("bench-key"), make([]byte, size), []byte("bench-absent"), []byte("bench-key-plain")
 				if err := cl.Put(ctx, k, v); err != nil {
 					b.Fatal(err)
 				}
 				get := make([]time.Duration, 0, b.N)
 				miss := make([]time.Duration, 0, b.N)
 				put := make([]time.Duration, 0, b.N)
+				plainPut := make([]time.Duration, 0, b.N)
 				echo := make([]time.Duration, 0, b.N)
 				e := newEcho(b, size)
 				b.ResetTimer()
@@ -54,12 +58,18 @@ func BenchmarkLatency(b *testing.B) {
 						b.Fatal(err)
 					}
 					put = append(put, time.Since(t0))
+					t0 = time.Now()
+					if err := plain.Put(ctx, plainKey, v); err != nil { // its own key: cl's cached location stays good
+						b.Fatal(err)
+					}
+					plainPut = append(plainPut, time.Since(t0))
 					echo = append(echo, e.roundTrip(b))
 				}
 				b.StopTimer()
 				report(b, "get", get)
 				report(b, "miss", miss)
 				report(b, "put", put)
+				report(b, "put-nosession", plainPut)
 				report(b, "echo", echo)
 				b.ReportMetric(p(get, 50).Seconds()/p(echo, 50).Seconds(), "get/echo-p50")
 			})
