@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rkv-io/rkv/internal/testlog"
 	"github.com/rkv-io/rkv/proto"
 )
 
@@ -14,7 +15,7 @@ import (
 // address; the members it joined through refuse it and log that at ERROR,
 // and the member keeps its name.
 func TestDuplicateNameRefused(t *testing.T) {
-	var s1buf, s2buf, c1buf syncBuffer
+	var s1buf, s2buf, c1buf testlog.Buffer
 	s1 := start(t, "s1", proto.RoleServer, serverMeta(1, 1), capture(&s1buf))
 	s2 := start(t, "s2", proto.RoleServer, serverMeta(2, 1), withSeeds(s1), capture(&s2buf))
 	c1 := start(t, "c1", proto.RoleClient, proto.NodeMeta{}, withSeeds(s1), capture(&c1buf))
@@ -44,7 +45,7 @@ func TestDuplicateNameRefused(t *testing.T) {
 			t.Logf("a second s2 (%v): %v", c.role, err)
 		}
 	}
-	for name, buf := range map[string]*syncBuffer{"s1": &s1buf, "c1": &c1buf, "s2": &s2buf} {
+	for name, buf := range map[string]*testlog.Buffer{"s1": &s1buf, "c1": &c1buf, "s2": &s2buf} {
 		want := "duplicate node name refused: a node claims the name of a member"
 		if name == "s2" {
 			want = "duplicate node name refused: a node claims this node's name"

@@ -7,12 +7,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rkv-io/rkv/internal/testlog"
 	"github.com/rkv-io/rkv/proto"
 )
 
 // capture gives a node a logger that records everything, DEBUG included,
 // in buf.
-func capture(buf *syncBuffer) nodeOpt {
+func capture(buf *testlog.Buffer) nodeOpt {
 	return func(c *Config) {
 		c.Logger = slog.New(slog.NewTextHandler(buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
@@ -21,7 +22,7 @@ func capture(buf *syncBuffer) nodeOpt {
 // logLine returns the first line of buf at level with message msg and
 // every one of attrs ("key=value"), or an error listing what buf has with
 // that message.
-func logLine(buf *syncBuffer, level slog.Level, msg string, attrs ...string) (string, error) {
+func logLine(buf *testlog.Buffer, level slog.Level, msg string, attrs ...string) (string, error) {
 	head := fmt.Sprintf("level=%s msg=%q ", level, msg)
 	if !strings.ContainsAny(msg, " =\"") {
 		head = fmt.Sprintf("level=%s msg=%s ", level, msg)
@@ -50,14 +51,14 @@ func logLine(buf *syncBuffer, level slog.Level, msg string, attrs ...string) (st
 // joins, leaves, dies, or restarts (with its old and new generations); a
 // client logs the same at DEBUG only.
 func TestMembershipChangesLogged(t *testing.T) {
-	var sbuf, cbuf syncBuffer
+	var sbuf, cbuf testlog.Buffer
 	s1 := start(t, "s1", proto.RoleServer, serverMeta(1, 1), longMemory, capture(&sbuf))
 	s2 := start(t, "s2", proto.RoleServer, serverMeta(2, 1), longMemory, withSeeds(s1))
 	s3 := start(t, "s3", proto.RoleServer, serverMeta(3, 1), longMemory, withSeeds(s1))
 	obs := start(t, "obs", proto.RoleClient, proto.NodeMeta{}, longMemory, withSeeds(s1), capture(&cbuf))
 	c1 := start(t, "c1", proto.RoleClient, proto.NodeMeta{}, longMemory, withSeeds(s1))
 
-	expect := func(what string, level slog.Level, buf *syncBuffer, msg string, attrs ...string) {
+	expect := func(what string, level slog.Level, buf *testlog.Buffer, msg string, attrs ...string) {
 		t.Helper()
 		var line string
 		waitFor(t, 10*time.Second, what, func() (err error) {

@@ -9,12 +9,12 @@ import (
 	"reflect"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
 
+	"github.com/rkv-io/rkv/internal/testlog"
 	"github.com/rkv-io/rkv/proto"
 )
 
@@ -587,26 +587,8 @@ func TestConfigRefused(t *testing.T) {
 	}
 }
 
-// syncBuffer is a log destination safe for memberlist's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 func TestLogging(t *testing.T) {
-	var buf syncBuffer
+	var buf testlog.Buffer
 	m, err := Create(Config{
 		Role:   proto.RoleClient,
 		Logger: slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug})),

@@ -225,19 +225,30 @@ func TestDeletesFreeSegments(t *testing.T) {
 	if st := sv.s.Stats(); st.FreeSegments == st.Segments {
 		t.Fatalf("after a restart with 400 keys, all %d segments are free", st.Segments)
 	}
+	var keys [][]byte
 	for i := range 400 {
-		if err := sv.s.Delete(context.Background(), key(i), proto.Write{}); err != nil {
+		keys = append(keys, key(i))
+	}
+	deleteAllFreesAll(t, sv.s, keys)
+	checkAccounting(t, sv.s)
+}
+
+// deleteAllFreesAll deletes keys, which must be all the store holds, and
+// waits for every segment to come free.
+func deleteAllFreesAll(t *testing.T, s *Store, keys [][]byte) {
+	t.Helper()
+	for _, k := range keys {
+		if err := s.Delete(context.Background(), k, proto.Write{}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	deadline := time.Now().Add(10 * time.Second)
-	for st := sv.s.Stats(); st.FreeSegments != st.Segments; st = sv.s.Stats() {
+	for st := s.Stats(); st.FreeSegments != st.Segments; st = s.Stats() {
 		if time.Now().After(deadline) {
-			t.Fatalf("after deleting every key: %d of %d segments free, %d live, %d dead", st.FreeSegments, st.Segments, st.Live, st.Dead)
+			t.Fatalf("segments leaked: %d of %d free with no key left (%d live, %d dead)", st.FreeSegments, st.Segments, st.Live, st.Dead)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	checkAccounting(t, sv.s)
 }
 
 // One-sided readers race writers and the cleaner, which moves records and
@@ -452,18 +463,11 @@ func TestCleaningSurvivesKill9(t *testing.T) {
 		t.Fatalf("after kill -9: %d live + %d dead + %d free != %d", st.Live, st.Dead, st.Free, st.Capacity)
 	}
 	checkAccounting(t, sv.s)
+	var keys [][]byte
 	for k := range acked {
-		if err := sv.s.Delete(context.Background(), []byte(k), proto.Write{}); err != nil {
-			t.Fatal(err)
-		}
+		keys = append(keys, []byte(k))
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for st := sv.s.Stats(); st.FreeSegments != st.Segments; st = sv.s.Stats() {
-		if time.Now().After(deadline) {
-			t.Fatalf("segments leaked: %d of %d free with no key left (%d live, %d dead)", st.FreeSegments, st.Segments, st.Live, st.Dead)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	deleteAllFreesAll(t, sv.s, keys)
 }
 
 // A store full of live data says so, with the numbers, and keeps what it

@@ -137,49 +137,42 @@ func (g *globals) readValue(cmd *cobra.Command, limit int64) ([]byte, error) {
 }
 
 func mgetCmd(g *globals) *cobra.Command {
-	return &cobra.Command{
+	return manyKeysCmd(g, true, &cobra.Command{
 		Use:   "mget KEY... | mget -",
 		Short: "print the values of many keys, read together (MultiGet); - reads the keys from stdin, one a line",
 		Long: `mget reads every key with one MultiGet: the keys of one server share its
 RDMA READ posts. The table has a line per key, its value or (not found); -o
 json a list of {key, found, value}. It exits 1 when a key is absent, 0 when
 all are present.`,
-		Args: cobra.MinimumNArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			keys, err := g.parseKeys(args)
-			if err != nil {
-				return err
-			}
-			return g.withClient(cmd, func(ctx context.Context, c *client.Client) error {
-				vals, err := c.MultiGet(ctx, keys)
-				if err != nil {
-					return err
-				}
-				return printFound(g, cmd, keys, vals, true)
-			})
-		},
-	}
+	})
 }
 
 func existsCmd(g *globals) *cobra.Command {
-	return &cobra.Command{
+	return manyKeysCmd(g, false, &cobra.Command{
 		Use:   "exists KEY... | exists -",
 		Short: "say whether keys exist (exit 0 if all do, 1 if one does not)",
-		Args:  cobra.MinimumNArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			keys, err := g.parseKeys(args)
+	})
+}
+
+// manyKeysCmd completes cmd as a command that reads its keys (arguments,
+// or stdin with -) with one MultiGet and prints what it found, with the
+// values when values is set.
+func manyKeysCmd(g *globals, values bool, cmd *cobra.Command) *cobra.Command {
+	cmd.Args = cobra.MinimumNArgs(1)
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		keys, err := g.parseKeys(args)
+		if err != nil {
+			return err
+		}
+		return g.withClient(cmd, func(ctx context.Context, c *client.Client) error {
+			vals, err := c.MultiGet(ctx, keys)
 			if err != nil {
 				return err
 			}
-			return g.withClient(cmd, func(ctx context.Context, c *client.Client) error {
-				vals, err := c.MultiGet(ctx, keys)
-				if err != nil {
-					return err
-				}
-				return printFound(g, cmd, keys, vals, false)
-			})
-		},
+			return printFound(g, cmd, keys, vals, values)
+		})
 	}
+	return cmd
 }
 
 // printFound prints whether each key was found (and its value, with

@@ -10,31 +10,13 @@ import (
 	"net/http/httptest"
 	"os"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/rkv-io/rkv/internal/freeport"
+	"github.com/rkv-io/rkv/internal/testlog"
 )
-
-// syncBuffer is a bytes.Buffer the server's goroutines may write to.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 func port(t *testing.T) int {
 	t.Helper()
@@ -67,7 +49,7 @@ func TestRunServes(t *testing.T) {
 	args := []string{"--name", "n1", "--data-dir", t.TempDir(), "--bootstrap", "--provider", "soft",
 		"--gossip-addr", fmt.Sprintf("127.0.0.1:%d", port(t)), "--metrics-addr", metrics, "--log-format", "json",
 		"--arena-size", "1MiB", "--arena-count", "1", "--index-slots", "1024", "--lease-size", "256KiB"}
-	var stderr syncBuffer
+	var stderr testlog.Buffer
 	sigs := make(chan os.Signal, 1)
 	exited := make(chan int, 1)
 	go func() { exited <- run(args, env(map[string]string{"RKV_ARENA_CONT": "3"}), io.Discard, &stderr, sigs) }()

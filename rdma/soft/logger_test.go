@@ -7,35 +7,17 @@ import (
 	"log/slog"
 	"net"
 	"strings"
-	"sync"
 	"testing"
 
+	"github.com/rkv-io/rkv/internal/testlog"
 	"github.com/rkv-io/rkv/rdma"
 )
-
-// lockedBuffer is a bytes.Buffer safe for the device's goroutines.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // The provider's warnings go to the Logger it is opened with, in that
 // logger's format, not to slog's default (which printed them as plain text
 // among a server's --log-format json lines).
 func TestWarningsGoToOptionsLogger(t *testing.T) {
-	var out lockedBuffer
+	var out testlog.Buffer
 	d, err := rdma.Open("soft", "", rdma.Options{Logger: slog.New(slog.NewJSONHandler(&out, nil))})
 	if err != nil {
 		t.Fatal(err)
