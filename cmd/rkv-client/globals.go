@@ -205,6 +205,8 @@ func (g *globals) connect(cmd *cobra.Command) (*client.Client, error) {
 	switch {
 	case errors.Is(err, client.ErrUnauthenticated):
 		return nil, &exitError{exitOther, fmt.Errorf("joining through %s: %w", strings.Join(g.join, ","), err)}
+	case errors.Is(err, context.DeadlineExceeded) && cmd.Context().Err() == nil:
+		return nil, &exitError{exitUnavailable, fmt.Errorf("%w: timed out after %v (--timeout) joining through %s: %w", errNoCluster, g.timeout, strings.Join(g.join, ","), err)}
 	case err != nil:
 		return nil, &exitError{exitUnavailable, fmt.Errorf("%w: joining through %s: %w", errNoCluster, strings.Join(g.join, ","), err)}
 	}
@@ -230,7 +232,11 @@ func (g *globals) withClient(cmd *cobra.Command, fn func(ctx context.Context, c 
 	defer c.Close()
 	ctx, cancel := context.WithTimeout(cmd.Context(), g.timeout)
 	defer cancel()
-	return classify(fn(ctx, c))
+	err = fn(ctx, c)
+	if errors.Is(err, context.DeadlineExceeded) && cmd.Context().Err() == nil {
+		err = fmt.Errorf("timed out after %v (--timeout): %w", g.timeout, err)
+	}
+	return classify(err)
 }
 
 func splitHostPort(s string) (string, int, error) {

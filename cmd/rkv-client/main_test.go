@@ -46,6 +46,18 @@ func TestEnvAndUnreachableCluster(t *testing.T) {
 	}
 }
 
+// A timeout too short says it is one, and which flag sets it, whether it
+// strikes while joining or during the operation.
+func TestTimeoutSaysTimeout(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a server")
+	}
+	env := map[string]string{"RKV_JOIN": startServerWith(t, nil, nil), "RKV_TIMEOUT": "1ms"}
+	if _, errs, code := runCLI(env, "get", "k"); code != exitUnavailable || !strings.Contains(errs, "timed out after 1ms (--timeout)") {
+		t.Fatalf("RKV_TIMEOUT=1ms: exit %d, %q", code, errs)
+	}
+}
+
 func TestDevices(t *testing.T) {
 	out, _, code := runCLI(nil, "devices")
 	if code != 0 || !strings.Contains(out, "soft") {
