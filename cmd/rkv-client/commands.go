@@ -157,9 +157,9 @@ func delCmd(g *globals) *cobra.Command {
 func scanCmd(g *globals) *cobra.Command {
 	var prefix, start, end string
 	var limit int
-	var values bool
+	var values, keysOnly bool
 	cmd := &cobra.Command{
-		Use:   "scan [--prefix P | --start S --end E] [--limit N] [--values]",
+		Use:   "scan [--prefix P | --start S --end E] [--limit N] [--values | --keys-only]",
 		Short: "list keys in order, from every server, with their value sizes (or values)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -168,6 +168,9 @@ func scanCmd(g *globals) *cobra.Command {
 			}
 			if limit < 0 {
 				return fmt.Errorf("--limit %d: must be 0 (no limit) or more", limit)
+			}
+			if values && keysOnly {
+				return errors.New("--values and --keys-only: give one")
 			}
 			var s, e []byte
 			if prefix != "" {
@@ -190,6 +193,12 @@ func scanCmd(g *globals) *cobra.Command {
 						list = append(list, toKVJSON(kv.Key, kv.Value, values))
 					}
 					return writeJSON(out, list)
+				}
+				if keysOnly { // for scripts: a key a line, nothing else
+					for _, kv := range kvs {
+						fmt.Fprintln(out, printable(kv.Key))
+					}
+					return nil
 				}
 				tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 				if values {
@@ -218,6 +227,7 @@ func scanCmd(g *globals) *cobra.Command {
 	f.StringVar(&end, "end", "", "end key (exclusive; default: no bound)")
 	f.IntVar(&limit, "limit", 0, "at most N keys (0: no limit)")
 	f.BoolVar(&values, "values", false, "print values instead of their sizes")
+	f.BoolVar(&keysOnly, "keys-only", false, "print the keys alone, one a line, without the header and the count")
 	return cmd
 }
 

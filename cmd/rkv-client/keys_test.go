@@ -82,6 +82,13 @@ func TestKeysOnTheCommandLine(t *testing.T) {
 			t.Errorf("mput of %q: exit %d, %q; want a usage error saying %q", stdin, code, errs, want)
 		}
 	}
+	if out, _, code := runCLI(env, "scan", "--prefix", "bulk-49", "--keys-only"); code != exitOK ||
+		out != "bulk-49\nbulk-490\nbulk-491\nbulk-492\nbulk-493\nbulk-494\nbulk-495\nbulk-496\nbulk-497\nbulk-498\nbulk-499\n" {
+		t.Fatalf("scan --keys-only: exit %d, %q", code, out)
+	}
+	if _, _, code := runCLI(env, "scan", "--keys-only", "--values"); code != exitUsage {
+		t.Fatalf("scan --keys-only --values: exit %d, want %d", code, exitUsage)
+	}
 	if out, _, code := runCLI(env, "exists", "a"); code != exitOK || !strings.Contains(out, "a  true") {
 		t.Fatalf("exists a: exit %d, %q", code, out)
 	}
