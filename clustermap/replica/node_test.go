@@ -171,20 +171,40 @@ func propose(t *testing.T, n *testNode, c *proto.MapCommand) *clustermap.Map {
 	return m
 }
 
+// onLeader runs the idempotent step on the leader of nodes, again on the
+// next leader when leadership moved meanwhile: the fast tuning's 100 ms
+// leader lease lapses on a machine starved by other tests, and the step is
+// set-up, not what the test checks.
+func onLeader(t *testing.T, nodes []*testNode, what string, step func(context.Context, *testNode) error) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		err := step(ctx, leaderOf(t, nodes))
+		cancel()
+		switch {
+		case err == nil:
+			return
+		case !errors.Is(err, ErrNotLeader) || time.Now().After(deadline):
+			t.Fatalf("%s: %v", what, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 // cluster3 bootstraps n1 and adds n2, n3 as voters, with the map naming
 // them.
 func cluster3(t *testing.T, nodes []*testNode) {
 	nodes[0].start(true)
 	nodes[1].start(false)
 	nodes[2].start(false)
-	l := leaderOf(t, nodes[:1])
-	propose(t, l, add("n1"))
-	ctx := context.Background()
-	for _, tn := range nodes[1:] {
-		if err := l.AddVoter(ctx, tn.id, tn.addr); err != nil {
-			t.Fatal(err)
-		}
-		propose(t, l, add(tn.id[3:]))
+	addServer := func(name string) func(context.Context, *testNode) error {
+		return func(ctx context.Context, l *testNode) error { _, err := l.Propose(ctx, add(name)); return err }
+	}
+	onLeader(t, nodes[:1], "adding n1 to the map", addServer("n1"))
+	for i, tn := range nodes[1:] {
+		onLeader(t, nodes[:i+1], "adding "+tn.id+" as a voter", func(ctx context.Context, l *testNode) error { return l.AddVoter(ctx, tn.id, tn.addr) })
+		onLeader(t, nodes[:i+2], "adding "+tn.id+" to the map", addServer(tn.id[3:]))
 	}
 	for _, tn := range nodes {
 		waitFor(t, tn.id+" to apply the map", func() bool { return len(tn.Map().Servers()) == 3 })
