@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/rkv-io/rkv/proto"
@@ -179,11 +180,15 @@ func (s *Store) pickVictim() *segment {
 }
 
 // cleanable reports whether waiting can bring free space: a segment is in
-// its grace period, an arena is being added, or a segment can be cleaned.
+// its grace period or being cleaned, an arena is being added, or a segment
+// can be cleaned.
 func (s *Store) cleanable() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return len(s.freeing) > 0 || s.growing || s.victimLocked(true) != nil
+	if len(s.freeing) > 0 || s.growing || s.victimLocked(true) != nil {
+		return true
+	}
+	return slices.ContainsFunc(s.segments, func(sg *segment) bool { return sg.cleaning })
 }
 
 // clean moves the live records out of sg, which pickVictim marked.
