@@ -332,26 +332,30 @@ func scanEntries(entries []store.ScanEntry, used int) (_ []proto.ScanEntry, cut 
 	return out, false
 }
 
+// storeErrorCodes maps store errors to control error codes, first match
+// wins; anything else is CodeInternal.
+var storeErrorCodes = []struct {
+	err  error
+	code proto.ErrorCode
+}{
+	{store.ErrNotFound, proto.CodeNotFound},
+	{store.ErrLease, proto.CodeLeaseInvalid},
+	{store.ErrRecord, proto.CodeRecordInvalid},
+	{store.ErrFull, proto.CodeFull},
+	{store.ErrIndexFull, proto.CodeIndexFull},
+	{store.ErrNotOwner, proto.CodeNotOwner},
+	{store.ErrShardMoving, proto.CodeShardMoving},
+	{store.ErrSuperseded, proto.CodeSuperseded},
+}
+
 // errorReply maps a store error to a control Error.
 func errorReply(err error) *proto.Error {
 	code := proto.CodeInternal
-	switch {
-	case errors.Is(err, store.ErrNotFound):
-		code = proto.CodeNotFound
-	case errors.Is(err, store.ErrLease):
-		code = proto.CodeLeaseInvalid
-	case errors.Is(err, store.ErrRecord):
-		code = proto.CodeRecordInvalid
-	case errors.Is(err, store.ErrFull):
-		code = proto.CodeFull
-	case errors.Is(err, store.ErrIndexFull):
-		code = proto.CodeIndexFull
-	case errors.Is(err, store.ErrNotOwner):
-		code = proto.CodeNotOwner
-	case errors.Is(err, store.ErrShardMoving):
-		code = proto.CodeShardMoving
-	case errors.Is(err, store.ErrSuperseded):
-		code = proto.CodeSuperseded
+	for _, m := range storeErrorCodes {
+		if errors.Is(err, m.err) {
+			code = m.code
+			break
+		}
 	}
 	return &proto.Error{Code: code, Message: err.Error()}
 }

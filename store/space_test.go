@@ -477,13 +477,7 @@ func TestFullOfLiveDataSaysSo(t *testing.T) {
 	sv := newServer(t, opts)
 	waitArenas(t, sv.s, 2)
 	c := newClient(t, sv)
-	lw := &leaseWriter{c: c, ask: 64 << 10}
-	var err error
-	n := 0
-	for ; err == nil; n++ {
-		_, err = lw.put(key(n), make([]byte, 3000))
-	}
-	n-- // the last failed
+	n, err := fill(c)
 	if !errors.Is(err, ErrFull) || !strings.Contains(err.Error(), "live") {
 		t.Fatalf("filling the store: %v, want ErrFull with the numbers", err)
 	}
@@ -492,12 +486,29 @@ func TestFullOfLiveDataSaysSo(t *testing.T) {
 		t.Fatalf("full at %.2f live: %v", u, err)
 	}
 	t.Logf("full after %d keys at %.2f of the capacity live: %v", n, float64(st.Live)/float64(st.Capacity), err)
-	for i := range n {
-		if v, ok := c.mustGet(key(i)); !ok || len(v) != 3000 {
-			t.Fatalf("key %d after the store filled: %d bytes, %v", i, len(v), ok)
+	checkFilled(t, c, n, "after the store filled")
+	checkAccounting(t, sv.s)
+}
+
+// fill puts keys 0, 1, ... of 3000 bytes until a put fails, and returns
+// how many succeeded and the failure.
+func fill(c *client) (int, error) {
+	lw := &leaseWriter{c: c, ask: 64 << 10}
+	for n := 0; ; n++ {
+		if _, err := lw.put(key(n), make([]byte, 3000)); err != nil {
+			return n, err
 		}
 	}
-	checkAccounting(t, sv.s)
+}
+
+// checkFilled reads back the n keys fill put.
+func checkFilled(t *testing.T, c *client, n int, when string) {
+	t.Helper()
+	for i := range n {
+		if v, ok := c.mustGet(key(i)); !ok || len(v) != 3000 {
+			t.Fatalf("%s, key %d: %d bytes, found %v", when, i, len(v), ok)
+		}
+	}
 }
 
 // A store allowed more arenas adds them while serving when its live data
@@ -510,13 +521,7 @@ func TestArenasAddedWhileServing(t *testing.T) {
 	sv := newServer(t, opts)
 	waitArenas(t, sv.s, 1)
 	c := newClient(t, sv)
-	lw := &leaseWriter{c: c, ask: 64 << 10}
-	var err error
-	n := 0
-	for ; err == nil; n++ {
-		_, err = lw.put(key(n), make([]byte, 3000))
-	}
-	n--
+	n, err := fill(c)
 	if !errors.Is(err, ErrFull) || !strings.Contains(err.Error(), "max-arena-count") {
 		t.Fatalf("filling 3 arenas: %v, want ErrFull naming --max-arena-count", err)
 	}
@@ -529,19 +534,10 @@ func TestArenasAddedWhileServing(t *testing.T) {
 		t.Fatalf("capacity %d (want %d), %d live", st.Capacity, 3*opts.ArenaSize, st.Live)
 	}
 	t.Logf("%d keys of 3000 bytes in 3 arenas (%.2f live) before: %v", n, float64(st.Live)/float64(st.Capacity), err)
-	for i := range n {
-		if v, ok := c.mustGet(key(i)); !ok || len(v) != 3000 {
-			t.Fatalf("key %d: %d bytes, found %v", i, len(v), ok)
-		}
-	}
+	checkFilled(t, c, n, "after growing")
 	checkAccounting(t, sv.s)
 	sv.restart()
 	waitArenas(t, sv.s, 3)
-	c = newClient(t, sv)
-	for i := range n {
-		if v, ok := c.mustGet(key(i)); !ok || len(v) != 3000 {
-			t.Fatalf("after a restart, key %d: %d bytes, found %v", i, len(v), ok)
-		}
-	}
+	checkFilled(t, newClient(t, sv), n, "after a restart")
 	checkAccounting(t, sv.s)
 }
