@@ -152,15 +152,6 @@ func worker(ctx context.Context, id int, cl *client.Client, keys []string, m mix
 		case r < m.put+m.delete:
 			kind = Delete
 		}
-		if kind == Delete {
-			// A delete that fails is Unknown forever, and those make
-			// the check expensive: skip deletes the client already
-			// knows cannot be served. Nothing is sent, so nothing is
-			// recorded.
-			if _, err := cl.Owner([]byte(key)); err != nil {
-				kind = Get
-			}
-		}
 		op := Op{Client: id, Kind: kind, Key: key}
 		if kind == Put {
 			seq++

@@ -232,11 +232,16 @@ func returnOf(op Op) time.Duration {
 // porcupineOps turns a history into porcupine's operations, reduced as
 // Check describes.
 func porcupineOps(ops []Op) []porcupine.Operation {
-	read := map[string]bool{} // key + "\x00" + value
+	// firstRead is, for each value read (key + "\x00" + value), the
+	// earliest return of a get that read it.
+	firstRead := map[string]time.Duration{}
 	clients := 0
 	for _, op := range ops {
 		if op.Kind == Get && op.Outcome == OK && op.Found {
-			read[op.Key+"\x00"+op.Value] = true
+			rv := op.Key + "\x00" + op.Value
+			if r, ok := firstRead[rv]; !ok || op.Return < r {
+				firstRead[rv] = op.Return
+			}
 		}
 		clients = max(clients, op.Client+1)
 	}
@@ -248,7 +253,8 @@ func porcupineOps(ops []Op) []porcupine.Operation {
 		if op.Outcome == Failed || (op.Kind == Get && op.Outcome != OK) {
 			continue
 		}
-		if op.Kind == Put && op.Outcome == Unknown && !read[op.Key+"\x00"+op.Value] {
+		seen, wasRead := firstRead[op.Key+"\x00"+op.Value]
+		if op.Kind == Put && op.Outcome == Unknown && !wasRead {
 			continue
 		}
 		po := porcupine.Operation{
@@ -263,9 +269,19 @@ func porcupineOps(ops []Op) []porcupine.Operation {
 			po.Output = regOutput{}
 		}
 		if op.Outcome == Unknown {
-			// Pending forever; its own row in the visualization, as
-			// the client went on with other operations.
+			// Pending forever, or for a put until the first read of
+			// its value returned: values are unique, so the put took
+			// effect before that read did. Bounding it keeps the
+			// search small: every operation pending forever is
+			// concurrent with the whole rest of the key's history, and
+			// a key with a few dozen of them (partitions make that
+			// many) took porcupine over a minute. Its own row in the
+			// visualization, as the client went on with other
+			// operations.
 			po.Return = math.MaxInt64
+			if op.Kind == Put {
+				po.Return = int64(seen)
+			}
 			po.ClientId = clients + unknown
 			unknown++
 		}

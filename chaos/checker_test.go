@@ -240,6 +240,8 @@ func TestClassify(t *testing.T) {
 		{Put, errors.New("i/o timeout"), Unknown, false},
 		{Delete, nil, OK, false},
 		{Delete, unavailable, Unknown, false},
+		{Put, errors.Join(client.ErrNotSent, unavailable), Failed, false},
+		{Delete, errors.Join(client.ErrNotSent, unavailable), Failed, false},
 	} {
 		got, found := Classify(tc.kind, tc.err)
 		if got != tc.want || found != tc.found {

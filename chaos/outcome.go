@@ -26,7 +26,9 @@ import (
 // finishes a queued commit whatever happens to the request's context).
 // Not even client.ErrUnavailable proves otherwise: it is also what the
 // retry loop returns when the server is declared dead after an attempt
-// that timed out. docs/CHAOS.md has the full reasoning.
+// that timed out. The exception is client.ErrNotSent: the client failed
+// the operation before any attempt of it left (its server was known to be
+// down), so it is Failed. docs/CHAOS.md has the full reasoning.
 func Classify(kind Kind, err error) (_ Outcome, found bool) {
 	switch {
 	case kind == Get && err == nil:
@@ -37,6 +39,8 @@ func Classify(kind Kind, err error) (_ Outcome, found bool) {
 		return Failed, false
 	case err == nil:
 		return OK, false
+	case errors.Is(err, client.ErrNotSent):
+		return Failed, false
 	}
 	return Unknown, false
 }

@@ -117,6 +117,12 @@ var (
 	ErrUnavailable = errors.New("rkv: unavailable")
 	// ErrClosed: the client is closed.
 	ErrClosed = errors.New("rkv: client closed")
+	// ErrNotSent: the operation failed before any attempt of it left the
+	// client (its server is known to be down, not in the map...), so a
+	// Put or Delete that fails with it certainly did not take effect.
+	// Without it, a failed write may or may not have been applied. It
+	// comes with the reason: ErrNotSent and ErrUnavailable, say.
+	ErrNotSent = errors.New("rkv: not sent")
 )
 
 // UnavailableError is returned when the server that holds a key is dead,

@@ -229,8 +229,13 @@ func TestClusterServerFailureAndRestart(t *testing.T) {
 			if d := time.Since(start); d > 100*time.Millisecond {
 				t.Fatalf("key %d of the closed server took %v to fail", i, d)
 			}
-			if err := cl.Put(ctx, key(i), []byte("x")); !errors.As(err, &u) {
-				t.Fatalf("put to the closed server: %v", err)
+			// Known to be down before anything was sent: certainly not
+			// applied, and the error says so.
+			if err := cl.Put(ctx, key(i), []byte("x")); !errors.As(err, &u) || !errors.Is(err, client.ErrNotSent) {
+				t.Fatalf("put to the closed server: %v, want ErrUnavailable and ErrNotSent", err)
+			}
+			if err := cl.Delete(ctx, key(i)); !errors.Is(err, client.ErrUnavailable) || !errors.Is(err, client.ErrNotSent) {
+				t.Fatalf("delete on the closed server: %v, want ErrUnavailable and ErrNotSent", err)
 			}
 			continue
 		}

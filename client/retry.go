@@ -37,6 +37,14 @@ func retryMoving(node string, format string, args ...any) error {
 	return &retryable{node: node, moving: true, err: fmt.Errorf(format, args...)}
 }
 
+// notSentError is an attempt's error from before it sent anything: do
+// returns it as ErrNotSent only if no earlier attempt sent anything.
+type notSentError struct{ err error }
+
+func (e *notSentError) Error() string        { return e.err.Error() }
+func (e *notSentError) Unwrap() error        { return e.err }
+func (e *notSentError) Is(target error) bool { return target == ErrNotSent }
+
 // do runs attempt until it returns nil or an error that is not
 // retryable, or the attempts or the time are spent. The time is ctx's
 // deadline when it has one; otherwise RetryTimeout, extended to MoveWait
@@ -45,7 +53,9 @@ func retryMoving(node string, format string, args ...any) error {
 // move's last copy ends by itself, and an operation on it should wait, not
 // fail). It then returns an *UnavailableError wrapping the last error, and
 // context.DeadlineExceeded when the time ran out (context.Canceled when
-// ctx was).
+// ctx was). The error is ErrNotSent only if it came from the first
+// attempt, before that sent anything: any attempt that failed otherwise
+// may have reached a server.
 func (c *Client) do(ctx context.Context, what string, attempt func(ctx context.Context) error) error {
 	_, bounded := ctx.Deadline()
 	start := time.Now()
@@ -70,6 +80,9 @@ func (c *Client) do(ctx context.Context, what string, attempt func(ctx context.C
 		r, ok := errors.AsType[*retryable](err) // not errors.As: &last would escape, an allocation per operation
 		if !ok {
 			cancel()
+			if ns, unsent := err.(*notSentError); unsent && n > 0 {
+				return ns.err
+			}
 			return err
 		}
 		last = r
@@ -123,7 +136,7 @@ func (c *Client) doKey(ctx context.Context, what string, key []byte, op func(ctx
 	return c.do(ctx, what, func(ctx context.Context) error {
 		t, err := c.targetFor(key)
 		if err != nil {
-			return err
+			return &notSentError{err}
 		}
 		return c.withConn(ctx, t.name, func(sc *serverConn) error { return op(ctx, sc, t) })
 	})
