@@ -374,7 +374,7 @@ func (s *Server) setMeta(change func(*proto.NodeMeta)) error {
 }
 
 // advertise republishes the metadata as each arena becomes ready, those
-// the store adds while serving included.
+// the store adds while serving included, and each time the index grows.
 func (s *Server) advertise() {
 	defer s.wg.Done()
 	for {
@@ -382,10 +382,17 @@ func (s *Server) advertise() {
 		case <-s.stop:
 			return
 		case <-s.st.Ready():
-		}
-		if err := s.setMeta(func(m *proto.NodeMeta) { m.Arenas = arenaRegions(s.st.Arenas()) }); err != nil {
-			s.log.Error("advertising arenas", "err", err)
-			return
+			if err := s.setMeta(func(m *proto.NodeMeta) { m.Arenas = arenaRegions(s.st.Arenas()) }); err != nil {
+				s.log.Error("advertising arenas", "err", err)
+				return
+			}
+		case idx := <-s.st.IndexMoved():
+			if err := s.setMeta(func(m *proto.NodeMeta) {
+				m.Index = &proto.IndexRegion{Addr: idx.Addr, RKey: idx.RKey, Geometry: idx.Geometry}
+			}); err != nil {
+				s.log.Error("advertising the grown index", "err", err)
+				return
+			}
 		}
 	}
 }

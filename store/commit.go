@@ -352,14 +352,21 @@ func (s *Store) apply(batch []*pendingCommit) {
 		}
 		finish()
 	}
-	// Refuse new keys the index could not take back at the next start.
+	// Refuse new keys the index could not take back at the next start,
+	// unless it grows in time: writers then wait for the copy rather
+	// than fail.
+	load := s.index.LoadFactor()
+	s.maybeGrowIndex(load)
+	for load >= MaxIndexLoad && s.waitIndexGrown(indexFullWait) {
+		load = s.index.LoadFactor()
+	}
 	for _, c := range batch {
-		if c.delete || s.index.LoadFactor() < MaxIndexLoad {
+		if c.delete || load < MaxIndexLoad {
 			continue
 		}
 		if _, exists, _ := s.index.Get(c.key); !exists {
-			c.result = fmt.Errorf("%w: load %.2f reached the limit %.2f with %d keys; raise IndexSlots (%d)",
-				ErrIndexFull, s.index.LoadFactor(), MaxIndexLoad, s.index.Len(), s.opts.IndexSlots)
+			c.result = fmt.Errorf("%w: load %.2f reached the limit %.2f with %d keys; %s",
+				ErrIndexFull, load, MaxIndexLoad, s.index.Len(), s.indexHint())
 		}
 	}
 	b := s.db.NewBatch()

@@ -68,6 +68,12 @@ func (sv *server) open() {
 		sv.t.Fatal(err)
 	}
 	sv.s = s
+	// As a server does before it serves: writes need a registered arena
+	// (the ingest crash test's child failed once, under load, on one
+	// still registering).
+	if err := s.WaitArena(context.Background()); err != nil {
+		sv.t.Fatal(err)
+	}
 }
 
 func (sv *server) restart() {

@@ -31,15 +31,18 @@ var ErrFormat = errors.New("store: data directory of another format")
 //	"m/generation"             -> le64(generation)
 //	"m/shard/" be16(shard)     -> shard record; absent for ShardNone
 var (
-	keyPrefix      = []byte{'k'}
-	keyEnd         = []byte{'k' + 1}
-	sessionPrefix  = []byte{'w'}
-	sessionEnd     = []byte{'w' + 1}
-	metaFormatKey  = []byte("m/format")
-	metaGenKey     = []byte("m/generation")
-	metaShardsKey  = []byte("m/shard/")
-	metaShardsEnd  = []byte("m/shard0") // '0' follows '/'
-	dataKeyPrefixN = 3                  // 'k' and the shard
+	keyPrefix     = []byte{'k'}
+	keyEnd        = []byte{'k' + 1}
+	sessionPrefix = []byte{'w'}
+	sessionEnd    = []byte{'w' + 1}
+	metaFormatKey = []byte("m/format")
+	metaGenKey    = []byte("m/generation")
+	// metaIndexSlotsKey: the slots the index grew to, so that the next
+	// start opens it that large (indexgrow.go).
+	metaIndexSlotsKey = []byte("m/index-slots")
+	metaShardsKey     = []byte("m/shard/")
+	metaShardsEnd     = []byte("m/shard0") // '0' follows '/'
+	dataKeyPrefixN    = 3                  // 'k' and the shard
 )
 
 // dataKey is the Pebble key of key's entry.

@@ -66,10 +66,22 @@ type Options struct {
 	// live (grow.go), and opens at start those it added before. Default
 	// ArenaCount: no growth.
 	MaxArenaCount int
-	// IndexSlots is the number of home slots of the hash index, a power
-	// of two; size it for the expected keys at a load of 0.75 or less.
-	// Default 1<<18 (4 MiB of table).
+	// IndexSlots is the number of home slots the hash index starts with,
+	// a power of two. The index doubles while serving when its load
+	// reaches IndexGrowLoad, up to MaxIndexSlots, and a store that grew
+	// opens at its grown size. Default 1<<18 (4 MiB of table).
 	IndexSlots uint64
+	// MaxIndexSlots bounds the index's growth: at this size new keys are
+	// refused once its load reaches MaxIndexLoad (about 0.85 keys a
+	// slot). Each slot is 16 bytes of registered memory, and a growth
+	// holds the old table and the new one (three times the old size) for
+	// IndexRetireDelay. A power of two. Default 1<<26 (1 GiB of table,
+	// some 57 million keys); IndexSlots if that is larger.
+	MaxIndexSlots uint64
+	// IndexRetireDelay is how long the index region a growth replaced
+	// stays registered, so that readers that have not learnt of the new
+	// one yet (gossip takes a moment) are not cut off. Default 5s.
+	IndexRetireDelay time.Duration
 	// IndexGrace is how long a slot vacated by an index move stays intact
 	// before reuse. Default DefaultIndexGrace.
 	IndexGrace time.Duration
@@ -147,6 +159,12 @@ func (o Options) withDefaults() (Options, error) {
 	if o.IndexSlots == 0 {
 		o.IndexSlots = 1 << 18
 	}
+	if o.MaxIndexSlots == 0 {
+		o.MaxIndexSlots = max(1<<26, o.IndexSlots)
+	}
+	if o.IndexRetireDelay == 0 {
+		o.IndexRetireDelay = 5 * time.Second
+	}
 	if o.IndexGrace == 0 {
 		o.IndexGrace = DefaultIndexGrace
 	}
@@ -200,6 +218,10 @@ func (o Options) withDefaults() (Options, error) {
 		return o, fmt.Errorf("store: ArenaCount %d: must be 1 to %d", o.ArenaCount, proto.MaxArenas)
 	case o.MaxArenaCount < o.ArenaCount || o.MaxArenaCount > proto.MaxArenas:
 		return o, fmt.Errorf("store: MaxArenaCount %d: must be ArenaCount (%d) to %d", o.MaxArenaCount, o.ArenaCount, proto.MaxArenas)
+	case o.IndexSlots&(o.IndexSlots-1) != 0 || o.IndexSlots > 1<<40:
+		return o, fmt.Errorf("store: IndexSlots %d: must be a power of two up to 2^40", o.IndexSlots)
+	case o.MaxIndexSlots&(o.MaxIndexSlots-1) != 0 || o.MaxIndexSlots < o.IndexSlots || o.MaxIndexSlots > 1<<40:
+		return o, fmt.Errorf("store: MaxIndexSlots %d: must be a power of two, IndexSlots (%d) to 2^40", o.MaxIndexSlots, o.IndexSlots)
 	case o.LeaseSize < 4096 || o.LeaseSize%4096 != 0:
 		return o, fmt.Errorf("store: LeaseSize %d: must be a positive multiple of 4096", o.LeaseSize)
 	case o.SegmentSize < o.LeaseSize || o.SegmentSize%4096 != 0:

@@ -209,10 +209,17 @@ func shardWordsOf(region []byte, geo proto.IndexGeometry) []uint64 {
 }
 
 // setWord publishes shard sh's word (proto.ShardWord) with one aligned
-// 8-byte store.
-func (s *Store) setWord(sh proto.Shard, v uint64) { atomic.StoreUint64(&s.words[sh], v) }
+// 8-byte store, in the growing index region too, if any.
+func (s *Store) setWord(sh proto.Shard, v uint64) {
+	s.wordsMu.Lock()
+	defer s.wordsMu.Unlock()
+	atomic.StoreUint64(&s.region.Load().words[sh], v)
+	if s.nextWords != nil {
+		atomic.StoreUint64(&s.nextWords[sh], v)
+	}
+}
 
-func (s *Store) word(sh proto.Shard) uint64 { return atomic.LoadUint64(&s.words[sh]) }
+func (s *Store) word(sh proto.Shard) uint64 { return atomic.LoadUint64(&s.region.Load().words[sh]) }
 
 // ShardState returns shard sh's status.
 func (s *Store) ShardState(sh proto.Shard) ShardStatus {
@@ -375,9 +382,8 @@ func (s *Store) ActivateShards(shards []proto.Shard, since uint64) error {
 	if len(todo) == 0 && len(update) == 0 {
 		return nil
 	}
-	if limit := int(MaxIndexLoad * float64(s.opts.IndexSlots)); s.index.Len()+int(keys) > limit {
-		return fmt.Errorf("%w: activating %d shards of %d keys would take the index past %d keys (load %.2f); raise IndexSlots (%d)",
-			ErrIndexFull, len(todo), keys, limit, MaxIndexLoad, s.opts.IndexSlots)
+	if err := s.fitIndex(int(keys), activateIndexWait); err != nil {
+		return fmt.Errorf("activating %d shards: %w", len(todo), err)
 	}
 	indexed := 0
 	var done []proto.Shard

@@ -24,6 +24,7 @@ type statsCounters struct {
 	segmentsFreed   atomic.Uint64
 	segmentsCleaned atomic.Uint64 // emptied by the cleaner
 	cleanerMoved    atomic.Uint64 // record bytes the cleaner copied
+	indexGrowths    atomic.Uint64
 }
 
 func (c *statsCounters) observeBatch(n int, took time.Duration) {
@@ -51,8 +52,12 @@ type Stats struct {
 	Duplicates           uint64
 	Sessions             int
 	SessionsEvictedEarly uint64
-	IndexLoad            float64
-	IndexMoves           uint64
+	// The hash index: its load (keys / slots), its slots, the
+	// displacements it made and the times it grew.
+	IndexLoad    float64
+	IndexSlots   uint64
+	IndexMoves   uint64
+	IndexGrowths uint64
 	// Space, over all arenas: bytes of current records, bytes nothing
 	// reads any more (the cleaner's work), and bytes free for leases, of
 	// Capacity; segments free of all; and what it took: leases refused
@@ -86,7 +91,8 @@ func (s *Store) Stats() Stats {
 		SyncTime:      time.Duration(s.stats.syncNanos.Load()),
 		LeasesGranted: s.stats.leasesGranted.Load(), LeasesExpired: s.stats.leasesExpired.Load(),
 		Checkpoints: s.stats.checkpoints.Load(), Duplicates: s.stats.duplicates.Load(),
-		IndexLoad: s.index.LoadFactor(), IndexMoves: s.index.Moves(),
+		IndexLoad: s.index.LoadFactor(), IndexSlots: s.index.Geometry().Slots, IndexMoves: s.index.Moves(),
+		IndexGrowths: s.stats.indexGrowths.Load(),
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()

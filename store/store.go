@@ -50,12 +50,23 @@ type Store struct {
 	generation uint64
 	fatal      atomic.Pointer[error] // set once Pebble reported a fatal error
 
-	// indexMem is the index region clients READ: the hash table, then
-	// one word per shard (words).
-	indexMem *rdma.Memory
-	indexReg *rdma.Registration
-	index    *Index
-	words    []uint64
+	// region is the index region clients READ: the hash table, then one
+	// word per shard. A growth replaces it (indexgrow.go); the words are
+	// written under wordsMu, in the growing region's too (nextWords).
+	region    atomic.Pointer[indexRegion]
+	index     *Index
+	wordsMu   sync.Mutex
+	nextWords []uint64
+	// indexGrow asks the grower for a larger index; indexGrown is closed
+	// (and replaced, under mu) when a growth finishes; indexMoved
+	// delivers the new region; indexExtra counts the keys activations
+	// wait to add; retiring holds the regions replaced and not yet freed
+	// (under mu).
+	indexGrow  chan struct{}
+	indexGrown chan struct{}
+	indexMoved chan IndexInfo
+	indexExtra atomic.Int64
+	retiring   []*indexRegion
 	// activations numbers the activations of shards, for their words
 	// (proto.ShardWord).
 	activations atomic.Uint64
@@ -128,6 +139,9 @@ func Open(ctx context.Context, pd rdma.PD, registrar *rdma.Registrar, opts Optio
 		sess:        newSessionTable(opts.SessionTTL, opts.MaxSessions),
 		cleaner:     cleanerState{kick: make(chan struct{}, 1)},
 		freed:       make(chan struct{}),
+		indexGrow:   make(chan struct{}, 1),
+		indexGrown:  make(chan struct{}),
+		indexMoved:  make(chan IndexInfo, 1),
 	}
 	if err := s.open(ctx); err != nil {
 		if cerr := s.closeResources(); cerr != nil {
@@ -171,17 +185,21 @@ func (s *Store) open(ctx context.Context) error {
 	}
 	s.arenas.Store(&arenas)
 	s.newSegments()
-	geo := proto.IndexGeometry{Slots: opts.IndexSlots, Neighborhood: proto.DefaultNeighborhood, Seed: rand.Uint64()}
-	if s.indexMem, err = rdma.Alloc(geo.RegionBytes()); err != nil {
-		return fmt.Errorf("store: index region: %w", err)
-	}
-	region := s.indexMem.Bytes()
-	if s.index, err = NewIndex(region[:geo.TableBytes()], geo, s.keyAt, opts.IndexGrace); err != nil {
+	slots, err := s.indexSlotsAtOpen()
+	if err != nil {
 		return err
 	}
-	s.words = shardWordsOf(region, geo)
-	for i := range s.words {
-		atomic.StoreUint64(&s.words[i], 0)
+	geo := proto.IndexGeometry{Slots: slots, Neighborhood: proto.DefaultNeighborhood, Seed: rand.Uint64()}
+	if err := geo.Validate(); err != nil {
+		return fmt.Errorf("store: IndexSlots: %w", err)
+	}
+	region, err := newIndexRegion(geo)
+	if err != nil {
+		return err
+	}
+	s.region.Store(region)
+	if s.index, err = NewIndex(region.table(), geo, s.keyAt, opts.IndexGrace); err != nil {
+		return err
 	}
 	replayed, err := s.replayJournal()
 	if err != nil {
@@ -203,7 +221,7 @@ func (s *Store) open(ctx context.Context) error {
 	// after sharing the workers, the disk and the cores with the others;
 	// then the rest together. Each is announced as its own registration
 	// completes.
-	s.indexReg = s.registrar.Register(ctx, region, rdma.AccessRemoteRead)
+	region.reg = s.registrar.Register(ctx, region.mem.Bytes(), rdma.AccessRemoteRead)
 	s.arena(0).register(ctx, s.registrar)
 	go s.announce(s.arena(0))
 	s.wg.Add(1)
@@ -229,6 +247,9 @@ func (s *Store) open(ctx context.Context) error {
 	}
 	s.wg.Add(1)
 	go s.cleanLoop()
+	s.wg.Add(1)
+	go s.indexGrowLoop()
+	s.maybeGrowIndex(s.index.LoadFactor())
 	return nil
 }
 
@@ -325,12 +346,15 @@ type IndexInfo struct {
 // IndexRegion waits for the index region's registration and describes it:
 // the hash table (Geometry.TableBytes), then the shard words
 // (proto.ShardWordsBytes), Geometry.RegionBytes in all.
+//
+// The index grows while serving: IndexMoved delivers each new region.
 func (s *Store) IndexRegion(ctx context.Context) (IndexInfo, error) {
-	mr, err := s.indexReg.Wait(ctx)
+	r := s.region.Load()
+	mr, err := r.reg.Wait(ctx)
 	if err != nil {
 		return IndexInfo{}, err
 	}
-	return IndexInfo{Geometry: s.index.Geometry(), Addr: mr.Addr(), RKey: mr.RKey(), Generation: s.generation}, nil
+	return IndexInfo{Geometry: r.geo, Addr: mr.Addr(), RKey: mr.RKey(), Generation: s.generation}, nil
 }
 
 // Options returns the options in force, defaults filled in.
@@ -406,13 +430,11 @@ func (s *Store) close(checkpoint bool) error {
 // closeResources releases what Open took, as far as it got.
 func (s *Store) closeResources() error {
 	var errs []error
-	if s.indexReg != nil {
-		if err := s.indexReg.Release(); err != nil && !errors.Is(err, rdma.ErrClosed) {
-			errs = append(errs, err)
-		}
+	if r := s.region.Load(); r != nil {
+		errs = append(errs, r.release())
 	}
-	if s.indexMem != nil {
-		errs = append(errs, s.indexMem.Close())
+	for _, r := range s.retiring {
+		errs = append(errs, r.release())
 	}
 	for _, a := range s.arenaList() {
 		errs = append(errs, a.close())
@@ -523,7 +545,7 @@ func (s *Store) rebuild() (int, error) {
 		}
 		a.setState(e.loc.Offset, proto.RecordLive)
 		if _, _, err := s.index.Put(append([]byte(nil), key...), e.loc); err != nil {
-			return n, fmt.Errorf("store: rebuilding the index: %w: raise IndexSlots (rkv-server --index-slots), now %d", err, s.opts.IndexSlots)
+			return n, fmt.Errorf("store: rebuilding the index: %w: raise IndexSlots (rkv-server --index-slots), now %d", err, s.index.Geometry().Slots)
 		}
 		if ss := unresolved[sessKey{sh, e.version}]; ss != nil {
 			ss.loc = e.loc

@@ -29,6 +29,7 @@ type options struct {
 	MaxArenaCount       int
 	ArenaCount          int
 	IndexSlots          uint64
+	MaxIndexSlots       uint64
 	LeaseSize           int64
 	SegmentSize         int64
 	Sync                string
@@ -130,7 +131,8 @@ func newFlagSet(o *options) *pflag.FlagSet {
 	fs.Var(newSize(&o.ArenaSize, 64<<20), "arena-size", "size of each arena file, a multiple of --segment-size")
 	fs.IntVar(&o.ArenaCount, "arena-count", 4, "number of arenas a new store starts with")
 	fs.IntVar(&o.MaxArenaCount, "max-arena-count", 0, "arenas the store may grow to while serving, adding one when free space runs short with 70% of it live (0: --arena-count, no growth)")
-	fs.Uint64Var(&o.IndexSlots, "index-slots", 1<<18, "home slots of the one-sided hash index, a power of two (16 bytes each)")
+	fs.Uint64Var(&o.IndexSlots, "index-slots", 1<<18, "home slots the one-sided hash index starts with, a power of two (16 bytes each); it doubles while serving at load 0.6")
+	fs.Uint64Var(&o.MaxIndexSlots, "max-index-slots", 1<<26, "home slots the hash index may grow to, a power of two; new keys are refused at load 0.85 of it")
 	fs.Var(newSize(&o.LeaseSize, 1<<20), "lease-size", "largest write lease, and so the largest record: values up to it less 1056 bytes (writers ask for what they need, from 4KiB)")
 	fs.Var(newSize(&o.SegmentSize, 0), "segment-size", "unit the arenas are carved and cleaned in, a multiple of 4KiB and at least --lease-size (0: 4 leases, or one when that does not divide --arena-size); keep it across restarts")
 	fs.StringVar(&o.Sync, "sync", "always", "durability: always (fsync before ack), batch (every 10ms), none")
@@ -309,6 +311,9 @@ func (o *options) validate() error {
 	}
 	if o.IndexSlots == 0 || o.IndexSlots&(o.IndexSlots-1) != 0 {
 		return fmt.Errorf("--index-slots %d: must be a power of two", o.IndexSlots)
+	}
+	if o.MaxIndexSlots&(o.MaxIndexSlots-1) != 0 || o.MaxIndexSlots < o.IndexSlots {
+		return fmt.Errorf("--max-index-slots %d: must be a power of two, at least --index-slots %d", o.MaxIndexSlots, o.IndexSlots)
 	}
 	if o.LeaseSize <= 0 || o.ArenaSize <= 0 || o.ArenaSize%o.LeaseSize != 0 {
 		return fmt.Errorf("--arena-size %d must be a positive multiple of --lease-size %d", o.ArenaSize, o.LeaseSize)

@@ -90,6 +90,7 @@ func run(args []string, environ []string, stdout, stderr io.Writer, sigs <-chan 
 			ArenaCount:    o.ArenaCount,
 			MaxArenaCount: o.MaxArenaCount,
 			IndexSlots:    o.IndexSlots,
+			MaxIndexSlots: o.MaxIndexSlots,
 			LeaseSize:     o.LeaseSize,
 			SegmentSize:   o.SegmentSize,
 			Sync:          o.syncMode,

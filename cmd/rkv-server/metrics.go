@@ -27,7 +27,7 @@ type collector struct {
 	segmentsFreed, segmentsCleaned, cleanerMoved, committedBytes      *prometheus.Desc
 	leasesActive, leasesGranted, leasesExpired, leasesRefused         *prometheus.Desc
 	commits, commitsRejected, deletes, batches, syncSeconds           *prometheus.Desc
-	keys, indexLoad, indexMoves                                       *prometheus.Desc
+	keys, indexLoad, indexMoves, indexSlots, indexGrowths             *prometheus.Desc
 	handled, refused, connections, generation                         *prometheus.Desc
 }
 
@@ -63,6 +63,8 @@ func newCollector(srv *server.Server) *collector {
 		keys:            d("keys", "Keys stored."),
 		indexLoad:       d("index_load_ratio", "Hash index load factor."),
 		indexMoves:      d("index_moves_total", "Hopscotch displacements."),
+		indexSlots:      d("index_slots", "Home slots of the hash index (it doubles while serving)."),
+		indexGrowths:    d("index_growths_total", "Times the hash index grew while serving."),
 		handled:         d("control_requests_total", "Control RPC requests handled, by type.", "type"),
 		refused:         d("control_errors_total", "Control RPC requests answered with an error, by its code (Hellos refused included).", "code"),
 		connections:     d("control_connections", "Open control connections."),
@@ -124,6 +126,8 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	gauge(c.keys, float64(st.Keys))
 	gauge(c.indexLoad, st.IndexLoad)
 	counter(c.indexMoves, float64(st.IndexMoves))
+	gauge(c.indexSlots, float64(st.IndexSlots))
+	counter(c.indexGrowths, float64(st.IndexGrowths))
 
 	ss := c.srv.Stats()
 	for _, t := range []proto.MsgType{proto.MsgHello, proto.MsgGrantLease, proto.MsgCommit, proto.MsgDelete, proto.MsgScan, proto.MsgEndLease, proto.MsgStats} {
