@@ -44,18 +44,23 @@ var (
 // directory is never taken back: its name rejoins with another one. It is a pure function
 // of m and c, so every replica of the log computes the same maps.
 //
-// The first AddServer bootstraps the map: epoch 1, that server the owner
-// of every shard, the cluster ID derived from its ID. A shard changes
-// owner only by FinishMoves (to the target that copied it, Origin = the
-// move's start) or by a forced RemoveServer of its owner (to the least
-// loaded active server, Origin 0: empty).
+// The first AddServer bootstraps the map: epoch 1, one replica, that
+// server the owner of every shard, the cluster ID derived from its ID. A
+// shard changes primary only by FinishMoves (a replacement of the
+// primary: to the target that copied it, Origin = the move's start; a
+// promotion: to the backup named, with its copy) or by a forced
+// RemoveServer of its primary (to its first backup, with that backup's
+// copy; with none, to the least loaded active server, Origin 0: empty).
+// Replicas are added (an add-replica move's finish) and replaced by
+// moves, dropped by DropReplicas; SetReplicas sets how many there should
+// be (Plan and PlanDrops get there).
 func Apply(m *Map, c *proto.MapCommand) (*Map, error) {
 	d := newDraft(m)
 	var changed bool
 	var err error
 	switch c.Op {
 	case proto.MapAddServer:
-		changed, err = d.addServer(c.Server.Name, c.Server.ID)
+		changed, err = d.addServer(c.Server.Name, c.Server.ID, c.Server.Zone)
 	case proto.MapDrainServer:
 		changed, err = d.drainServer(c.Server.Name)
 	case proto.MapRemoveServer:
@@ -68,6 +73,10 @@ func Apply(m *Map, c *proto.MapCommand) (*Map, error) {
 		changed, err = d.finishMoves(c.Moves)
 	case proto.MapAbortMoves:
 		changed, err = d.abortMoves(c.Moves)
+	case proto.MapSetReplicas:
+		changed, err = d.setReplicas(c.Replicas)
+	case proto.MapDropReplicas:
+		changed, err = d.dropReplicas(c.Moves)
 	default:
 		err = fmt.Errorf("clustermap: unknown map op %v", c.Op)
 	}
@@ -80,30 +89,32 @@ func Apply(m *Map, c *proto.MapCommand) (*Map, error) {
 // draft is a map being changed, with names instead of indexes.
 type draft struct {
 	epoch, cluster uint64 // epoch is the new map's
+	replicas       int
 	servers        []proto.MapServer
 	shards         []draftShard
 }
 
 type draftShard struct {
-	owners        []string
-	since, origin uint64
-	move          *Move // From unused: the owner is owners[0]
+	owners  []string
+	origins []uint64 // parallel to owners
+	since   uint64
+	move    *Move
 }
 
 func newDraft(m *Map) *draft {
-	d := &draft{epoch: m.Epoch() + 1, cluster: m.ClusterID(), servers: m.Servers()}
+	d := &draft{epoch: m.Epoch() + 1, cluster: m.ClusterID(), replicas: m.Replicas(), servers: m.Servers()}
 	if m.Bootstrapped() {
 		d.shards = make([]draftShard, proto.NumShards)
 		for s := range d.shards {
 			sh := m.Shard(proto.Shard(s))
-			d.shards[s] = draftShard{owners: sh.Owners, since: sh.Since, origin: sh.Origin, move: sh.Move}
+			d.shards[s] = draftShard{owners: sh.Owners, origins: sh.Origins, since: sh.Since, move: sh.Move}
 		}
 	}
 	return d
 }
 
 func (d *draft) build() (*Map, error) {
-	pm := &proto.ClusterMap{Epoch: d.epoch, ClusterID: d.cluster, Servers: d.servers}
+	pm := &proto.ClusterMap{Epoch: d.epoch, ClusterID: d.cluster, Replicas: d.replicas, Servers: d.servers}
 	slices.SortFunc(pm.Servers, func(a, b proto.MapServer) int { return strings.Compare(a.Name, b.Name) })
 	index := make(map[string]uint16, len(pm.Servers))
 	for i, s := range pm.Servers {
@@ -112,12 +123,12 @@ func (d *draft) build() (*Map, error) {
 	if d.shards != nil {
 		pm.Shards = make([]proto.MapShard, len(d.shards))
 		for s, sh := range d.shards {
-			ps := proto.MapShard{Owners: make([]uint16, len(sh.owners)), Since: sh.since, Origin: sh.origin}
+			ps := proto.MapShard{Owners: make([]uint16, len(sh.owners)), Origins: slices.Clone(sh.origins), Since: sh.since}
 			for i, o := range sh.owners {
 				ps.Owners[i] = index[o]
 			}
 			if mv := sh.move; mv != nil {
-				ps.Move = &proto.ShardMove{To: index[mv.To], Phase: mv.Phase, Started: mv.Started}
+				ps.Move = &proto.ShardMove{Kind: mv.Kind, From: index[mv.From], To: index[mv.To], Phase: mv.Phase, Started: mv.Started}
 			}
 			pm.Shards[s] = ps
 		}
@@ -139,7 +150,7 @@ func (d *draft) server(name string) *proto.MapServer {
 	return nil
 }
 
-func (d *draft) addServer(name, id string) (bool, error) {
+func (d *draft) addServer(name, id, zone string) (bool, error) {
 	if name == "" || id == "" {
 		return false, fmt.Errorf("clustermap: adding a server needs a name and an ID (got %q, %q)", name, id)
 	}
@@ -154,22 +165,65 @@ func (d *draft) addServer(name, id string) (bool, error) {
 	if s := d.server(name); s != nil {
 		switch {
 		case s.State == proto.ServerRemoved: // the name rejoins, empty
-			*s = proto.MapServer{Name: name, ID: id, State: proto.ServerActive, Added: d.epoch}
+			*s = proto.MapServer{Name: name, ID: id, State: proto.ServerActive, Added: d.epoch, Zone: zone}
 			return true, nil
 		case s.ID != id:
 			return false, fmt.Errorf("%w: %s is in the map with data directory ID %s, not %s (a server that lost its data dir must be forgotten first)", ErrIDMismatch, name, s.ID, id)
+		case s.Zone != zone: // a label: restarted with another --zone
+			s.Zone = zone
+			return true, nil
 		}
 		return false, nil
 	}
-	d.servers = append(d.servers, proto.MapServer{Name: name, ID: id, State: proto.ServerActive, Added: d.epoch})
+	d.servers = append(d.servers, proto.MapServer{Name: name, ID: id, State: proto.ServerActive, Added: d.epoch, Zone: zone})
 	if d.shards == nil { // the bootstrap
 		d.cluster = xxhash.Sum64String(id+"/"+name) | 1
 		d.shards = make([]draftShard, proto.NumShards)
 		for s := range d.shards {
-			d.shards[s] = draftShard{owners: []string{name}, since: d.epoch}
+			d.shards[s] = draftShard{owners: []string{name}, origins: []uint64{0}, since: d.epoch}
 		}
 	}
 	return true, nil
+}
+
+// setReplicas sets how many copies of each shard the cluster keeps; the
+// planner then adds or drops replicas.
+func (d *draft) setReplicas(n int) (bool, error) {
+	if n < 1 || n > proto.MaxShardOwners {
+		return false, fmt.Errorf("clustermap: %d replicas: must be 1 to %d", n, proto.MaxShardOwners)
+	}
+	changed := d.replicas != n
+	d.replicas = n
+	return changed, nil
+}
+
+// dropReplicas removes each move's From from its shard's backups. A
+// primary is never dropped (promote another first), nor an owner a move
+// of the shard involves.
+func (d *draft) dropReplicas(drops []proto.MoveCommand) (bool, error) {
+	if d.shards == nil {
+		return false, ErrNotBootstrapped
+	}
+	for _, mc := range drops {
+		sh := &d.shards[mc.Shard]
+		i := slices.Index(sh.owners, mc.From)
+		switch {
+		case i < 0:
+			return false, fmt.Errorf("%w: shard %d has no replica on %s to drop", ErrBadMove, mc.Shard, mc.From)
+		case i == 0:
+			return false, fmt.Errorf("%w: shard %d: %s is its primary, which is never dropped", ErrBadMove, mc.Shard, mc.From)
+		case sh.move != nil && (sh.move.From == mc.From || sh.move.To == mc.From):
+			return false, fmt.Errorf("%w: shard %d: %s takes part in its %v move", ErrBadMove, mc.Shard, mc.From, sh.move.Kind)
+		}
+	}
+	for _, mc := range drops {
+		sh := &d.shards[mc.Shard]
+		if i := slices.Index(sh.owners, mc.From); i > 0 {
+			sh.owners = slices.Delete(slices.Clone(sh.owners), i, i+1)
+			sh.origins = slices.Delete(slices.Clone(sh.origins), i, i+1)
+		}
+	}
+	return len(drops) > 0, nil
 }
 
 func (d *draft) drainServer(name string) (bool, error) {
@@ -209,12 +263,12 @@ func (d *draft) removeServer(name string, force bool) (bool, error) {
 		if slices.Contains(sh.owners, name) {
 			owned++
 		}
-		if sh.move != nil && (sh.move.To == name || sh.owners[0] == name) {
+		if sh.move != nil && (sh.move.To == name || sh.move.From == name) {
 			moving++
 		}
 	}
 	if (owned > 0 || moving > 0) && !force {
-		return false, fmt.Errorf("%w: %s owns %d shards and takes part in %d moves: drain it first, or force its removal (its shards then start empty elsewhere)", ErrServerBusy, name, owned, moving)
+		return false, fmt.Errorf("%w: %s holds %d shards and takes part in %d moves: drain it first, or force its removal (a shard it was the primary of then goes to a backup, or starts empty elsewhere if it has none)", ErrServerBusy, name, owned, moving)
 	}
 	if owned > 0 && d.activeExcept(name) == 0 {
 		return false, fmt.Errorf("%w: the shards of %s would have nowhere to go", ErrLastServer, name)
@@ -223,19 +277,26 @@ func (d *draft) removeServer(name string, force bool) (bool, error) {
 	counts := d.counts()
 	for s := range d.shards {
 		sh := &d.shards[s]
-		if sh.move != nil && (sh.move.To == name || sh.owners[0] == name) {
+		if sh.move != nil && (sh.move.To == name || sh.move.From == name) {
 			sh.move = nil
 		}
-		if !slices.Contains(sh.owners, name) {
+		i := slices.Index(sh.owners, name)
+		if i < 0 {
 			continue
 		}
-		sh.owners = slices.DeleteFunc(slices.Clone(sh.owners), func(o string) bool { return o == name })
-		if len(sh.owners) == 0 {
+		sh.owners = slices.Delete(slices.Clone(sh.owners), i, i+1)
+		sh.origins = slices.Delete(slices.Clone(sh.origins), i, i+1)
+		switch {
+		case len(sh.owners) == 0: // its only copy is lost
 			to := d.leastLoaded(counts)
 			counts[to]++
-			sh.owners = []string{to}
+			sh.owners, sh.origins, sh.since = []string{to}, []uint64{0}, d.epoch
+		case i == 0: // a backup takes over, with its copy
+			sh.since = d.epoch
 		}
-		sh.since, sh.origin = d.epoch, 0
+		if i == 0 {
+			sh.move = nil // every move copies from or hands over with the primary
+		}
 	}
 	return true, nil
 }
@@ -272,24 +333,40 @@ func (d *draft) startMoves(moves []proto.MoveCommand) (bool, error) {
 	for _, mc := range moves {
 		sh := &d.shards[mc.Shard]
 		to := d.server(mc.To)
+		kind := moveKind(mc)
 		switch {
 		case seen[mc.Shard]:
 			return false, fmt.Errorf("%w: shard %d twice", ErrBadMove, mc.Shard)
-		case sh.owners[0] != mc.From:
-			return false, fmt.Errorf("%w: shard %d is owned by %s, not %s", ErrBadMove, mc.Shard, sh.owners[0], mc.From)
 		case sh.move != nil:
 			return false, fmt.Errorf("%w: shard %d is already moving to %s", ErrBadMove, mc.Shard, sh.move.To)
 		case to == nil || to.State != proto.ServerActive:
 			return false, fmt.Errorf("%w: shard %d: target %q is not an active server", ErrBadMove, mc.Shard, mc.To)
-		case slices.Contains(sh.owners, mc.To):
+		case kind == proto.MoveReplace && !slices.Contains(sh.owners, mc.From):
+			return false, fmt.Errorf("%w: shard %d has no replica on %s to replace (owners %v)", ErrBadMove, mc.Shard, mc.From, sh.owners)
+		case kind != proto.MoveReplace && sh.owners[0] != mc.From:
+			return false, fmt.Errorf("%w: shard %d's primary is %s, not %s", ErrBadMove, mc.Shard, sh.owners[0], mc.From)
+		case kind == proto.MovePromote && !slices.Contains(sh.owners[1:], mc.To):
+			return false, fmt.Errorf("%w: shard %d: %s is not a backup of it to promote (owners %v)", ErrBadMove, mc.Shard, mc.To, sh.owners)
+		case kind != proto.MovePromote && slices.Contains(sh.owners, mc.To):
 			return false, fmt.Errorf("%w: shard %d: %s already holds it", ErrBadMove, mc.Shard, mc.To)
+		case kind == proto.MoveAddReplica && len(sh.owners) >= proto.MaxShardOwners:
+			return false, fmt.Errorf("%w: shard %d has %d replicas already", ErrBadMove, mc.Shard, len(sh.owners))
 		}
 		seen[mc.Shard] = true
 	}
 	for _, mc := range moves {
-		d.shards[mc.Shard].move = &Move{Shard: mc.Shard, To: mc.To, Phase: proto.MoveCopying, Started: d.epoch}
+		d.shards[mc.Shard].move = &Move{Shard: mc.Shard, Kind: moveKind(mc), From: mc.From, To: mc.To, Phase: proto.MoveCopying, Started: d.epoch}
 	}
 	return len(moves) > 0, nil
+}
+
+// moveKind is mc's kind: a replacement when it names none (commands of
+// version 1).
+func moveKind(mc proto.MoveCommand) proto.MoveKind {
+	if mc.Kind == 0 {
+		return proto.MoveReplace
+	}
+	return mc.Kind
 }
 
 // matching returns the shard of a freeze, finish or abort command if the
@@ -299,8 +376,8 @@ func (d *draft) matching(mc proto.MoveCommand) (*draftShard, error) {
 		return nil, ErrNotBootstrapped
 	}
 	sh := &d.shards[mc.Shard]
-	if mv := sh.move; mv == nil || sh.owners[0] != mc.From || mv.To != mc.To || mv.Started != mc.Started {
-		return nil, fmt.Errorf("%w: no move of shard %d from %s to %s started at epoch %d", ErrBadMove, mc.Shard, mc.From, mc.To, mc.Started)
+	if mv := sh.move; mv == nil || mv.Kind != moveKind(mc) || mv.From != mc.From || mv.To != mc.To || mv.Started != mc.Started {
+		return nil, fmt.Errorf("%w: no %v move of shard %d from %s to %s started at epoch %d", ErrBadMove, moveKind(mc), mc.Shard, mc.From, mc.To, mc.Started)
 	}
 	return sh, nil
 }
@@ -320,6 +397,10 @@ func (d *draft) freezeMoves(moves []proto.MoveCommand) (bool, error) {
 	return changed, nil
 }
 
+// finishMoves ends frozen moves: a replacement puts the target in its
+// owner's place (the primary's, with a new since, when it replaced the
+// primary), an added replica joins the owners last, a promotion swaps the
+// target and the primary. The target's origin is the move's start.
 func (d *draft) finishMoves(moves []proto.MoveCommand) (bool, error) {
 	for _, mc := range moves {
 		sh, err := d.matching(mc)
@@ -332,7 +413,23 @@ func (d *draft) finishMoves(moves []proto.MoveCommand) (bool, error) {
 	}
 	for _, mc := range moves {
 		sh := &d.shards[mc.Shard]
-		sh.owners, sh.since, sh.origin, sh.move = []string{mc.To}, d.epoch, mc.Started, nil
+		owners, origins := slices.Clone(sh.owners), slices.Clone(sh.origins)
+		switch sh.move.Kind {
+		case proto.MoveReplace:
+			i := slices.Index(owners, mc.From)
+			owners[i], origins[i] = mc.To, mc.Started
+			if i == 0 {
+				sh.since = d.epoch
+			}
+		case proto.MoveAddReplica:
+			owners, origins = append(owners, mc.To), append(origins, mc.Started)
+		case proto.MovePromote:
+			j := slices.Index(owners, mc.To)
+			owners[0], owners[j] = owners[j], owners[0]
+			origins[0], origins[j] = origins[j], origins[0]
+			sh.since = d.epoch
+		}
+		sh.owners, sh.origins, sh.move = owners, origins, nil
 	}
 	return len(moves) > 0, nil
 }

@@ -3,6 +3,7 @@ package clustermap
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"testing"
 
 	"pgregory.net/rapid"
@@ -246,7 +247,11 @@ func TestApplyProperties(t *testing.T) {
 		m := must(t, Empty, add("a"))
 		for range rapid.IntRange(1, 60).Draw(t, "steps") {
 			var c *proto.MapCommand
-			switch rapid.IntRange(0, 6).Draw(t, "op") {
+			switch rapid.IntRange(0, 8).Draw(t, "op") {
+			case 7:
+				c = setReplicas(rapid.IntRange(1, 4).Draw(t, "replicas"))
+			case 8:
+				c = &proto.MapCommand{Op: proto.MapDropReplicas, Moves: PlanDrops(m)}
 			case 0:
 				c = add(rapid.SampledFrom(names).Draw(t, "name"))
 			case 1:
@@ -288,14 +293,24 @@ func TestApplyProperties(t *testing.T) {
 				if was.Owner() == is.Owner() {
 					continue
 				}
+				// The new primary's copy: the one it had as a backup, or
+				// the one the move copied, or none.
+				origin := uint64(0)
+				if i := slices.Index(was.Owners, is.Owner()); i > 0 {
+					origin = was.Origins[i]
+				}
 				switch {
-				case c.Op == proto.MapFinishMoves:
-					if was.Move == nil || was.Move.To != is.Owner() || is.Origin != was.Move.Started || is.Since != next.Epoch() {
+				case c.Op == proto.MapFinishMoves && was.Move != nil && was.Move.Kind == proto.MoveReplace:
+					if was.Move.From != was.Owner() || was.Move.To != is.Owner() || is.Origin != was.Move.Started || is.Since != next.Epoch() {
 						t.Fatalf("shard %d: %s -> %s by a finish, was %+v, is %+v", s, was.Owner(), is.Owner(), was.Move, is)
 					}
+				case c.Op == proto.MapFinishMoves && was.Move != nil && was.Move.Kind == proto.MovePromote:
+					if was.Move.To != is.Owner() || is.Origin != origin || is.Since != next.Epoch() || !slices.Contains(is.Owners, was.Owner()) {
+						t.Fatalf("shard %d: %s -> %s by a promotion, was %+v, is %+v", s, was.Owner(), is.Owner(), was, is)
+					}
 				case c.Op == proto.MapRemoveServer && c.Force && was.Owner() == c.Server.Name:
-					if is.Origin != 0 || is.Since != next.Epoch() {
-						t.Fatalf("shard %d: forced to %s with origin %d", s, is.Owner(), is.Origin)
+					if is.Origin != origin || is.Since != next.Epoch() {
+						t.Fatalf("shard %d: forced to %s with origin %d, want %d (its copy)", s, is.Owner(), is.Origin, origin)
 					}
 				default:
 					t.Fatalf("shard %d changed owner %s -> %s by %v", s, was.Owner(), is.Owner(), c.Op)

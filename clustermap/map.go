@@ -19,17 +19,20 @@ type Map struct {
 }
 
 // Empty is the map before the first server bootstraps the cluster.
-var Empty = &Map{byName: map[string]int{}}
+var Empty = &Map{pm: proto.ClusterMap{Replicas: 1}, byName: map[string]int{}}
 
 // Server is one server of the map.
 type Server = proto.MapServer
 
 // Shard is one shard's assignment, with server names.
 type Shard struct {
-	Owners []string // primary first
-	Since  uint64   // the epoch that set Owners: the owner's shard word while it serves
-	Origin uint64   // the Started of the move the owner copied it in by; 0: it got it empty
-	Move   *Move    // nil, or the move in progress
+	Owners []string // the replicas, primary first
+	Since  uint64   // the epoch that made Owners[0] the primary: its shard word while it serves
+	Origin uint64   // the primary's origin: the Started of the move it copied the shard in by; 0: it got it empty
+	// Origins are every owner's, parallel to Owners (Origins[0] is
+	// Origin).
+	Origins []uint64
+	Move    *Move // nil, or the move in progress
 }
 
 // Owner is the shard's primary.
@@ -37,8 +40,12 @@ func (s Shard) Owner() string { return s.Owners[0] }
 
 // Move is a shard's move in progress.
 type Move struct {
-	Shard   proto.Shard
-	From    string // the owner
+	Shard proto.Shard
+	Kind  proto.MoveKind
+	// From is the owner the move is about: the one a replacement
+	// replaces, the primary otherwise (that an added replica copies from,
+	// that a promotion demotes).
+	From    string
 	To      string
 	Phase   proto.MovePhase
 	Started uint64
@@ -46,7 +53,7 @@ type Move struct {
 
 // Command returns the move command naming m.
 func (m Move) Command() proto.MoveCommand {
-	return proto.MoveCommand{Shard: m.Shard, From: m.From, To: m.To, Started: m.Started}
+	return proto.MoveCommand{Shard: m.Shard, Kind: m.Kind, From: m.From, To: m.To, Started: m.Started}
 }
 
 // FromProto makes a Map of a decoded map, after checking it.
@@ -114,15 +121,26 @@ func (m *Map) ServerByID(id string) (Server, bool) {
 // bootstrapped or a shard out of range, as indexing would.
 func (m *Map) Shard(s proto.Shard) Shard {
 	sh := &m.pm.Shards[s]
-	out := Shard{Owners: make([]string, len(sh.Owners)), Since: sh.Since, Origin: sh.Origin}
+	out := Shard{Owners: make([]string, len(sh.Owners)), Since: sh.Since, Origin: sh.Origins[0], Origins: slices.Clone(sh.Origins)}
 	for i, o := range sh.Owners {
 		out.Owners[i] = m.pm.Servers[o].Name
 	}
-	if mv := sh.Move; mv != nil {
-		out.Move = &Move{Shard: s, From: out.Owners[0], To: m.pm.Servers[mv.To].Name, Phase: mv.Phase, Started: mv.Started}
-	}
+	out.Move = m.move(s)
 	return out
 }
+
+// move is shard s's move, nil when none.
+func (m *Map) move(s proto.Shard) *Move {
+	mv := m.pm.Shards[s].Move
+	if mv == nil {
+		return nil
+	}
+	return &Move{Shard: s, Kind: mv.Kind, From: m.pm.Servers[mv.From].Name, To: m.pm.Servers[mv.To].Name, Phase: mv.Phase, Started: mv.Started}
+}
+
+// Replicas is how many copies of each shard the cluster keeps, where it
+// has that many servers.
+func (m *Map) Replicas() int { return m.pm.Replicas }
 
 // Owner returns the name of shard s's primary, and the epoch since which
 // it owns it; "" before the bootstrap.
@@ -149,13 +167,27 @@ func (m *Map) Owned(name string) []proto.Shard {
 	return out
 }
 
+// Holds returns how many shards name holds a replica of.
+func (m *Map) Holds(name string) int {
+	i, ok := m.byName[name]
+	if !ok {
+		return 0
+	}
+	n := 0
+	for _, sh := range m.pm.Shards {
+		if slices.Contains(sh.Owners, uint16(i)) {
+			n++
+		}
+	}
+	return n
+}
+
 // Moves returns the moves in progress, by shard.
 func (m *Map) Moves() []Move {
 	var out []Move
-	for s, sh := range m.pm.Shards {
-		if mv := sh.Move; mv != nil {
-			out = append(out, Move{Shard: proto.Shard(s), From: m.pm.Servers[sh.Owners[0]].Name,
-				To: m.pm.Servers[mv.To].Name, Phase: mv.Phase, Started: mv.Started})
+	for s := range m.pm.Shards {
+		if mv := m.move(proto.Shard(s)); mv != nil {
+			out = append(out, *mv)
 		}
 	}
 	return out

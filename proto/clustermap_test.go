@@ -8,28 +8,36 @@ import (
 	"testing"
 )
 
-// testMap is a bootstrapped map of three servers with one shard moving.
+// testMap is a bootstrapped map of three servers, R=3, with moves of each
+// kind in progress.
 func testMap() *ClusterMap {
 	m := &ClusterMap{
 		Epoch:     9,
 		ClusterID: 0xfeed,
+		Replicas:  3,
 		Servers: []MapServer{
-			{Name: "node1", ID: "aaaaaaaaaaaaaaaa", State: ServerActive, Added: 1},
+			{Name: "node1", ID: "aaaaaaaaaaaaaaaa", State: ServerActive, Added: 1, Zone: "rack-a"},
 			{Name: "node2", ID: "bbbbbbbbbbbbbbbb", State: ServerActive, Added: 2},
-			{Name: "node3", ID: "cccccccccccccccc", State: ServerDraining, Added: 3},
+			{Name: "node3", ID: "cccccccccccccccc", State: ServerDraining, Added: 3, Zone: "rack-b"},
 		},
 		Shards: make([]MapShard, NumShards),
 	}
 	for i := range m.Shards {
-		m.Shards[i] = MapShard{Owners: []uint16{uint16(i % 3)}, Since: uint64(1 + i%9), Origin: uint64(i % 9)}
+		m.Shards[i] = MapShard{Owners: []uint16{uint16(i % 3)}, Origins: []uint64{uint64(i % 9)}, Since: uint64(1 + i%9)}
 	}
-	m.Shards[5].Move = &ShardMove{To: 0, Phase: MoveFrozen, Started: 8}
-	m.Shards[6].Move = &ShardMove{To: 1, Phase: MoveCopying, Started: 9}
+	m.Shards[5].Move = &ShardMove{Kind: MoveReplace, From: 2, To: 0, Phase: MoveFrozen, Started: 8}
+	m.Shards[6].Move = &ShardMove{Kind: MoveReplace, From: 0, To: 1, Phase: MoveCopying, Started: 9}
+	m.Shards[7] = MapShard{Owners: []uint16{1, 2, 0}, Origins: []uint64{0, 4, 6}, Since: 2,
+		Move: &ShardMove{Kind: MovePromote, From: 1, To: 0, Phase: MoveFrozen, Started: 8}}
+	m.Shards[8] = MapShard{Owners: []uint16{2, 0}, Origins: []uint64{3, 5}, Since: 5,
+		Move: &ShardMove{Kind: MoveAddReplica, From: 2, To: 1, Phase: MoveCopying, Started: 8}}
+	m.Shards[9] = MapShard{Owners: []uint16{0, 1}, Origins: []uint64{0, 5}, Since: 1,
+		Move: &ShardMove{Kind: MoveReplace, From: 1, To: 2, Phase: MoveCopying, Started: 7}}
 	return m
 }
 
 func TestClusterMapRoundTrip(t *testing.T) {
-	for _, m := range []*ClusterMap{testMap(), {}, {Epoch: 1, ClusterID: 7, Servers: testMap().Servers}} {
+	for _, m := range []*ClusterMap{testMap(), {Replicas: 1}, {Epoch: 1, ClusterID: 7, Replicas: 2, Servers: testMap().Servers}} {
 		b, err := EncodeClusterMap(m)
 		if err != nil {
 			t.Fatal(err)
@@ -51,23 +59,40 @@ func TestClusterMapRoundTrip(t *testing.T) {
 
 func TestClusterMapValidate(t *testing.T) {
 	for name, mutate := range map[string]func(m *ClusterMap){
-		"unsorted servers":   func(m *ClusterMap) { m.Servers[0], m.Servers[1] = m.Servers[1], m.Servers[0] },
-		"duplicate server":   func(m *ClusterMap) { m.Servers[1].Name = "node1" },
-		"empty name":         func(m *ClusterMap) { m.Servers[0].Name = "" },
-		"empty ID":           func(m *ClusterMap) { m.Servers[0].ID = "" },
-		"state 0":            func(m *ClusterMap) { m.Servers[0].State = 0 },
-		"few shards":         func(m *ClusterMap) { m.Shards = m.Shards[:10] },
-		"no owner":           func(m *ClusterMap) { m.Shards[3].Owners = nil },
-		"owner out of list":  func(m *ClusterMap) { m.Shards[3].Owners = []uint16{3} },
-		"owner twice":        func(m *ClusterMap) { m.Shards[3].Owners = []uint16{1, 1} },
-		"since 0":            func(m *ClusterMap) { m.Shards[3].Since = 0 },
-		"since future":       func(m *ClusterMap) { m.Shards[3].Since = m.Epoch + 1 },
-		"move to owner":      func(m *ClusterMap) { m.Shards[0].Move = &ShardMove{To: 0, Phase: MoveCopying, Started: 9} },
-		"move nowhere":       func(m *ClusterMap) { m.Shards[0].Move = &ShardMove{To: 7, Phase: MoveCopying, Started: 9} },
-		"move phase 0":       func(m *ClusterMap) { m.Shards[0].Move = &ShardMove{To: 1, Started: 9} },
-		"move before since":  func(m *ClusterMap) { m.Shards[8].Move = &ShardMove{To: 1, Phase: MoveCopying, Started: 1} },
-		"origin after since": func(m *ClusterMap) { m.Shards[3].Origin = m.Shards[3].Since },
-		"shards, no server":  func(m *ClusterMap) { m.Servers = nil },
+		"unsorted servers":  func(m *ClusterMap) { m.Servers[0], m.Servers[1] = m.Servers[1], m.Servers[0] },
+		"duplicate server":  func(m *ClusterMap) { m.Servers[1].Name = "node1" },
+		"empty name":        func(m *ClusterMap) { m.Servers[0].Name = "" },
+		"empty ID":          func(m *ClusterMap) { m.Servers[0].ID = "" },
+		"state 0":           func(m *ClusterMap) { m.Servers[0].State = 0 },
+		"few shards":        func(m *ClusterMap) { m.Shards = m.Shards[:10] },
+		"no owner":          func(m *ClusterMap) { m.Shards[3].Owners = nil },
+		"owner out of list": func(m *ClusterMap) { m.Shards[3].Owners = []uint16{3} },
+		"owner twice":       func(m *ClusterMap) { m.Shards[3].Owners = []uint16{1, 1} },
+		"since 0":           func(m *ClusterMap) { m.Shards[3].Since = 0 },
+		"since future":      func(m *ClusterMap) { m.Shards[3].Since = m.Epoch + 1 },
+		"move to owner": func(m *ClusterMap) {
+			m.Shards[0].Move = &ShardMove{Kind: MoveReplace, To: 0, Phase: MoveCopying, Started: 9}
+		},
+		"move nowhere": func(m *ClusterMap) {
+			m.Shards[0].Move = &ShardMove{Kind: MoveReplace, To: 7, Phase: MoveCopying, Started: 9}
+		},
+		"move phase 0": func(m *ClusterMap) { m.Shards[0].Move = &ShardMove{Kind: MoveReplace, To: 1, Started: 9} },
+		"move kind 0":  func(m *ClusterMap) { m.Shards[0].Move = &ShardMove{To: 1, Phase: MoveCopying, Started: 9} },
+		"move from a stranger": func(m *ClusterMap) {
+			m.Shards[0].Move = &ShardMove{Kind: MoveReplace, From: 1, To: 2, Phase: MoveCopying, Started: 9}
+		},
+		"add-replica from a backup": func(m *ClusterMap) { m.Shards[8].Move.From = 0 },
+		"add-replica of an owner":   func(m *ClusterMap) { m.Shards[8].Move.To = 0 },
+		"promote a stranger":        func(m *ClusterMap) { m.Shards[6].Move.Kind = MovePromote },
+		"promote the primary":       func(m *ClusterMap) { m.Shards[7].Move.To = 1 },
+		"move before since":         func(m *ClusterMap) { m.Shards[6].Move.Started = 0 },
+		"origin after since":        func(m *ClusterMap) { m.Shards[3].Origins[0] = m.Shards[3].Since },
+		"backup origin now":         func(m *ClusterMap) { m.Shards[7].Origins[2] = m.Epoch },
+		"origins short":             func(m *ClusterMap) { m.Shards[7].Origins = m.Shards[7].Origins[:2] },
+		"shards, no server":         func(m *ClusterMap) { m.Servers = nil },
+		"0 replicas":                func(m *ClusterMap) { m.Replicas = 0 },
+		"17 replicas":               func(m *ClusterMap) { m.Replicas = MaxShardOwners + 1 },
+		"long zone":                 func(m *ClusterMap) { m.Servers[1].Zone = string(make([]byte, MaxZoneLen+1)) },
 	} {
 		m := testMap()
 		mutate(m)
@@ -80,13 +105,16 @@ func TestClusterMapValidate(t *testing.T) {
 func TestDecodeClusterMapRefuses(t *testing.T) {
 	good, _ := EncodeClusterMap(testMap())
 	for name, b := range map[string][]byte{
-		"empty":       {},
-		"version 2":   body(t, 2, 1, 1, []any{}, []any{}),
-		"nil epoch":   body(t, MapVersion, nil, 1, []any{}, []any{}),
-		"nil servers": body(t, MapVersion, 1, 1, nil, []any{}),
-		"4 fields":    body(t, MapVersion, 1, 1, []any{}),
-		"trailing":    append(good[:len(good):len(good)], 0),
-		"truncated":   good[:len(good)-1],
+		"empty":            {},
+		"version 3":        body(t, 3, 1, 1, 1, []any{}, []any{}),
+		"nil epoch":        body(t, MapVersion, nil, 1, 1, []any{}, []any{}),
+		"nil servers":      body(t, MapVersion, 1, 1, 1, nil, []any{}),
+		"nil replicas":     body(t, MapVersion, 1, 1, nil, []any{}, []any{}),
+		"5 fields":         body(t, MapVersion, 1, 1, []any{}, []any{}),
+		"version 1, 6":     body(t, 1, 1, 1, 1, []any{}, []any{}),
+		"v1 server, in v2": body(t, MapVersion, 1, 1, 1, []any{[]any{"a", "b", 1, 1}}, []any{}),
+		"trailing":         append(good[:len(good):len(good)], 0),
+		"truncated":        good[:len(good)-1],
 	} {
 		if _, err := DecodeClusterMap(b); !errors.Is(err, ErrBadMap) {
 			t.Errorf("%s: %v", name, err)
@@ -94,13 +122,47 @@ func TestDecodeClusterMapRefuses(t *testing.T) {
 	}
 }
 
+// A map of version 1 (earlier releases' saved maps and snapshots) decodes
+// as one replica a shard, each move a replacement of the owner.
+func TestDecodeClusterMapVersion1(t *testing.T) {
+	shards := make([]any, NumShards)
+	for i := range shards {
+		shards[i] = []any{[]any{i % 2}, 2, 1, nil}
+	}
+	shards[3] = []any{[]any{1}, 2, 0, []any{0, MoveCopying, 3}}
+	b := body(t, 1, 4, 0xfeed, []any{[]any{"a", "aaaa", ServerActive, 1}, []any{"b", "bbbb", ServerActive, 2}}, shards)
+	m, err := DecodeClusterMap(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Replicas != 1 || m.Servers[0].Zone != "" || !reflect.DeepEqual(m.Shards[2], MapShard{Owners: []uint16{0}, Origins: []uint64{1}, Since: 2}) {
+		t.Fatalf("version 1 map: replicas %d, server %+v, shard 2 %+v", m.Replicas, m.Servers[0], m.Shards[2])
+	}
+	want := &ShardMove{Kind: MoveReplace, From: 1, To: 0, Phase: MoveCopying, Started: 3}
+	if !reflect.DeepEqual(m.Shards[3].Move, want) {
+		t.Fatalf("version 1 move: %+v, want %+v", m.Shards[3].Move, want)
+	}
+	if _, err := EncodeClusterMap(m); err != nil {
+		t.Fatalf("a version 1 map does not re-encode: %v", err)
+	}
+	c, err := DecodeMapCommand(body(t, 1, MapStartMoves, []any{"", ""}, false, []any{[]any{3, "b", "a", 0}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Op != MapStartMoves || !reflect.DeepEqual(c.Moves, []MoveCommand{{Shard: 3, From: "b", To: "a", Kind: MoveReplace}}) {
+		t.Fatalf("version 1 command: %+v", c)
+	}
+}
+
 func testCommands() []*MapCommand {
 	return []*MapCommand{
-		{Op: MapAddServer, Server: MapServer{Name: "node4", ID: "dddddddddddddddd"}},
+		{Op: MapAddServer, Server: MapServer{Name: "node4", ID: "dddddddddddddddd", Zone: "rack-c"}},
 		{Op: MapRemoveServer, Server: MapServer{Name: "node3"}, Force: true},
-		{Op: MapStartMoves, Moves: []MoveCommand{{Shard: 1, From: "node1", To: "node4"}, {Shard: NumShards - 1, From: "node2", To: "node4"}}},
-		{Op: MapFreezeMoves, Moves: []MoveCommand{{Shard: 1, From: "node1", To: "node4", Started: 12}}},
+		{Op: MapStartMoves, Moves: []MoveCommand{{Shard: 1, From: "node1", To: "node4", Kind: MoveReplace}, {Shard: NumShards - 1, From: "node2", To: "node4", Kind: MoveAddReplica}}},
+		{Op: MapFreezeMoves, Moves: []MoveCommand{{Shard: 1, From: "node1", To: "node4", Started: 12, Kind: MovePromote}}},
 		{Op: MapAbortMoves},
+		{Op: MapSetReplicas, Replicas: 3},
+		{Op: MapDropReplicas, Moves: []MoveCommand{{Shard: 2, From: "node2", Kind: MoveReplace}}},
 	}
 }
 
@@ -118,12 +180,14 @@ func TestMapCommandRoundTrip(t *testing.T) {
 			t.Fatalf("round trip:\n got %+v\nwant %+v", got, c)
 		}
 	}
-	for _, c := range []*MapCommand{{}, {Op: 99}, {Op: MapFreezeMoves, Moves: []MoveCommand{{Shard: NumShards}}}} {
+	for _, c := range []*MapCommand{{}, {Op: 99}, {Op: MapFreezeMoves, Moves: []MoveCommand{{Shard: NumShards}}},
+		{Op: MapSetReplicas}, {Op: MapSetReplicas, Replicas: MaxShardOwners + 1}, {Op: MapAddServer, Replicas: 2},
+		{Op: MapStartMoves, Moves: []MoveCommand{{Kind: 9}}}} {
 		if _, err := EncodeMapCommand(c); !errors.Is(err, ErrBadMap) {
 			t.Errorf("%+v: %v", c, err)
 		}
 	}
-	if _, err := DecodeMapCommand(body(t, MapVersion, 1, []any{"a", "b"}, nil, []any{})); !errors.Is(err, ErrBadMap) {
+	if _, err := DecodeMapCommand(body(t, MapVersion, 1, []any{"a", "b", ""}, nil, []any{}, 0)); !errors.Is(err, ErrBadMap) {
 		t.Errorf("nil force: %v", err)
 	}
 }
@@ -175,11 +239,12 @@ func TestShardWordLayout(t *testing.T) {
 // FuzzDecodeClusterMap: no input panics; whatever decodes re-encodes to
 // the same map.
 func FuzzDecodeClusterMap(f *testing.F) {
-	for _, m := range []*ClusterMap{testMap(), {}} {
+	for _, m := range []*ClusterMap{testMap(), {Replicas: 1}} {
 		b, _ := EncodeClusterMap(m)
 		f.Add(b)
 	}
-	f.Add(body(f, MapVersion, nil, 1, []any{}, []any{}))
+	f.Add(body(f, MapVersion, nil, 1, 1, []any{}, []any{}))
+	f.Add(body(f, 1, 4, 0xfeed, []any{[]any{"a", "aaaa", ServerActive, 1}}, []any{}))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		m, err := DecodeClusterMap(b)
 		if err != nil {

@@ -528,7 +528,7 @@ func (l *leader) removeServers(ctx context.Context, m *clustermap.Map) {
 	for _, srv := range m.Servers() {
 		switch {
 		case srv.State == proto.ServerRemoved:
-		case srv.State == proto.ServerDraining && counts[srv.Name] == 0 && !busy[srv.Name]:
+		case srv.State == proto.ServerDraining && m.Holds(srv.Name) == 0 && !busy[srv.Name]:
 			if next := l.propose(ctx, &proto.MapCommand{Op: proto.MapRemoveServer, Server: proto.MapServer{Name: srv.Name}}); next != nil {
 				s.log.Info("drained server removed from the cluster map", "server", srv.Name, "epoch", next.Epoch())
 			}
