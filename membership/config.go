@@ -118,6 +118,12 @@ type Tuning struct {
 	SuspicionMult       int           // suspect for SuspicionMult*log10(N)*ProbeInterval before dead
 	GossipToTheDeadTime time.Duration // how long memberlist keeps gossiping to a dead node
 
+	// ReconnectInterval is how often a member tries to reach the servers
+	// it holds dead (and its seeds, when it sees no server alive): one
+	// cut off longer than GossipToTheDeadTime is otherwise never
+	// contacted again once the cut heals. Default 5 s.
+	ReconnectInterval time.Duration
+
 	// DeadRetention is how long a dead or left server stays in the view
 	// (in StateDead or StateLeft) before it is reaped (EventReap), so that
 	// its state can be reported (its keys stay unavailable either way: the
@@ -132,9 +138,10 @@ const DefaultDeadRetention = time.Hour
 // The configuration with defaults filled in and checked.
 type settings struct {
 	Config
-	ml            *memberlist.Config
-	keyring       *memberlist.Keyring
-	deadRetention time.Duration // servers; other members are reaped at once
+	ml                *memberlist.Config
+	keyring           *memberlist.Keyring
+	deadRetention     time.Duration // servers; other members are reaped at once
+	reconnectInterval time.Duration
 }
 
 func (c Config) settings() (*settings, error) {
@@ -227,9 +234,12 @@ func (c Config) settings() (*settings, error) {
 	if t.SuspicionMult > 0 {
 		mc.SuspicionMult = t.SuspicionMult
 	}
-	s := &settings{deadRetention: t.DeadRetention}
+	s := &settings{deadRetention: t.DeadRetention, reconnectInterval: t.ReconnectInterval}
 	if s.deadRetention <= 0 {
 		s.deadRetention = DefaultDeadRetention
+	}
+	if s.reconnectInterval <= 0 {
+		s.reconnectInterval = DefaultReconnectInterval
 	}
 
 	mc.Name = c.Name

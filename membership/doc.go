@@ -65,6 +65,12 @@
 //     without Leave is declared dead by failure detection, after
 //     memberlist's suspicion timeout.
 //
+// A member reconnects to the servers it holds dead: every
+// Tuning.ReconnectInterval it exchanges state with up to 8 of them (and
+// with its seeds when it sees no server alive), so that a partition
+// longer than memberlist's GossipToTheDeadTime, after which neither side
+// would contact the other again, heals once the network does.
+//
 // Names are unique: memberlist refuses a node that claims the name of a
 // live member at another address. The members that see the claim, that
 // member included, log it at ERROR (memberlist's ConflictDelegate), and

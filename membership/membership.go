@@ -59,6 +59,7 @@ type Membership struct {
 	view         atomic.Pointer[View]
 	pushDisabled atomic.Bool // tests: leave arena lists to push/pull
 	staleSelf    atomic.Bool // a join showed a record of this node other than its current one
+	reconnecting atomic.Bool // a reconnect round is running
 
 	syncs sync.WaitGroup // exchanges syncServers started; Add under mu, while not closed
 
@@ -467,18 +468,23 @@ func (m *Membership) kick() {
 	}
 }
 
-// run pushes this node's arena table to members that need it and reaps
-// servers dead or left for longer than their retention.
+// run pushes this node's arena table to members that need it, reaps
+// servers dead or left for longer than their retention, and reconnects
+// to the servers held dead.
 func (m *Membership) run() {
 	defer close(m.done)
 	tick := time.NewTicker(min(max(m.s.deadRetention/4, 10*time.Millisecond), time.Second))
 	defer tick.Stop()
+	reconnect := time.NewTicker(m.s.reconnectInterval)
+	defer reconnect.Stop()
 	for {
 		select {
 		case <-m.stop:
 			return
 		case <-tick.C:
 			m.reap(time.Now())
+		case <-reconnect.C:
+			m.reconnect()
 		case <-m.wake:
 			m.push()
 		}
