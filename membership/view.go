@@ -96,6 +96,15 @@ func newView(version uint64, members []Member) *View {
 	return v
 }
 
+// NewView makes a View of members, for a view learnt elsewhere than from
+// this node's own gossip (a client that does not join gossip builds its
+// view from a server's answer, proto.ViewReply). version numbers it, as
+// Version reports; the members are copied, and IsServer decides which of
+// them Servers returns, as in a gossip view.
+func NewView(version uint64, members []Member) *View {
+	return newView(version, slices.Clone(members))
+}
+
 // Version is the view's number, one more than the view it replaced.
 func (v *View) Version() uint64 { return v.version }
 

@@ -52,7 +52,13 @@ const (
 	MaxControlToken   = 1024 // Hello.Token
 	MaxControlMessage = 4096 // Error.Message
 	MaxScanEntries    = MaxFrame / 8
-	MaxMapBytes       = MaxFrame - 64 // MapReply.Map, MapChange.Command
+	MaxMapBytes       = MaxFrame - 64 // MapReply.Map, MapChange.Command, ViewReply.Map
+	// MaxViewMembers bounds ViewReply.Members; the frame's own limit
+	// bounds them too.
+	MaxViewMembers = 1 << 12
+	// MaxViewMeta bounds one member's encoded metadata in a ViewReply:
+	// the arena list inline, up to MaxArenas arenas of at most 27 bytes.
+	MaxViewMeta = GossipMetaMaxSize + 27*MaxArenas
 )
 
 // ErrBadMessage means a control frame that is malformed, too large, of
@@ -88,6 +94,8 @@ const (
 	MsgMapChange
 	MsgMapChangeReply
 	MsgForget
+	MsgGetView
+	MsgViewReply
 	msgTypeEnd
 )
 
@@ -122,6 +130,8 @@ var msgTable = [msgTypeEnd]struct {
 	MsgMapChange:      {"MapChange", func() Message { return &MapChange{} }, MsgMapChangeReply},
 	MsgMapChangeReply: {"MapChangeReply", func() Message { return &MapChangeReply{} }, 0},
 	MsgForget:         {"Forget", func() Message { return &Forget{} }, MsgMapChangeReply},
+	MsgGetView:        {"GetView", func() Message { return &GetView{} }, MsgViewReply},
+	MsgViewReply:      {"ViewReply", func() Message { return &ViewReply{} }, 0},
 }
 
 func (t MsgType) String() string {
@@ -406,6 +416,41 @@ type Forget struct {
 	Force bool
 }
 
+// GetView asks a server for the servers it sees in gossip and, like GetMap,
+// for its cluster map when it is newer than Have: all a client that does
+// not join gossip needs, in one round trip.
+type GetView struct{ Have uint64 }
+
+// ViewReply is the server's gossip view of the servers (alive, dead or
+// left, sorted by name; clients are left out) and its map, as MapReply
+// carries it: Map is empty unless the server's is newer than GetView.Have,
+// Epoch is the server's epoch either way.
+type ViewReply struct {
+	Members []ViewMember
+	Epoch   uint64
+	Map     []byte
+}
+
+// ViewMember is one server as the answering server's gossip sees it.
+type ViewMember struct {
+	Name string
+	// Addr is its gossip address ("ip:port"), for operators; "" when
+	// unknown.
+	Addr  string
+	State uint8 // membership.State: 1 alive, 2 dead, 3 left
+	// Age is how long ago the answering server saw State begin: relative,
+	// so that clocks need not agree.
+	Age time.Duration
+	// ArenasPending: the detached arena list the metadata summarizes has
+	// not reached the answering server; Meta.Arenas is then the last list
+	// of the same generation it holds (still valid), or empty.
+	ArenasPending bool
+	// Meta is the member's metadata, its arena list attached (inline)
+	// even when gossip carries it detached: it travels as EncodeNodeMeta's
+	// bytes, decoded with DecodeNodeMeta.
+	Meta NodeMeta
+}
+
 // ErrorCode classifies an Error.
 type ErrorCode uint16
 
@@ -486,6 +531,8 @@ func (*ReleaseShards) Type() MsgType  { return MsgReleaseShards }
 func (*MapChange) Type() MsgType      { return MsgMapChange }
 func (*MapChangeReply) Type() MsgType { return MsgMapChangeReply }
 func (*Forget) Type() MsgType         { return MsgForget }
+func (*GetView) Type() MsgType        { return MsgGetView }
+func (*ViewReply) Type() MsgType      { return MsgViewReply }
 
 // ---- encoding ----
 
@@ -729,6 +776,50 @@ func (m *Forget) encode(e *encoder) {
 	e.str(m.Node)
 	e.bool(m.Force)
 }
+
+func (m *GetView) encode(e *encoder) { e.uints(m.Have) }
+
+func (m *ViewReply) encode(e *encoder) {
+	if len(m.Members) > MaxViewMembers {
+		e.fail("%d view members, limit %d", len(m.Members), MaxViewMembers)
+	}
+	e.limit("map", len(m.Map), MaxMapBytes)
+	e.array(3)
+	e.array(len(m.Members))
+	for _, mb := range m.Members {
+		if mb.Name == "" {
+			e.fail("view member without a name")
+		}
+		e.limit("member name", len(mb.Name), MaxMetaNodeNameLen)
+		e.limit("member address", len(mb.Addr), MaxMetaAddrLen)
+		if mb.State < viewStateMin || mb.State > viewStateMax {
+			e.fail("member %s in state %d", mb.Name, mb.State)
+		}
+		if mb.Age < 0 {
+			e.fail("member %s of negative age %v", mb.Name, mb.Age)
+		}
+		meta, err := EncodeNodeMeta(mb.Meta)
+		if err != nil {
+			e.fail("member %s: %v", mb.Name, err)
+		}
+		e.limit("member metadata", len(meta), MaxViewMeta)
+		e.array(6)
+		e.str(mb.Name)
+		e.str(mb.Addr)
+		e.uint(uint64(mb.State))
+		e.uint(uint64(mb.Age))
+		e.bool(mb.ArenasPending)
+		e.bytes(meta)
+	}
+	e.uint(m.Epoch)
+	e.bytes(m.Map)
+}
+
+// The states a ViewMember may be in (membership's alive, dead, left).
+const (
+	viewStateMin = 1
+	viewStateMax = 3
+)
 
 // AppendFrame appends m's frame (length prefix and body) with request id
 // to dst.
@@ -1170,5 +1261,66 @@ func (m *Forget) decode(d *decoder) error {
 		return d.fail("forget without a node name")
 	}
 	m.Force, err = d.bool("force")
+	return err
+}
+
+func (m *GetView) decode(d *decoder) error { return d.uints("GetView", &m.Have) }
+
+func (m *ViewReply) decode(d *decoder) error {
+	if err := d.fields("ViewReply", 3); err != nil {
+		return err
+	}
+	n, err := d.list("view members", MaxViewMembers)
+	if err != nil {
+		return err
+	}
+	if n > 0 {
+		// A member takes at least 8 bytes: array header, 1-byte name,
+		// empty address, 3 fixints or bools, 1 byte of metadata.
+		m.Members = make([]ViewMember, 0, min(n, d.r.Len()/8+1))
+	}
+	for range n {
+		var mb ViewMember
+		if err := d.fields("view member", 6); err != nil {
+			return err
+		}
+		if mb.Name, err = d.str("member name", MaxMetaNodeNameLen); err != nil {
+			return err
+		}
+		if mb.Name == "" {
+			return d.fail("view member without a name")
+		}
+		if mb.Addr, err = d.str("member address", MaxMetaAddrLen); err != nil {
+			return err
+		}
+		st, err := d.uint("member state", viewStateMax)
+		if err != nil {
+			return err
+		}
+		if st < viewStateMin {
+			return d.fail("member %s in state %d", mb.Name, st)
+		}
+		mb.State = uint8(st)
+		age, err := d.uint("member age", 1<<63-1)
+		if err != nil {
+			return err
+		}
+		mb.Age = time.Duration(age)
+		if mb.ArenasPending, err = d.bool("arenas pending"); err != nil {
+			return err
+		}
+		raw, err := d.bytes("member metadata", MaxViewMeta)
+		if err != nil {
+			return err
+		}
+		if mb.Meta, err = DecodeNodeMeta(raw); err != nil {
+			return d.wrap("metadata of "+mb.Name, err)
+		}
+		m.Members = append(m.Members, mb)
+	}
+	if m.Epoch, err = d.u64("map epoch"); err != nil {
+		return err
+	}
+	m.Map, err = d.bytes("map", MaxMapBytes)
 	return err
 }

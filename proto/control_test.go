@@ -50,7 +50,26 @@ func controlSamples() []Message {
 		&MapChange{Command: []byte("cmd")},
 		&MapChangeReply{Epoch: 9},
 		&Forget{Node: "node2", Force: true},
+		&GetView{Have: 7},
+		&ViewReply{},
+		&ViewReply{Epoch: 9, Map: []byte{4, 5}, Members: []ViewMember{
+			{Name: "node1", Addr: "127.0.0.1:7946", State: 1, Age: 3 * time.Second, Meta: viewSampleMeta(false)},
+			{Name: "node2", State: 2, Age: 0, ArenasPending: true, Meta: viewSampleMeta(true)},
+		}},
 	}
+}
+
+// viewSampleMeta is a server's metadata for a ViewMember; detached, its
+// arena list is summarized and attached, as a server sends it.
+func viewSampleMeta(detached bool) NodeMeta {
+	m := NodeMeta{Role: RoleServer, ControlAddr: "127.0.0.1:7411", Provider: "soft", Endpoint: Endpoint{Addr: "127.0.0.1:7421"},
+		Generation: 3, Index: &IndexRegion{Addr: 0x7f00_0000_0000, RKey: 5, Geometry: IndexGeometry{Slots: 1024, Neighborhood: 8, Seed: 1}},
+		Arenas: []ArenaRegion{{ID: 0, Addr: 0x7e00_0000_0000, Length: 1 << 26, RKey: 9}}, ServerID: "0123456789abcdef",
+		ClusterID: 1, MapEpoch: 9, Limits: RecordLimits{MaxKeyLen: 1024, MaxValueLen: 1 << 20}}
+	if detached {
+		m.ArenaSet = SummarizeArenas(m.Arenas)
+	}
+	return m
 }
 
 func TestControlRoundTrip(t *testing.T) {
@@ -135,6 +154,12 @@ func TestControlDecodeRejects(t *testing.T) {
 		"error code 99":    body(t, ControlVersion, MsgError, 1, []any{99, "x"}),
 		"trailing":         append(body(t, ControlVersion, MsgAck, 1, []any{}), 0),
 		"long token":       body(t, ControlVersion, MsgHello, 1, []any{"c", make([]byte, MaxControlToken+1), 0, "", false}),
+		"view state 0":     body(t, ControlVersion, MsgViewReply, 1, []any{[]any{[]any{"n", "", 0, 0, false, []byte{}}}, 0, nil}),
+		"view state 4":     body(t, ControlVersion, MsgViewReply, 1, []any{[]any{[]any{"n", "", 4, 0, false, []byte{}}}, 0, nil}),
+		"view no name":     body(t, ControlVersion, MsgViewReply, 1, []any{[]any{[]any{"", "", 1, 0, false, []byte{}}}, 0, nil}),
+		"view bad meta":    body(t, ControlVersion, MsgViewReply, 1, []any{[]any{[]any{"n", "", 1, 0, false, []byte{0x91, 0x01}}}, 0, nil}),
+		"view nil members": body(t, ControlVersion, MsgViewReply, 1, []any{nil, 0, nil}),
+		"view 5 fields":    body(t, ControlVersion, MsgViewReply, 1, []any{[]any{[]any{"n", "", 1, 0, false}}, 0, nil}),
 		"entries overflow": {0x94, ControlVersion, byte(MsgScanReply), 0x01, 0x92, 0xdd, 0x7f, 0xff, 0xff, 0xff},
 		"bytes overflow":   {0x94, ControlVersion, byte(MsgDelete), 0x01, 0x94, 0xc6, 0x7f, 0xff, 0xff, 0xff},
 	} {
@@ -178,6 +203,10 @@ func TestControlEncodeRejects(t *testing.T) {
 		&ScanReply{Entries: []ScanEntry{{}}},
 		&Forget{}, &Hello{Kind: 9}, &FenceShards{Shards: []Shard{NumShards}}, &ShardScan{Shard: NumShards},
 		&MapReply{Map: make([]byte, MaxMapBytes+1)},
+		&ViewReply{Members: []ViewMember{{Name: "n", State: 1, Meta: NodeMeta{}}}}, // no role: metadata that never decodes
+		&ViewReply{Members: []ViewMember{{Name: "n", State: 4, Meta: viewSampleMeta(false)}}},
+		&ViewReply{Members: []ViewMember{{State: 1, Meta: viewSampleMeta(false)}}},
+		&ViewReply{Members: []ViewMember{{Name: "n", State: 1, Age: -1, Meta: viewSampleMeta(false)}}},
 	} {
 		if _, err := AppendFrame(nil, 1, m); !errors.Is(err, ErrBadMessage) {
 			t.Errorf("%#v: %v", m, err)

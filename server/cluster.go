@@ -670,6 +670,41 @@ func (s *Server) mapReply(have uint64) proto.Message {
 	return &proto.MapReply{Epoch: m.Epoch(), Map: b}
 }
 
+// viewReply answers GetView: the servers of this server's gossip view,
+// each with its metadata and arena list, and the map as mapReply gives it.
+// Clients in the view are left out: nothing places keys on them, and a
+// cluster's many short-lived CLI members would only fatten the reply.
+func (s *Server) viewReply(have uint64) proto.Message {
+	reply := s.mapReply(have)
+	mr, ok := reply.(*proto.MapReply)
+	if !ok {
+		return reply // an Error
+	}
+	now := time.Now()
+	r := &proto.ViewReply{Epoch: mr.Epoch, Map: mr.Map}
+	for _, mb := range s.ml.View().Members() {
+		if mb.MetaErr != nil || mb.Meta.Role != proto.RoleServer {
+			continue
+		}
+		meta := mb.Meta
+		if mb.ArenasPending && len(meta.Arenas) > 0 {
+			// The list held is the generation's last, not the one the
+			// summary describes: send it inline (its rkeys are valid)
+			// without the summary it would contradict.
+			meta.ArenaSet = proto.ArenaSet{}
+		}
+		vm := proto.ViewMember{Name: mb.Name, State: uint8(mb.State), ArenasPending: mb.ArenasPending, Meta: meta}
+		if !mb.Since.IsZero() {
+			vm.Age = max(now.Sub(mb.Since), 0)
+		}
+		if mb.Addr.IsValid() {
+			vm.Addr = mb.Addr.String()
+		}
+		r.Members = append(r.Members, vm)
+	}
+	return r
+}
+
 func (s *Server) statsReply() *proto.StatsReply {
 	st := s.st.Stats()
 	r := &proto.StatsReply{Generation: s.gen, Keys: uint64(max(st.Keys, 0)), Commits: st.Commits, Deletes: st.Deletes,

@@ -259,6 +259,8 @@ func (c *conn) handle(m proto.Message) proto.Message {
 		return s.statsReply()
 	case *proto.GetMap:
 		return s.mapReply(m.Have)
+	case *proto.GetView:
+		return s.viewReply(m.Have)
 	case *proto.Forget:
 		return s.forget(m)
 	case *proto.MapChange, *proto.ShardScan, *proto.FenceShards, *proto.ReleaseShards:
