@@ -1,8 +1,11 @@
 // Package client is rkv's Go client library.
 //
-// A Client joins the cluster's gossip as a light member (role client), so
-// it learns every server's index and arena regions (address, rkey) and
-// failures, and holds the cluster map (fetched from a server, refreshed
+// A Client learns every server's index and arena regions (address, rkey)
+// and failures either by joining the cluster's gossip as a light member
+// (role client; Config.Seeds, the default) or, without gossip, by asking a
+// server's control port for the servers its gossip sees (Config.Endpoints:
+// one round trip instead of a gossip join, for short-lived processes such
+// as the CLI). It holds the cluster map (fetched from a server, refreshed
 // when a server's gossip or answer shows a newer epoch): a key's server is
 // the owner of its shard in that map, never a guess from the moment's
 // gossip view. While that server is down the key is unavailable
@@ -26,10 +29,13 @@ package client
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"crypto/tls"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -44,14 +50,31 @@ import (
 // Config configures a Client. Zero fields take the defaults documented on
 // each.
 type Config struct {
-	// Seeds are gossip addresses ("host:port") of cluster members.
-	// Required.
+	// Seeds are gossip addresses ("host:port") of cluster members: the
+	// client joins the cluster's gossip through them. Give Seeds or
+	// Endpoints.
 	Seeds []string
+	// Endpoints are control addresses ("host:port", a server's
+	// ControlAddr) of cluster servers. With them the client does not join
+	// gossip: it asks one of these servers (GetView) for the servers its
+	// gossip sees, their metadata and the cluster map, in one round trip,
+	// and asks again on a retryable failure, when it needs a newer map,
+	// and every ViewRefresh while in use; later fetches go first to the
+	// servers it learnt. Start-up costs a round trip instead of a gossip
+	// join (~250 ms), but deaths and restarts are seen through a server,
+	// up to ViewRefresh late. Give Seeds or Endpoints; Membership, Name's
+	// gossip use and SecretKey are then unused.
+	Endpoints []string
+	// ViewRefresh is how old a view fetched from Endpoints may grow while
+	// the client is in use before it is fetched again, in the background.
+	// Default 1s.
+	ViewRefresh time.Duration
 	// Device is the RDMA device the client reads and writes through
 	// (rdma.Open; the command or program chooses the provider). Required;
 	// the client does not close it.
 	Device rdma.Device
-	// Name is the client's gossip name. Default "client-<host>-<random>".
+	// Name is the client's gossip name, and the name its Hellos give.
+	// Default "client-<host>-<random>".
 	Name string
 	// SecretKey is the cluster's gossip key, if it has one.
 	SecretKey []byte
@@ -123,6 +146,10 @@ var (
 	// Without it, a failed write may or may not have been applied. It
 	// comes with the reason: ErrNotSent and ErrUnavailable, say.
 	ErrNotSent = errors.New("rkv: not sent")
+	// ErrNotControlPort: every address New asked (Config.Endpoints)
+	// accepted the connection and closed it without answering the Hello,
+	// as a gossip port does: none is a server's control port.
+	ErrNotControlPort = errors.New("rkv: not a control port")
 )
 
 // UnavailableError is returned when the server that holds a key is dead,
@@ -158,7 +185,9 @@ type Client struct {
 	log   *slog.Logger
 	dev   rdma.Device
 	pd    rdma.PD
-	ml    *membership.Membership
+	name  string
+	ml    *membership.Membership // with Config.Seeds; nil with Endpoints
+	pv    *polledView            // with Config.Endpoints; nil with Seeds
 	maps  mapHolder
 	route atomic.Pointer[routes] // of maps' map and ml's view, built on use
 	ids   sessions
@@ -188,11 +217,14 @@ type cachedLoc struct {
 
 const maxCache = 1 << 16
 
-// New joins the cluster and waits (bounded by ctx) until it holds the
-// cluster map and knows a server whose index is registered.
+// New joins the cluster (or, with Config.Endpoints, asks a server for its
+// view) and waits (bounded by ctx) until it holds the cluster map.
 func New(ctx context.Context, cfg Config) (_ *Client, err error) {
-	if len(cfg.Seeds) == 0 {
-		return nil, errors.New("rkv: Config.Seeds is empty")
+	switch {
+	case len(cfg.Seeds) == 0 && len(cfg.Endpoints) == 0:
+		return nil, errors.New("rkv: Config.Seeds (gossip addresses) or Config.Endpoints (control addresses) is required")
+	case len(cfg.Seeds) > 0 && len(cfg.Endpoints) > 0:
+		return nil, errors.New("rkv: Config.Seeds joins gossip and Config.Endpoints asks servers instead: give one")
 	}
 	if cfg.Device == nil {
 		return nil, errors.New("rkv: Config.Device is required (rdma.Open)")
@@ -218,23 +250,33 @@ func New(ctx context.Context, cfg Config) (_ *Client, err error) {
 	if cfg.RetryCount <= 0 {
 		cfg.RetryCount = 1
 	}
+	if cfg.ViewRefresh <= 0 {
+		cfg.ViewRefresh = time.Second
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	c := &Client{cfg: cfg, log: cfg.Logger, dev: cfg.Device, servers: map[string]*serverPool{}, cache: map[string]cachedLoc{}}
+	if cfg.Name == "" {
+		cfg.Name = defaultName()
+	}
+	c := &Client{name: cfg.Name, cfg: cfg, log: cfg.Logger, dev: cfg.Device, servers: map[string]*serverPool{}, cache: map[string]cachedLoc{}}
 	c.maps.init()
 	if c.pd, err = c.dev.AllocPD(); err != nil {
 		return nil, fmt.Errorf("rkv: %w", err)
 	}
-	mc := cfg.Membership
-	mc.Name, mc.Role, mc.Seeds, mc.SecretKey = cfg.Name, proto.RoleClient, cfg.Seeds, cfg.SecretKey
-	mc.Meta = proto.NodeMeta{}
-	if mc.Logger == nil {
-		mc.Logger = cfg.Logger
-	}
-	if c.ml, err = membership.Create(mc); err != nil {
-		_ = c.pd.Close()
-		return nil, fmt.Errorf("rkv: joining the cluster: %w", err)
+	if len(cfg.Endpoints) > 0 {
+		c.pv = newPolledView(cfg.Endpoints, cfg.ViewRefresh)
+	} else {
+		mc := cfg.Membership
+		mc.Name, mc.Role, mc.Seeds, mc.SecretKey = cfg.Name, proto.RoleClient, cfg.Seeds, cfg.SecretKey
+		mc.Meta = proto.NodeMeta{}
+		if mc.Logger == nil {
+			mc.Logger = cfg.Logger
+		}
+		if c.ml, err = membership.Create(mc); err != nil {
+			_ = c.pd.Close()
+			return nil, fmt.Errorf("rkv: joining the cluster: %w", err)
+		}
 	}
 	for {
 		if m := c.maps.load(); m.Bootstrapped() {
@@ -244,7 +286,7 @@ func New(ctx context.Context, cfg Config) (_ *Client, err error) {
 		switch {
 		case err == nil:
 			continue
-		case errors.Is(err, ErrUnauthenticated):
+		case errors.Is(err, ErrUnauthenticated), errors.Is(err, ErrNotControlPort):
 			_ = c.Close()
 			return nil, err // no retry can fix it
 		}
@@ -273,15 +315,43 @@ func (c *Client) Close() error {
 	for _, p := range servers {
 		errs = append(errs, p.close())
 	}
-	if err := c.ml.Leave(time.Second); err != nil && !errors.Is(err, membership.ErrClosed) {
-		c.log.Debug("leaving the cluster", "err", err)
+	if c.ml != nil {
+		if err := c.ml.Leave(time.Second); err != nil && !errors.Is(err, membership.ErrClosed) {
+			c.log.Debug("leaving the cluster", "err", err)
+		}
+		errs = append(errs, c.ml.Shutdown())
 	}
-	errs = append(errs, c.ml.Shutdown(), c.pd.Close())
+	if c.pv != nil {
+		errs = append(errs, c.pv.close())
+	}
+	errs = append(errs, c.pd.Close())
 	return errors.Join(errs...)
 }
 
-// Membership is the client's view of the cluster.
+// Membership is the client's gossip membership, or nil for a client made
+// with Config.Endpoints, which does not join gossip: View is the view
+// either way.
 func (c *Client) Membership() *membership.Membership { return c.ml }
+
+// View is the client's view of the servers: its gossip view, or with
+// Config.Endpoints the last one a server answered with (a read of it
+// counts as use, for Config.ViewRefresh).
+func (c *Client) View() *membership.View {
+	c.touchView()
+	return c.view()
+}
+
+// Name is the client's name in gossip and in its Hellos.
+func (c *Client) Name() string { return c.name }
+
+// defaultName is a client's name when Config.Name is empty, as
+// membership makes it for a gossip client.
+func defaultName() string {
+	host, _ := os.Hostname()
+	var r [4]byte
+	_, _ = rand.Read(r[:])
+	return "client-" + host + "-" + hex.EncodeToString(r[:])
+}
 
 // Map is the cluster map the client holds now.
 func (c *Client) Map() *clustermap.Map { return c.maps.load() }
@@ -307,7 +377,7 @@ func (c *Client) Limits(key []byte) (proto.RecordLimits, error) {
 	if err != nil {
 		return proto.RecordLimits{}, err
 	}
-	mb, ok := c.ml.View().Member(name)
+	mb, ok := c.view().Member(name)
 	if !ok {
 		return proto.RecordLimits{}, nil
 	}

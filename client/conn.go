@@ -134,7 +134,7 @@ func (sc *serverConn) ready(ctx context.Context, mb *membership.Member) error {
 		}
 	}
 	s, err := session.Dial(ctx, mb.Meta.ControlAddr, mb.Meta.ServerID, session.Config{
-		Name: c.ml.Name(), Token: []byte(c.cfg.AuthToken), Kind: proto.SessionClient, TLS: c.cfg.TLS,
+		Name: c.name, Token: []byte(c.cfg.AuthToken), Kind: proto.SessionClient, TLS: c.cfg.TLS,
 		Device: c.dev, PD: c.pd, QP: rdma.QPConfig{AckTimeout: c.cfg.AckTimeout, RetryCount: c.cfg.RetryCount},
 		CQSize: 2 * maxReadBatch,
 	})

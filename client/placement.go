@@ -62,6 +62,9 @@ func (c *Client) refreshMap(ctx context.Context, atLeast uint64) error {
 }
 
 func (c *Client) fetchMap(ctx context.Context, atLeast uint64) error {
+	if c.pv != nil {
+		return c.refreshView(ctx, atLeast) // GetView brings the map
+	}
 	var servers []membership.Member
 	for _, mb := range c.ml.View().Servers() {
 		if mb.Meta.Index != nil && mb.Meta.MapEpoch > 0 {
@@ -207,7 +210,7 @@ func newRoutes(m *clustermap.Map, v *membership.View) *routes {
 // routes returns the routes of the client's map and view, built anew when
 // either changed since the last call.
 func (c *Client) routes() *routes {
-	m, v := c.maps.load(), c.ml.View()
+	m, v := c.maps.load(), c.view()
 	if r := c.route.Load(); r != nil && r.m == m && r.v == v {
 		return r
 	}

@@ -57,6 +57,7 @@ func (e *notSentError) Is(target error) bool { return target == ErrNotSent }
 // attempt, before that sent anything: any attempt that failed otherwise
 // may have reached a server.
 func (c *Client) do(ctx context.Context, what string, attempt func(ctx context.Context) error) error {
+	c.touchView()
 	_, bounded := ctx.Deadline()
 	start := time.Now()
 	end := start.Add(c.cfg.RetryTimeout) // when ctx has no deadline
@@ -92,6 +93,12 @@ func (c *Client) do(ctx context.Context, what string, attempt func(ctx context.C
 			want := c.maps.epoch() + 1
 			if err := c.refreshMap(actx, want); err != nil {
 				c.log.Debug("refreshing the map", "want", want, "err", err)
+			}
+		} else if c.pv != nil && c.pv.age() >= minViewAge {
+			// Without gossip nothing else tells the client that the
+			// server restarted, died or moved: ask for the view again.
+			if err := c.refreshView(actx, 0); err != nil {
+				c.log.Debug("refreshing the view", "err", err)
 			}
 		}
 		cancel()
@@ -145,7 +152,7 @@ func (c *Client) doKey(ctx context.Context, what string, key []byte, op func(ctx
 // doNode runs op against the named server, in do's loop.
 func (c *Client) doNode(ctx context.Context, name string, op func(ctx context.Context, sc *serverConn, mb *membership.Member) error) error {
 	return c.do(ctx, "other", func(ctx context.Context) error {
-		mb := c.ml.View().Lookup(name)
+		mb := c.view().Lookup(name)
 		if mb == nil || !mb.IsServer() {
 			return &UnavailableError{Node: name, Reason: "not alive in the gossip view"}
 		}
@@ -157,7 +164,7 @@ func (c *Client) doNode(ctx context.Context, name string, op func(ctx context.Co
 // first, in do's loop.
 func (c *Client) doAny(ctx context.Context, op func(ctx context.Context, sc *serverConn, mb *membership.Member) error) error {
 	return c.do(ctx, "other", func(ctx context.Context) error {
-		servers := c.ml.View().Servers()
+		servers := c.view().Servers()
 		if len(servers) == 0 {
 			return &UnavailableError{Node: "(none)", Reason: "no server in the gossip view"}
 		}

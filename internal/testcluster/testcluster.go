@@ -165,6 +165,20 @@ func (c *Cluster) Seeds() []string {
 	return out
 }
 
+// ControlAddrs are the control addresses of the servers running, for a
+// client made with client.Config.Endpoints.
+func (c *Cluster) ControlAddrs() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []string
+	for _, name := range c.order {
+		if s := c.servers[name].Server; s != nil {
+			out = append(out, s.ControlAddr())
+		}
+	}
+	return out
+}
+
 // Server returns a running server, or nil.
 func (c *Cluster) Server(name string) *server.Server {
 	c.mu.Lock()
@@ -295,7 +309,7 @@ func (c *Cluster) Client(t testing.TB, mod func(*client.Config)) *client.Client 
 	// client's view, and the client holds the cluster's map.
 	WaitFor(t, 20*time.Second, "the client's view", func() error {
 		for _, s := range c.Running() {
-			mb, ok := cl.Membership().View().Member(s.Name())
+			mb, ok := cl.View().Member(s.Name())
 			if !ok || !mb.IsServer() || mb.Meta.Generation != s.Generation() || len(mb.Meta.Arenas) != len(s.Store().Stats().Arenas) {
 				return fmt.Errorf("%s not in the client's view with its generation and arenas", s.Name())
 			}
