@@ -67,6 +67,7 @@ var smallStore = []string{"--arena-size", "4MiB", "--arena-count", "2", "--index
 type cluster struct {
 	t           *testing.T
 	storeArgs   []string // rkv-server's store flags
+	cliEnv      []string // RKV_ variables every rkv-client run gets (auth token, TLS)
 	server, cli string
 	root        string
 	nodes       []*node
@@ -150,10 +151,22 @@ func (c *cluster) run(stdin string, args ...string) (string, string, int) {
 // runVia runs rkv-client joining through seeds only.
 func (c *cluster) runVia(seeds, stdin string, args ...string) (string, string, int) {
 	c.t.Helper()
+	return c.runEnv([]string{"RKV_JOIN=" + seeds}, stdin, args...)
+}
+
+// runEnv runs rkv-client with env added to the test's environment and the
+// cluster's cliEnv; the test's own RKV_ variables are left out.
+func (c *cluster) runEnv(env []string, stdin string, args ...string) (string, string, int) {
+	c.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, c.cli, append([]string{"--timeout", "5s"}, args...)...)
-	cmd.Env = append(os.Environ(), "RKV_JOIN="+seeds)
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "RKV_") {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	cmd.Env = append(append(cmd.Env, c.cliEnv...), env...)
 	cmd.Stdin = strings.NewReader(stdin)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb

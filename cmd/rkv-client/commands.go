@@ -258,7 +258,7 @@ func ownerCmd(g *globals) *cobra.Command {
 				shard := proto.ShardOf(key)
 				m := c.Map()
 				_, since := m.Owner(shard)
-				mb, inView := c.Membership().View().Member(name)
+				mb, inView := c.View().Member(name)
 				state := "not in the gossip view"
 				if inView {
 					state = mb.State.String()
@@ -361,7 +361,7 @@ cluster to settle.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return g.withClient(cmd, func(ctx context.Context, c *client.Client) error {
-				view := c.Membership().View()
+				view := c.View()
 				if expect > 0 {
 					for {
 						n := 0
@@ -384,10 +384,10 @@ cluster to settle.`,
 						case <-time.After(50 * time.Millisecond):
 						}
 						_ = c.WaitMap(ctx, m.Epoch()+1, 100*time.Millisecond)
-						view = c.Membership().View()
+						view = c.View()
 					}
 				}
-				self := c.Membership().Name()
+				self := c.Name()
 				var ms []membership.Member
 				for _, m := range view.Members() {
 					if m.Name == self || (!all && m.Meta.Role != proto.RoleServer && m.MetaErr == nil) {
@@ -513,7 +513,7 @@ answer is listed with its error, and the exit code is then 3.`,
 			return g.withClient(cmd, func(ctx context.Context, c *client.Client) error {
 				var rows []statusJSON
 				var failed error
-				for _, m := range c.Membership().View().Members() {
+				for _, m := range c.View().Members() {
 					if m.Meta.Role != proto.RoleServer {
 						continue
 					}
@@ -610,7 +610,7 @@ moves in progress (copying, or frozen for their last copy).`,
 			return g.withClient(cmd, func(ctx context.Context, c *client.Client) error {
 				m := c.Map()
 				counts := m.Counts()
-				view := c.Membership().View()
+				view := c.View()
 				var servers []mapServerJSON
 				for _, s := range m.Servers() {
 					mb, ok := view.Member(s.Name)

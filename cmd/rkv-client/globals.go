@@ -16,8 +16,10 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/rkv-io/rkv/client"
+	"github.com/rkv-io/rkv/internal/session"
 	"github.com/rkv-io/rkv/internal/tlsfiles"
 	"github.com/rkv-io/rkv/membership"
+	"github.com/rkv-io/rkv/proto"
 	"github.com/rkv-io/rkv/rdma"
 )
 
@@ -30,6 +32,7 @@ type globals struct {
 	stdin  io.Reader
 
 	join          []string
+	endpoints     []string
 	gossipKey     string
 	gossipKeyFile string
 	authToken     string
@@ -56,9 +59,9 @@ type globals struct {
 }
 
 func (g *globals) register(fs *pflag.FlagSet) {
-	fs.StringSliceVar(&g.join, "join", nil, "gossip addresses (host:port) of cluster servers, comma separated (env RKV_JOIN)")
-	fs.StringSliceVar(&g.join, "endpoints", nil, "alias of --join")
-	fs.StringVar(&g.gossipKey, "gossip-key", "", "the cluster's gossip key, base64 or hex (env RKV_GOSSIP_KEY)")
+	fs.StringSliceVar(&g.endpoints, "endpoints", nil, "control addresses (host:port, a server's --control-addr) of cluster servers, comma separated: the client asks one for the servers and the map, without joining gossip (env RKV_ENDPOINTS)")
+	fs.StringSliceVar(&g.join, "join", nil, "gossip addresses (host:port, a server's --gossip-addr) of cluster servers, comma separated: the client joins gossip as a light member (~250 ms more per command) (env RKV_JOIN)")
+	fs.StringVar(&g.gossipKey, "gossip-key", "", "the cluster's gossip key, base64 or hex, with --join (env RKV_GOSSIP_KEY)")
 	fs.StringVar(&g.gossipKeyFile, "gossip-key-file", "", "file holding the gossip key")
 	fs.StringVar(&g.authToken, "auth-token", "", "token the servers require (env RKV_AUTH_TOKEN)")
 	fs.StringVar(&g.tlsCA, "tls-ca", "", "PEM CA certificate(s) `file` verifying the servers' control certificates; enables TLS (env RKV_TLS_CA)")
@@ -70,7 +73,7 @@ func (g *globals) register(fs *pflag.FlagSet) {
 	fs.StringVar(&g.provider, "provider", "auto", "RDMA provider: auto, soft or verbs")
 	fs.StringVar(&g.device, "device", "", "RDMA device (default: the provider's first)")
 	fs.StringVar(&g.dataAddr, "data-addr", "127.0.0.1:0", "soft provider's local data endpoint")
-	fs.StringVar(&g.bind, "bind", "127.0.0.1:0", "local gossip address; servers must reach it by UDP and TCP")
+	fs.StringVar(&g.bind, "bind", "127.0.0.1:0", "local gossip address with --join; servers must reach it by UDP and TCP")
 	fs.IntVar(&g.conns, "conns", 0, "connections to each server: the requests in flight per server (default 4; bench: its concurrency)")
 	fs.StringVar(&g.cpuProfile, "cpuprofile", "", "write a Go CPU profile of the command to this file (go tool pprof)")
 	fs.StringVar(&g.logLevel, "log-level", "error", "client library log level: debug, info, warn, error")
@@ -78,8 +81,19 @@ func (g *globals) register(fs *pflag.FlagSet) {
 
 // finish applies the environment and checks the global flags.
 func (g *globals) finish(cmd *cobra.Command) error {
-	if err := applyEnv(cmd.Root().PersistentFlags(), g.getenv, map[string]bool{"endpoints": true}); err != nil {
+	// --endpoints and --join say how to find the cluster: one given on
+	// the command line overrides both variables, so that RKV_JOIN in the
+	// environment does not make --endpoints ambiguous.
+	fs := cmd.Root().PersistentFlags()
+	skip := map[string]bool{}
+	if fs.Changed("endpoints") || fs.Changed("join") {
+		skip["endpoints"], skip["join"] = true, true
+	}
+	if err := applyEnv(fs, g.getenv, skip); err != nil {
 		return err
+	}
+	if len(g.endpoints) > 0 && len(g.join) > 0 {
+		return errors.New("--endpoints (control addresses, no gossip) and --join (gossip addresses): give one (or one of RKV_ENDPOINTS and RKV_JOIN)")
 	}
 	switch g.output {
 	case "table", "json":
@@ -172,16 +186,32 @@ func (g *globals) stopProfile() error {
 	return err
 }
 
-// connect joins the cluster.
+// connect makes a client: with --endpoints it asks a server for the view
+// and the map, with --join it joins gossip.
 func (g *globals) connect(cmd *cobra.Command) (*client.Client, error) {
-	if len(g.join) == 0 {
-		return nil, &exitError{exitUsage, errors.New("no cluster to join: give --join host:port (a server's gossip address) or set RKV_JOIN")}
-	}
-	host, port, err := splitHostPort(g.bind)
-	if err != nil {
-		return nil, &exitError{exitUsage, fmt.Errorf("--bind %q: %w", g.bind, err)}
+	if len(g.join) == 0 && len(g.endpoints) == 0 {
+		return nil, &exitError{exitUsage, errors.New("no cluster given: --endpoints host:port (a server's control address) or RKV_ENDPOINTS; or --join host:port (a gossip address) or RKV_JOIN")}
 	}
 	log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: g.level}))
+	cfg := client.Config{
+		AuthToken:      g.authToken,
+		TLS:            g.tls,
+		RetryTimeout:   min(g.timeout, 2*time.Second),
+		ConnsPerServer: g.conns,
+		Logger:         log,
+	}
+	via := "--endpoints " + strings.Join(g.endpoints, ",")
+	if len(g.endpoints) > 0 {
+		cfg.Endpoints = g.endpoints
+	} else {
+		host, port, err := splitHostPort(g.bind)
+		if err != nil {
+			return nil, &exitError{exitUsage, fmt.Errorf("--bind %q: %w", g.bind, err)}
+		}
+		cfg.Seeds, cfg.SecretKey = g.join, g.key
+		cfg.Membership = membership.Config{BindAddr: host, BindPort: port, SecretKeySetting: "--gossip-key or RKV_GOSSIP_KEY"}
+		via = "--join " + strings.Join(g.join, ",")
+	}
 	if g.dev == nil {
 		dev, err := rdma.Open(g.provider, g.device, rdma.Options{ListenAddr: g.dataAddr, Logger: log})
 		if err != nil {
@@ -189,28 +219,63 @@ func (g *globals) connect(cmd *cobra.Command) (*client.Client, error) {
 		}
 		g.dev = dev
 	}
+	cfg.Device = g.dev
 	ctx, cancel := context.WithTimeout(cmd.Context(), g.timeout)
 	defer cancel()
-	c, err := client.New(ctx, client.Config{
-		Seeds:          g.join,
-		Device:         g.dev,
-		SecretKey:      g.key,
-		AuthToken:      g.authToken,
-		TLS:            g.tls,
-		RetryTimeout:   min(g.timeout, 2*time.Second),
-		ConnsPerServer: g.conns,
-		Membership:     membership.Config{BindAddr: host, BindPort: port, SecretKeySetting: "--gossip-key or RKV_GOSSIP_KEY"},
-		Logger:         log,
-	})
+	c, err := client.New(ctx, cfg)
+	if err == nil {
+		return c, nil
+	}
+	if cmd.Context().Err() == nil {
+		if hint := g.wrongPort(cmd.Context(), err); hint != nil {
+			return nil, &exitError{exitUsage, hint}
+		}
+	}
 	switch {
 	case errors.Is(err, client.ErrUnauthenticated):
-		return nil, &exitError{exitOther, fmt.Errorf("joining through %s: %w", strings.Join(g.join, ","), err)}
+		return nil, &exitError{exitOther, fmt.Errorf("connecting through %s: %w", via, err)}
 	case errors.Is(err, context.DeadlineExceeded) && cmd.Context().Err() == nil:
-		return nil, &exitError{exitUnavailable, fmt.Errorf("%w: timed out after %v (--timeout) joining through %s: %w", errNoCluster, g.timeout, strings.Join(g.join, ","), err)}
-	case err != nil:
-		return nil, &exitError{exitUnavailable, fmt.Errorf("%w: joining through %s: %w", errNoCluster, strings.Join(g.join, ","), err)}
+		return nil, &exitError{exitUnavailable, fmt.Errorf("%w: timed out after %v (--timeout) connecting through %s: %w", errNoCluster, g.timeout, via, err)}
+	default:
+		return nil, &exitError{exitUnavailable, fmt.Errorf("%w: connecting through %s: %w", errNoCluster, via, err)}
 	}
-	return c, nil
+}
+
+// wrongPort explains a failed start caused by an address given to the
+// wrong flag, in one line: a gossip address in --endpoints (the client
+// saw it close the connection at the Hello), or a control address in
+// --join (it answers a Hello). nil when neither is the case.
+func (g *globals) wrongPort(ctx context.Context, err error) error {
+	if len(g.endpoints) > 0 {
+		if errors.Is(err, client.ErrNotControlPort) {
+			return fmt.Errorf("--endpoints %s: not a control port (the connection was closed at the Hello, as a gossip port does); --endpoints wants servers' control addresses (--control-addr, \"control\" in a server's ready line), --join takes gossip addresses",
+				strings.Join(g.endpoints, ","))
+		}
+		return nil
+	}
+	for _, addr := range g.join {
+		if name, ok := probeControlPort(ctx, addr, g.tls); ok {
+			return fmt.Errorf("--join %s: a control port (of %s), not a gossip address: give it to --endpoints, or give --join a server's --gossip-addr", addr, name)
+		}
+	}
+	return nil
+}
+
+// probeControlPort reports whether addr answers a Hello as an rkv control
+// port does, and the server's name when it says it: with a HelloReply or
+// with one of its Errors (a wrong token, TLS only).
+func probeControlPort(ctx context.Context, addr string, tlsConfig *tls.Config) (string, bool) {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	s, err := session.Dial(ctx, addr, "", session.Config{Name: "rkv-client-probe", Kind: proto.SessionClient, TLS: tlsConfig, DialTimeout: time.Second})
+	if err == nil {
+		_ = s.Close()
+		return s.Hello.Server, true
+	}
+	if _, ok := errors.AsType[*proto.Error](err); ok {
+		return "a server", true
+	}
+	return "", false
 }
 
 // closeDevice closes the RDMA device the clients used, once they are
