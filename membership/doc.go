@@ -37,8 +37,11 @@
 // key (so a client could forge gossip, as a server could), takes part in
 // failure detection (an overloaded client can make others suspect a server
 // until it refutes), and must be reachable by UDP and TCP from every node,
-// which RDMA's data path requires of it anyway. For thousands of
-// short-lived clients, a view proxy would be the better design.
+// which RDMA's data path requires of it anyway. For short-lived clients
+// (a CLI command, which would pay ~250 ms to join) the client package has
+// the other design too, without a watch: client.Config.Endpoints asks a
+// server for its view (proto.GetView) and asks again on failures and
+// every second while in use, through View values made by NewView.
 //
 // # Joining, restarting, leaving
 //

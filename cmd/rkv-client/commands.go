@@ -347,11 +347,13 @@ func membersCmd(g *globals) *cobra.Command {
 	var expect, expectArenas int
 	cmd := &cobra.Command{
 		Use:   "members",
-		Short: "show the cluster view as gossiped: servers, their index and arenas (addr, rkey)",
-		Long: `members prints this client's view of the cluster, learnt by gossip: each
-server's state, control address, RDMA provider and data endpoint, generation,
-hash index (addr, rkey, geometry) and registered arenas (id, addr, length,
-rkey). Clients are listed with --all.
+		Short: "show the cluster view: servers, their state, index and arenas (addr, rkey)",
+		Long: `members prints this client's view of the cluster, as the server asked
+(--endpoints) or the client's own gossip (--join) sees it: each server's
+state, control address, RDMA provider and data endpoint, generation, hash
+index (addr, rkey, geometry) and registered arenas (id, addr, length, rkey).
+Clients are listed with --all, through --join only (a server's answer lists
+servers alone).
 
 With --expect-servers N it first waits (up to --timeout) until N servers are
 alive, each advertising its index and at least --expect-arenas arenas, and

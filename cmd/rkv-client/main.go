@@ -117,23 +117,29 @@ func newRoot(g *globals) *cobra.Command {
 	root := &cobra.Command{
 		Use:   "rkv-client",
 		Short: "rkv's command-line client",
-		Long: `rkv-client talks to an rkv cluster. It joins the cluster's gossip through
---join (any server's gossip address), learns every server's memory regions,
-reads values one-sidedly with RDMA_READ and writes them with RDMA_WRITE plus a
-commit.
+		Long: `rkv-client talks to an rkv cluster. It asks a server's control port
+(--endpoints, any server's control address: its --control-addr, "control" in
+its ready log line) for the servers, their memory regions and the cluster map,
+in one round trip, then reads values one-sidedly with RDMA_READ and writes them
+with RDMA_WRITE plus a commit. With --join (gossip addresses) instead, it joins
+the cluster's gossip as a light member to learn the same, which costs about
+250 ms more per command.
 
-Global flags can also be set in the environment: RKV_JOIN, RKV_GOSSIP_KEY,
-RKV_GOSSIP_KEY_FILE, RKV_AUTH_TOKEN, RKV_OUTPUT, RKV_TIMEOUT, RKV_PROVIDER...
-(RKV_<FLAG> in upper snake case; the flag wins).
+Global flags can also be set in the environment: RKV_ENDPOINTS, RKV_JOIN,
+RKV_GOSSIP_KEY, RKV_GOSSIP_KEY_FILE, RKV_AUTH_TOKEN, RKV_OUTPUT, RKV_TIMEOUT,
+RKV_PROVIDER... (RKV_<FLAG> in upper snake case; the flag wins, and
+--endpoints or --join on the command line overrides both RKV_ENDPOINTS and
+RKV_JOIN).
 
 Keys are arguments as they are spelled, or hex or base64 with --key-encoding
 (binary keys); JSON output gives a key that is not UTF-8 as key_base64.`,
-		Example: `  export RKV_JOIN=127.0.0.1:7946
+		Example: `  export RKV_ENDPOINTS=127.0.0.1:7411     # a server's control address
   rkv-client put greeting hello
   echo -n world | rkv-client put planet
   rkv-client get greeting
   rkv-client scan --prefix gr --values
   rkv-client members --output json
+  rkv-client --join 127.0.0.1:7946 members --all   # through gossip: clients too
   rkv-client bench --ops 2000 --value-size 256`,
 		SilenceErrors: true,
 		SilenceUsage:  true,
@@ -147,7 +153,7 @@ Keys are arguments as they are spelled, or hex or base64 with --key-encoding
 		},
 	}
 	// --version prints the build: cobra answers it before any command
-	// runs (no --join needed).
+	// runs (no --endpoints needed).
 	root.Version = buildinfo.Read().String()
 	root.SetVersionTemplate("rkv-client {{.Version}}\n")
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return err })
