@@ -28,6 +28,7 @@ var errNoCluster = errors.New("cluster unavailable")
 
 // globals are the flags every command takes.
 type globals struct {
+	env    map[string]string // the process environment
 	getenv func(string) string
 	stdin  io.Reader
 
@@ -92,6 +93,7 @@ func (g *globals) finish(cmd *cobra.Command) error {
 	if err := applyEnv(fs, g.getenv, skip); err != nil {
 		return err
 	}
+	warnUnknownEnv(cmd.ErrOrStderr(), g.env, fs)
 	if len(g.endpoints) > 0 && len(g.join) > 0 {
 		return errors.New("--endpoints (control addresses, no gossip) and --join (gossip addresses): give one (or one of RKV_ENDPOINTS and RKV_JOIN)")
 	}

@@ -12,7 +12,7 @@ import (
 
 func runCLIIn(env map[string]string, stdin string, args ...string) (string, string, int) {
 	var out, errb bytes.Buffer
-	code := run(context.Background(), args, func(k string) string { return env[k] }, strings.NewReader(stdin), &out, &errb)
+	code := run(context.Background(), args, environOf(env), strings.NewReader(stdin), &out, &errb)
 	return out.String(), errb.String(), code
 }
 
@@ -128,7 +128,7 @@ func TestLimitsCheckedFirst(t *testing.T) {
 	}
 	in := &countingReader{r: strings.NewReader(strings.Repeat("v", 16<<20))}
 	var out, errb bytes.Buffer
-	code := run(context.Background(), []string{"put", "big", "-"}, func(k string) string { return env[k] }, in, &out, &errb)
+	code := run(context.Background(), []string{"put", "big", "-"}, environOf(env), in, &out, &errb)
 	if code != exitOther || !strings.Contains(errb.String(), "value too large") || in.n > 2*maxValue {
 		t.Fatalf("put of 16 MiB from stdin: exit %d, %q, %d bytes read (limit %d)", code, errb.String(), in.n, maxValue)
 	}

@@ -11,7 +11,6 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 
 	"github.com/spf13/cobra"
@@ -19,6 +18,7 @@ import (
 
 	"github.com/rkv-io/rkv/client"
 	"github.com/rkv-io/rkv/internal/buildinfo"
+	"github.com/rkv-io/rkv/internal/envflags"
 	"github.com/rkv-io/rkv/rdma"
 	_ "github.com/rkv-io/rkv/rdma/soft" // the pure-Go provider; verbs.go adds libibverbs under -tags verbs
 )
@@ -79,13 +79,15 @@ func main() {
 		<-ctx.Done()
 		stop()
 	}()
-	os.Exit(run(ctx, os.Args[1:], os.Getenv, os.Stdin, os.Stdout, os.Stderr))
+	os.Exit(run(ctx, os.Args[1:], os.Environ(), os.Stdin, os.Stdout, os.Stderr))
 }
 
-// run runs the command line args, in ctx: when ctx ends (a signal), the
+// run runs the command line args, with environ (os.Environ's "KEY=value"
+// list) for the RKV_ variables, in ctx: when ctx ends (a signal), the
 // command is cancelled and returns, closing its client.
-func run(ctx context.Context, args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) int {
-	g := &globals{getenv: getenv, stdin: stdin}
+func run(ctx context.Context, args []string, environ []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	env := envflags.Map(environ)
+	g := &globals{env: env, getenv: func(k string) string { return env[k] }, stdin: stdin}
 	root := newRoot(g)
 	root.SetArgs(args)
 	root.SetIn(stdin)
@@ -129,7 +131,8 @@ Global flags can also be set in the environment: RKV_ENDPOINTS, RKV_JOIN,
 RKV_GOSSIP_KEY, RKV_GOSSIP_KEY_FILE, RKV_AUTH_TOKEN, RKV_OUTPUT, RKV_TIMEOUT,
 RKV_PROVIDER... (RKV_<FLAG> in upper snake case; the flag wins, and
 --endpoints or --join on the command line overrides both RKV_ENDPOINTS and
-RKV_JOIN).
+RKV_JOIN). An RKV_ variable that names no global flag is ignored with a
+warning that names the one it most likely meant.
 
 Keys are arguments as they are spelled, or hex or base64 with --key-encoding
 (binary keys); JSON output gives a key that is not UTF-8 as key_base64.`,
@@ -192,8 +195,20 @@ func devicesCmd() *cobra.Command {
 }
 
 // envName is a flag's environment variable: RKV_AUTH_TOKEN for auth-token.
-func envName(flag string) string {
-	return "RKV_" + strings.ToUpper(strings.ReplaceAll(flag, "-", "_"))
+func envName(flag string) string { return envflags.Name(flag) }
+
+// warnUnknownEnv writes a line to w for each RKV_ variable of env that
+// names none of the global flags (the ones the environment may set), with
+// the one it most likely meant: a misspelt RKV_ENDPOINT would otherwise be
+// ignored without a word.
+func warnUnknownEnv(w io.Writer, env map[string]string, fs *pflag.FlagSet) {
+	for _, u := range envflags.Unknowns(env, fs) {
+		if u.Closest != "" {
+			fmt.Fprintf(w, "rkv-client: warning: %s names no global flag: ignored (did you mean %s, for --%s?)\n", u.Name, envName(u.Closest), u.Closest)
+		} else {
+			fmt.Fprintf(w, "rkv-client: warning: %s names no global flag: ignored (RKV_<FLAG> sets a global flag of rkv-client --help)\n", u.Name)
+		}
+	}
 }
 
 // applyEnv sets every flag of fs not given on the command line from its

@@ -15,8 +15,17 @@ import (
 
 func runCLI(env map[string]string, args ...string) (string, string, int) {
 	var out, errb bytes.Buffer
-	code := run(context.Background(), args, func(k string) string { return env[k] }, strings.NewReader(""), &out, &errb)
+	code := run(context.Background(), args, environOf(env), strings.NewReader(""), &out, &errb)
 	return out.String(), errb.String(), code
+}
+
+// environOf is env as os.Environ's list.
+func environOf(env map[string]string) []string {
+	var out []string
+	for k, v := range env {
+		out = append(out, k+"="+v)
+	}
+	return out
 }
 
 func TestUsageExitCodes(t *testing.T) {
@@ -162,5 +171,29 @@ func TestVersion(t *testing.T) {
 	out, errs, code := runCLI(nil, "--version")
 	if code != exitOK || !strings.HasPrefix(out, "rkv-client ") || !strings.Contains(out, " commit ") || !strings.Contains(out, "go1") {
 		t.Fatalf("--version: exit %d, stdout %q, stderr %q", code, out, errs)
+	}
+}
+
+// An RKV_ variable that names no global flag is ignored with a warning on
+// stderr that names the flag it most likely meant; known ones are quiet.
+func TestUnknownEnvWarns(t *testing.T) {
+	_, errs, code := runCLI(map[string]string{"RKV_ENDPOINT": "127.0.0.1:1", "RKV_FROBNICATE": "1", "RKV_OUTPUT": "json", "HOME": "/"}, "devices")
+	if code != exitOK {
+		t.Fatalf("devices: exit %d\n%s", code, errs)
+	}
+	for _, want := range []string{
+		"rkv-client: warning: RKV_ENDPOINT names no global flag: ignored (did you mean RKV_ENDPOINTS, for --endpoints?)\n",
+		"rkv-client: warning: RKV_FROBNICATE names no global flag: ignored (RKV_<FLAG> sets a global flag of rkv-client --help)\n",
+	} {
+		if !strings.Contains(errs, want) {
+			t.Errorf("stderr %q, want it to contain %q", errs, want)
+		}
+	}
+	if strings.Contains(errs, "RKV_OUTPUT") || strings.Count(errs, "\n") != 2 {
+		t.Errorf("stderr %q: want the two warnings alone", errs)
+	}
+	// The misspelt variable is ignored: the command has no cluster.
+	if _, errs, code := runCLI(map[string]string{"RKV_ENDPOINT": "127.0.0.1:1"}, "get", "k"); code != exitUsage || !strings.Contains(errs, "no cluster given") {
+		t.Errorf("get with RKV_ENDPOINT only: exit %d, %q; want a usage error, no cluster given", code, errs)
 	}
 }

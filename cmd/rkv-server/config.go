@@ -14,6 +14,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/rkv-io/rkv/internal/envflags"
 	"github.com/rkv-io/rkv/internal/tlsfiles"
 	"github.com/rkv-io/rkv/membership"
 	"github.com/rkv-io/rkv/store"
@@ -71,7 +72,7 @@ type options struct {
 	// envWarnings are the RKV_ variables of the environment that name no
 	// flag (a misspelling would otherwise be ignored without a word),
 	// logged once the logger is up.
-	envWarnings []envWarning
+	envWarnings []envflags.Unknown
 }
 
 const usageHeader = `rkv-server runs one rkv server: it opens an RDMA device, the store (arenas
@@ -166,9 +167,7 @@ func newFlagSet(o *options) *pflag.FlagSet {
 }
 
 // envName is a flag's environment variable: RKV_DATA_DIR for data-dir.
-func envName(flag string) string {
-	return "RKV_" + strings.ToUpper(strings.ReplaceAll(flag, "-", "_"))
-}
+func envName(flag string) string { return envflags.Name(flag) }
 
 // errHelp is returned by parseOptions for --help.
 var errHelp = pflag.ErrHelp
@@ -182,7 +181,7 @@ var errVersion = errors.New("--version")
 func parseOptions(args []string, environ []string, usageOut io.Writer) (*options, error) {
 	o := &options{}
 	fs := newFlagSet(o)
-	env := envMap(environ)
+	env := envflags.Map(environ)
 	fs.SetOutput(usageOut)
 	fs.Usage = func() {
 		fmt.Fprint(usageOut, usageHeader)
@@ -198,7 +197,7 @@ func parseOptions(args []string, environ []string, usageOut io.Writer) (*options
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected argument %q (every setting is a --flag)", fs.Arg(0))
 	}
-	o.envWarnings = unknownEnv(fs, env)
+	o.envWarnings = envflags.Unknowns(env, fs)
 	set := map[string]bool{}
 	fs.Visit(func(f *pflag.Flag) { set[f.Name] = true })
 	var err error

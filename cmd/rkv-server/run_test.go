@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rkv-io/rkv/internal/envflags"
 	"github.com/rkv-io/rkv/internal/freeport"
 	"github.com/rkv-io/rkv/internal/testlog"
 )
@@ -166,7 +167,7 @@ func TestUnknownEnv(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []envWarning{{"RKV_A", ""}, {"RKV_DAT_DIR", "data-dir"}, {"RKV_FROBNICATE", ""}, {"RKV_JION", "join"}}
+	want := []envflags.Unknown{{Name: "RKV_A"}, {Name: "RKV_DAT_DIR", Closest: "data-dir"}, {Name: "RKV_FROBNICATE"}, {Name: "RKV_JION", Closest: "join"}}
 	if fmt.Sprint(o.envWarnings) != fmt.Sprint(want) {
 		t.Fatalf("warnings %v, want %v", o.envWarnings, want)
 	}
