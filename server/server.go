@@ -25,6 +25,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -50,7 +51,11 @@ type Config struct {
 	// not close it.
 	Device rdma.Device
 	// ControlAddr is where the control RPC listens. Default
-	// "127.0.0.1:0". Raft's traffic runs over it too.
+	// "127.0.0.1:0". Raft's traffic runs over it too. A listener on every
+	// interface (0.0.0.0 or [::]) is advertised to clients and servers
+	// with the host of Membership.AdvertiseAddr, else of
+	// Membership.BindAddr (default 127.0.0.1); New refuses it when those
+	// are unspecified too: a client needs one address it can reach.
 	ControlAddr string
 	// Store configures the store; Store.Dir is required. Store.Logger
 	// defaults to Logger. The cluster map's Raft state lives in
@@ -161,20 +166,21 @@ func (c Config) withDefaults() (Config, error) {
 
 // Server is one running rkv server.
 type Server struct {
-	cfg   Config
-	log   *slog.Logger
-	id    string // the data directory's server ID
-	dev   rdma.Device
-	pd    rdma.PD
-	cq    rdma.CQ
-	reg   *rdma.Registrar
-	st    *store.Store
-	ln    net.Listener
-	ml    *membership.Membership
-	node  *replica.Node
-	raft  *raftStream
-	peers *peers
-	gen   uint64
+	cfg     Config
+	log     *slog.Logger
+	id      string // the data directory's server ID
+	dev     rdma.Device
+	pd      rdma.PD
+	cq      rdma.CQ
+	reg     *rdma.Registrar
+	st      *store.Store
+	ln      net.Listener
+	ctlAddr string // the advertised control address (ControlAddr)
+	ml      *membership.Membership
+	node    *replica.Node
+	raft    *raftStream
+	peers   *peers
+	gen     uint64
 
 	metaMu sync.Mutex
 	meta   proto.NodeMeta // guarded by metaMu
@@ -263,7 +269,11 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		s.ln = tls.NewListener(s.ln, cfg.TLS.Clone())
 	}
 	undo = append(undo, s.ln.Close)
-	controlAddr := s.ln.Addr().String()
+	controlAddr, err := advertisedControlAddr(s.ln.Addr().String(), cfg.Membership)
+	if err != nil {
+		return nil, err
+	}
+	s.ctlAddr = controlAddr
 	s.peers = newPeers(s.peerConfig())
 	undo = append(undo, func() error { s.peers.close(); return nil })
 	s.raft = newRaftStream(raftAddr(s.id, controlAddr), s.peerConfig())
@@ -323,6 +333,33 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	go s.watchMap()
 	go s.lead()
 	return s, nil
+}
+
+// advertisedControlAddr is the control address to advertise for a
+// listener on listen: listen itself, unless it listens on every interface,
+// whose wildcard no peer can dial; then the gossip address's host, the one
+// other nodes already reach this server at.
+func advertisedControlAddr(listen string, mc membership.Config) (string, error) {
+	host, port, err := net.SplitHostPort(listen)
+	if err != nil {
+		return "", fmt.Errorf("server: control listener address %q: %w", listen, err)
+	}
+	ip, err := netip.ParseAddr(host)
+	if err != nil || !ip.IsUnspecified() {
+		return listen, nil
+	}
+	h := mc.AdvertiseAddr
+	if h == "" {
+		h = mc.BindAddr
+	}
+	if h == "" {
+		h = "127.0.0.1" // membership's default
+	}
+	if a, err := netip.ParseAddr(h); err != nil || !a.IsUnspecified() {
+		return net.JoinHostPort(h, port), nil
+	}
+	return "", fmt.Errorf("server: the control listener is on every interface (%s) and the gossip address is unspecified too (%q): "+
+		"no address to advertise that clients can reach; give ControlAddr or Membership.AdvertiseAddr a specific IP", listen, h)
 }
 
 // noArenaError explains a start none of whose arenas registered, from
@@ -403,8 +440,9 @@ func (s *Server) Name() string { return s.cfg.Name }
 // ID is the server's data directory ID.
 func (s *Server) ID() string { return s.id }
 
-// ControlAddr is the control listener's address.
-func (s *Server) ControlAddr() string { return s.ln.Addr().String() }
+// ControlAddr is the control address the server advertises: the
+// listener's, with a routable host when it listens on every interface.
+func (s *Server) ControlAddr() string { return s.ctlAddr }
 
 // GossipAddr is the membership address clients and servers use as a seed.
 func (s *Server) GossipAddr() string { return s.ml.LocalNode().Addr.String() }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/netip"
 	"os"
 	"strconv"
 	"strings"
@@ -104,8 +105,10 @@ best given by file or environment so they stay out of the process list.
 Without a gossip key, node metadata (rkeys included) travels in clear text.
 With --tls-cert and --tls-key the control port speaks TLS 1.3 only; adding
 --tls-client-ca requires every client to present a certificate that CA
-signed (mTLS). The certificate must hold the IP address of --control-addr
-as an IP SAN: clients verify it against the address the server advertises.
+signed (mTLS). The certificate must hold the IP address the server
+advertises for its control port as an IP SAN (the host of --control-addr, or
+of --gossip-addr when --control-addr is 0.0.0.0 or [::]): clients verify it
+against that address.
 
 On SIGTERM or SIGINT the server shuts down gracefully (stops granting leases,
 finishes commits, deregisters memory, leaves the cluster) and exits 0; a
@@ -141,7 +144,7 @@ func newFlagSet(o *options) *pflag.FlagSet {
 	fs.StringVar(&o.Provider, "provider", "auto", "RDMA provider: auto (verbs if compiled in and a device exists, else soft), soft, verbs")
 	fs.StringVar(&o.Device, "device", "", "RDMA device name (default: the provider's first device)")
 	fs.StringVar(&o.DataAddr, "data-addr", "127.0.0.1:0", "soft provider's data endpoint host:port")
-	fs.StringVar(&o.ControlAddr, "control-addr", "127.0.0.1:0", "control RPC listener host:port (advertised by gossip)")
+	fs.StringVar(&o.ControlAddr, "control-addr", "127.0.0.1:0", "control RPC listener host:port, advertised by gossip (on 0.0.0.0 or [::], with the host of --gossip-addr); what clients pass to --endpoints")
 	fs.StringVar(&o.GossipAddr, "gossip-addr", "127.0.0.1:7946", "gossip host:port, UDP and TCP; what others pass to --join")
 	fs.StringSliceVar(&o.Join, "join", nil, "gossip addresses of members to join, comma separated; any that answers will do")
 	fs.DurationVar(&o.JoinTimeout, "join-timeout", 60*time.Second, "keep retrying --join while no member answers (with backoff, each attempt logged) for this long; 0: one attempt")
@@ -342,6 +345,13 @@ func (o *options) validate() error {
 			return fmt.Errorf("--%s %q: %w", a.flag, a.v, err)
 		}
 	}
+	// A control port on every interface is advertised with the gossip
+	// address's host (server.Config.ControlAddr): a wildcard is no address
+	// a client can dial.
+	if ctlHost, _, _ := splitHostPort(o.ControlAddr); unspecified(ctlHost) && unspecified(o.gossipIP) {
+		return fmt.Errorf("--control-addr %s listens on every interface, and the server advertises the host of --gossip-addr to clients for it, but --gossip-addr %s is on every interface too: give --gossip-addr (or --control-addr) the IP clients and servers reach this one at",
+			o.ControlAddr, o.GossipAddr)
+	}
 	for _, j := range o.Join {
 		if _, _, err := splitHostPort(j); err != nil {
 			return fmt.Errorf("--join %q: %w", j, err)
@@ -452,6 +462,16 @@ func (o *options) tlsConfig() (listener, peer *tls.Config, err error) {
 		}
 	}
 	return listener, peer, nil
+}
+
+// unspecified reports whether host means every interface: 0.0.0.0, ::
+// or empty (":7950").
+func unspecified(host string) bool {
+	if host == "" {
+		return true
+	}
+	a, err := netip.ParseAddr(host)
+	return err == nil && a.IsUnspecified()
 }
 
 func splitHostPort(s string) (string, int, error) {

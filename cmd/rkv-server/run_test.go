@@ -187,3 +187,18 @@ func TestVersion(t *testing.T) {
 		t.Fatalf("RKV_VERSION=1 without --name: %v", err)
 	}
 }
+
+// --control-addr on every interface is advertised with --gossip-addr's
+// host; with that on every interface too, the start is refused naming the
+// flags.
+func TestControlAddrOnEveryInterface(t *testing.T) {
+	for _, ctl := range []string{"0.0.0.0:7950", "[::]:7950", ":7950"} {
+		if _, err := parseOptions([]string{"--name", "n", "--control-addr", ctl, "--gossip-addr", "127.0.0.1:7946"}, nil, io.Discard); err != nil {
+			t.Errorf("--control-addr %s with --gossip-addr 127.0.0.1:7946: %v", ctl, err)
+		}
+		_, err := parseOptions([]string{"--name", "n", "--control-addr", ctl, "--gossip-addr", "0.0.0.0:7946"}, nil, io.Discard)
+		if err == nil || !strings.Contains(err.Error(), "--control-addr "+ctl+" listens on every interface") || !strings.Contains(err.Error(), "give --gossip-addr") {
+			t.Errorf("--control-addr %s with --gossip-addr 0.0.0.0:7946: %v; want a refusal naming --gossip-addr", ctl, err)
+		}
+	}
+}
