@@ -113,7 +113,9 @@ against that address.
 On SIGTERM or SIGINT the server shuts down gracefully (stops granting leases,
 finishes commits, deregisters memory, leaves the cluster) and exits 0; a
 second signal exits at once with status 1. Exit status 2 means bad flags or
-configuration, 1 a failure to start or to shut down cleanly. A server that
+configuration, 1 a failure to start or to shut down cleanly: among those, a
+--tls-cert that has expired or is not valid yet, or a --tls-key that does not
+match it (the message names the file and the dates). A server that
 can register none of its arenas (RLIMIT_MEMLOCK below --arena-size, typically)
 fails to start, with the reason and how to raise the limit; with some of them
 it serves on those.
@@ -440,8 +442,12 @@ func (o *options) tlsConfig() (listener, peer *tls.Config, err error) {
 	if o.TLSCert == "" || o.TLSKey == "" {
 		return nil, nil, errors.New("--tls-cert and --tls-key: give both or neither")
 	}
-	cert, err := tlsfiles.KeyPair(tlsfiles.Flag{Name: "--tls-cert", Path: o.TLSCert}, tlsfiles.Flag{Name: "--tls-key", Path: o.TLSKey})
+	certFlag := tlsfiles.Flag{Name: "--tls-cert", Path: o.TLSCert}
+	cert, err := tlsfiles.KeyPair(certFlag, tlsfiles.Flag{Name: "--tls-key", Path: o.TLSKey})
 	if err != nil {
+		return nil, nil, err
+	}
+	if err := tlsfiles.CheckValidity(certFlag, cert, time.Now()); err != nil {
 		return nil, nil, err
 	}
 	listener = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS13}

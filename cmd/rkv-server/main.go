@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/rkv-io/rkv/internal/buildinfo"
+	"github.com/rkv-io/rkv/internal/tlsfiles"
 	"github.com/rkv-io/rkv/membership"
 	"github.com/rkv-io/rkv/rdma"
 	_ "github.com/rkv-io/rkv/rdma/soft"
@@ -49,6 +50,11 @@ func run(args []string, environ []string, stdout, stderr io.Writer, sigs <-chan 
 	if errors.Is(err, errVersion) {
 		fmt.Fprintln(stdout, "rkv-server", buildinfo.Read())
 		return exitOK
+	}
+	if _, ok := errors.AsType[*tlsfiles.InvalidError](err); ok {
+		// The flags are right; what they name cannot serve.
+		fmt.Fprintf(stderr, "rkv-server: cannot start: %v\n", err)
+		return exitError
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "rkv-server: %v\nrun 'rkv-server --help' for the flags\n", err)

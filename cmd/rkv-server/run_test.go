@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -17,6 +18,7 @@ import (
 	"github.com/rkv-io/rkv/internal/envflags"
 	"github.com/rkv-io/rkv/internal/freeport"
 	"github.com/rkv-io/rkv/internal/testlog"
+	"github.com/rkv-io/rkv/internal/testpki"
 )
 
 func port(t *testing.T) int {
@@ -199,6 +201,41 @@ func TestControlAddrOnEveryInterface(t *testing.T) {
 		_, err := parseOptions([]string{"--name", "n", "--control-addr", ctl, "--gossip-addr", "0.0.0.0:7946"}, nil, io.Discard)
 		if err == nil || !strings.Contains(err.Error(), "--control-addr "+ctl+" listens on every interface") || !strings.Contains(err.Error(), "give --gossip-addr") {
 			t.Errorf("--control-addr %s with --gossip-addr 0.0.0.0:7946: %v; want a refusal naming --gossip-addr", ctl, err)
+		}
+	}
+}
+
+// A --tls-cert that has expired or is not valid yet, or a --tls-key of
+// another certificate, fails the start (exit 1) before anything opens,
+// naming the file and the dates.
+func TestTLSCertificateRefusedAtStart(t *testing.T) {
+	now := time.Now()
+	good := testpki.New(t, "127.0.0.1").WriteFiles(t, t.TempDir())
+	expired := testpki.NewValid(t, now.Add(-48*time.Hour), now.Add(-24*time.Hour), "127.0.0.1").WriteFiles(t, t.TempDir())
+	early := testpki.NewValid(t, now.Add(24*time.Hour), now.Add(48*time.Hour), "127.0.0.1").WriteFiles(t, t.TempDir())
+	day := func(d time.Duration) string { return now.Add(d).UTC().Format(time.RFC3339)[:10] }
+	for _, tc := range []struct {
+		name      string
+		cert, key string
+		want      []string
+	}{
+		{"expired", expired.ServerCert, expired.ServerKey, []string{"--tls-cert " + expired.ServerCert, "has expired", "valid from " + day(-48*time.Hour), "to " + day(-24*time.Hour), "now is " + day(0)}},
+		{"not valid yet", early.ServerCert, early.ServerKey, []string{"--tls-cert " + early.ServerCert, "is not valid yet", "valid from " + day(24*time.Hour)}},
+		{"another key", good.ServerCert, good.ClientKey, []string{"--tls-cert " + good.ServerCert, "--tls-key " + good.ClientKey, "private key does not match public key"}},
+	} {
+		var stderr bytes.Buffer
+		dir := filepath.Join(t.TempDir(), "data")
+		code := run([]string{"--name", "n", "--data-dir", dir, "--bootstrap", "--tls-cert", tc.cert, "--tls-key", tc.key}, nil, io.Discard, &stderr, nil)
+		if code != exitError {
+			t.Errorf("%s: exit %d, want %d; stderr %q", tc.name, code, exitError, stderr.String())
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(stderr.String(), w) {
+				t.Errorf("%s: stderr %q, want it to contain %q", tc.name, stderr.String(), w)
+			}
+		}
+		if _, err := os.Stat(dir); !os.IsNotExist(err) {
+			t.Errorf("%s: the data directory was made (%v): the start went on", tc.name, err)
 		}
 	}
 }

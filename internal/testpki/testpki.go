@@ -39,10 +39,19 @@ type PKI struct {
 func New(t testing.TB, hosts ...string) *PKI {
 	t.Helper()
 	now := time.Now()
+	return NewValid(t, now.Add(-time.Hour), now.Add(time.Hour), hosts...)
+}
+
+// NewValid is New with the server and client certificates valid from
+// notBefore to notAfter (the CA from an hour before the one to an hour
+// after the other): an expired or not yet valid certificate, for tests of
+// what refuses it.
+func NewValid(t testing.TB, notBefore, notAfter time.Time, hosts ...string) *PKI {
+	t.Helper()
 	caKey := newKey(t)
 	caTemplate := &x509.Certificate{
 		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "rkv test CA"},
-		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(time.Hour),
+		NotBefore: notBefore.Add(-time.Hour), NotAfter: notAfter.Add(time.Hour),
 		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
 	}
 	caDER, err := x509.CreateCertificate(rand.Reader, caTemplate, caTemplate, &caKey.PublicKey, caKey)
@@ -57,7 +66,7 @@ func New(t testing.TB, hosts ...string) *PKI {
 		key := newKey(t)
 		template := &x509.Certificate{
 			SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: name},
-			NotBefore: now.Add(-time.Hour), NotAfter: now.Add(time.Hour),
+			NotBefore: notBefore, NotAfter: notAfter,
 			KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{usage},
 		}
 		for _, h := range hosts {

@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"fmt"
 	"os"
+	"time"
 )
 
 // Flag is a command-line flag that names a file: Name as the user writes
@@ -27,9 +28,45 @@ func KeyPair(cert, key Flag) (tls.Certificate, error) {
 	}
 	pair, err := tls.X509KeyPair(certPEM, keyPEM)
 	if err != nil {
-		return tls.Certificate{}, fmt.Errorf("%s %s, %s %s: %w", cert.Name, cert.Path, key.Name, key.Path, err)
+		return tls.Certificate{}, &InvalidError{fmt.Errorf("%s %s, %s %s: %w", cert.Name, cert.Path, key.Name, key.Path, err)}
 	}
 	return pair, nil
+}
+
+// InvalidError is a certificate or key that was read but cannot serve: not
+// PEM of a certificate and its key, a key that does not match the
+// certificate, a certificate outside its validity period. Unlike a flag
+// mistake, it is what a command fails to start for.
+type InvalidError struct{ Err error }
+
+func (e *InvalidError) Error() string { return e.Err.Error() }
+func (e *InvalidError) Unwrap() error { return e.Err }
+
+// CheckValidity fails with an *InvalidError, naming the file and the
+// dates, unless now lies in the validity period of pair's leaf
+// certificate (the one KeyPair loaded from cert): a server that starts
+// with an expired or not yet valid certificate would have every TLS client
+// refuse it, each with an error the server never sees.
+func CheckValidity(cert Flag, pair tls.Certificate, now time.Time) error {
+	leaf := pair.Leaf
+	if leaf == nil {
+		if len(pair.Certificate) == 0 {
+			return &InvalidError{fmt.Errorf("%s %s: no certificate", cert.Name, cert.Path)}
+		}
+		var err error
+		if leaf, err = x509.ParseCertificate(pair.Certificate[0]); err != nil {
+			return &InvalidError{fmt.Errorf("%s %s: %w", cert.Name, cert.Path, err)}
+		}
+	}
+	const day = time.RFC3339
+	period := fmt.Sprintf("valid from %s to %s, now is %s", leaf.NotBefore.UTC().Format(day), leaf.NotAfter.UTC().Format(day), now.UTC().Format(day))
+	switch {
+	case now.Before(leaf.NotBefore):
+		return &InvalidError{fmt.Errorf("%s %s: the certificate (subject %q) is not valid yet: %s", cert.Name, cert.Path, leaf.Subject.String(), period)}
+	case now.After(leaf.NotAfter):
+		return &InvalidError{fmt.Errorf("%s %s: the certificate (subject %q) has expired: %s", cert.Name, cert.Path, leaf.Subject.String(), period)}
+	}
+	return nil
 }
 
 // CertPool loads the PEM certificates in the file named by ca into a pool

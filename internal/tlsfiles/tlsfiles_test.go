@@ -3,9 +3,11 @@
 package tlsfiles
 
 import (
+	"errors"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/rkv-io/rkv/internal/testpki"
 )
@@ -42,3 +44,32 @@ func TestKeyPairAndCertPool(t *testing.T) {
 
 // second is the error of a call that returns a value and an error.
 func second[T any](_ T, err error) error { return err }
+
+// CheckValidity refuses a certificate before or after its period, naming
+// the file and the dates, and takes one within it.
+func TestCheckValidity(t *testing.T) {
+	now := time.Date(2030, 6, 1, 12, 0, 0, 0, time.UTC)
+	dir := t.TempDir()
+	files := testpki.NewValid(t, now.Add(-24*time.Hour), now.Add(24*time.Hour), "127.0.0.1").WriteFiles(t, dir)
+	cert := Flag{Name: "--tls-cert", Path: files.ServerCert}
+	pair, err := KeyPair(cert, Flag{Name: "--tls-key", Path: files.ServerKey})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := CheckValidity(cert, pair, now); err != nil {
+		t.Fatalf("within the period: %v", err)
+	}
+	period := "valid from 2030-05-31T12:00:00Z to 2030-06-02T12:00:00Z"
+	for _, tc := range []struct {
+		at   time.Time
+		want string
+	}{
+		{now.Add(-48 * time.Hour), "--tls-cert " + files.ServerCert + `: the certificate (subject "CN=server") is not valid yet: ` + period + ", now is 2030-05-30T12:00:00Z"},
+		{now.Add(48 * time.Hour), "--tls-cert " + files.ServerCert + `: the certificate (subject "CN=server") has expired: ` + period + ", now is 2030-06-03T12:00:00Z"},
+	} {
+		err := CheckValidity(cert, pair, tc.at)
+		if _, ok := errors.AsType[*InvalidError](err); !ok || err.Error() != tc.want {
+			t.Errorf("at %v: %v, want an InvalidError %q", tc.at, err, tc.want)
+		}
+	}
+}
