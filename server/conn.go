@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"time"
 
@@ -30,14 +31,28 @@ func (s *Server) acceptLoop() {
 			}
 			return
 		}
-		c := &conn{s: s, nc: nc, leases: map[uint64]struct{}{}}
+		c := &conn{s: s, nc: nc, host: remoteHost(nc), leases: map[uint64]struct{}{}}
 		s.mu.Lock()
 		if s.closed {
 			s.mu.Unlock()
 			nc.Close()
 			return
 		}
+		var over string
+		switch {
+		case len(s.conns) >= s.cfg.MaxConns:
+			over = fmt.Sprintf("this server has %d control connections open, its limit", len(s.conns))
+		case s.perHost[c.host] >= s.cfg.MaxConnsPerHost:
+			over = fmt.Sprintf("%s has %d control connections open to this server, the limit per host", c.host, s.perHost[c.host])
+		}
+		if over != "" {
+			s.wg.Add(1)
+			s.mu.Unlock()
+			go s.turnAway(nc, over)
+			continue
+		}
 		s.conns[c] = struct{}{}
+		s.perHost[c.host]++
 		s.wg.Add(1)
 		s.mu.Unlock()
 		s.connections.Add(1)
@@ -45,11 +60,34 @@ func (s *Server) acceptLoop() {
 	}
 }
 
+// turnAway tells a connection over a limit why, and closes it. It writes
+// from a goroutine of its own, with a short deadline: the peer may not
+// read, and a TLS connection writes a handshake first.
+func (s *Server) turnAway(nc net.Conn, why string) {
+	defer s.wg.Done()
+	defer nc.Close()
+	s.refused[proto.CodeUnavailable].Add(1)
+	s.refusals.note("connection limit", slog.LevelWarn, "control connection refused: over the limit", "remote", nc.RemoteAddr().String(), "reason", why)
+	_ = nc.SetDeadline(time.Now().Add(time.Second))
+	_ = proto.WriteFrame(nc, 0, &proto.Error{Code: proto.CodeUnavailable, Message: "connection refused: " + why})
+}
+
+// remoteHost is the IP address a connection comes from ("" if unknown):
+// the unit of MaxConnsPerHost.
+func remoteHost(nc net.Conn) string {
+	host, _, err := net.SplitHostPort(nc.RemoteAddr().String())
+	if err != nil {
+		return ""
+	}
+	return host
+}
+
 // conn is one control connection and its QP.
 type conn struct {
 	s      *Server
 	nc     net.Conn
 	qp     rdma.QP
+	host   string // remote IP address
 	client string
 	kind   proto.SessionKind
 	leases map[uint64]struct{} // granted on this connection, not yet ended
@@ -71,6 +109,9 @@ func (c *conn) serve() {
 		s.connections.Add(-1)
 		s.mu.Lock()
 		delete(s.conns, c)
+		if s.perHost[c.host]--; s.perHost[c.host] <= 0 {
+			delete(s.perHost, c.host)
+		}
 		s.mu.Unlock()
 		s.wg.Done()
 	}()
@@ -86,13 +127,19 @@ func (c *conn) serve() {
 	}
 	log = log.With("client", c.client, "kind", c.kind.String())
 	var buf []byte
+	fr := &frameReader{nc: c.nc, timeout: s.cfg.FrameTimeout}
 	for {
-		id, m, b, err := proto.ReadFrame(c.nc, buf)
+		fr.next()
+		id, m, b, err := proto.ReadFrame(fr, buf)
 		buf = b
 		if err != nil {
-			if badFrame(err) {
+			switch {
+			case badFrame(err):
 				log.Warn("bad control frame: closing", "err", err)
 				c.refuse(err)
+			case fr.timedOut(err):
+				log.Warn("control frame not received within the frame timeout: closing", "timeout", s.cfg.FrameTimeout, "err", err)
+				c.refuse(fmt.Errorf("a frame begun and not finished within %v", s.cfg.FrameTimeout))
 			}
 			return
 		}
@@ -110,6 +157,37 @@ func (c *conn) serve() {
 			return
 		}
 	}
+}
+
+// frameReader reads a connection's frames: waiting for a frame's first
+// byte has no deadline (a session may idle), the rest of the frame must
+// follow within timeout, so that a peer trickling a frame cannot hold the
+// connection's buffer and goroutine for ever.
+type frameReader struct {
+	nc      net.Conn
+	timeout time.Duration
+	armed   bool
+}
+
+// next readies the reader for the next frame.
+func (r *frameReader) next() {
+	r.armed = false
+	_ = r.nc.SetReadDeadline(time.Time{})
+}
+
+func (r *frameReader) Read(p []byte) (int, error) {
+	n, err := r.nc.Read(p)
+	if n > 0 && !r.armed {
+		r.armed = true
+		_ = r.nc.SetReadDeadline(time.Now().Add(r.timeout))
+	}
+	return n, err
+}
+
+// timedOut reports whether err is the frame timeout striking.
+func (r *frameReader) timedOut(err error) bool {
+	var ne net.Error
+	return r.armed && errors.As(err, &ne) && ne.Timeout()
 }
 
 // handshake takes the Hello, then connects the QP pair (Raft sessions

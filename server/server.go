@@ -104,6 +104,18 @@ type Config struct {
 	// HandshakeTimeout bounds a new connection's QP handshake and Hello.
 	// Default 10s.
 	HandshakeTimeout time.Duration
+	// FrameTimeout bounds the arrival of a request frame once its first
+	// byte has: a connection may idle between requests as long as it
+	// likes, but one that sends a frame slowly (a byte at a time, holding
+	// its buffer and goroutine) is closed. Default 10s.
+	FrameTimeout time.Duration
+	// MaxConns bounds the control connections open at once, and
+	// MaxConnsPerHost those from one remote IP address: a connection over
+	// either is answered with an Error (CodeUnavailable) and closed, so a
+	// single misbehaving host cannot take every file descriptor. A
+	// client holds Config.ConnsPerServer (4) per server, and a peer server
+	// a few. Defaults 8192 and 1024.
+	MaxConns, MaxConnsPerHost int
 	// LeaveTimeout bounds the announcement of departure at Close.
 	// Default 2s.
 	LeaveTimeout time.Duration
@@ -147,6 +159,15 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.HandshakeTimeout <= 0 {
 		c.HandshakeTimeout = 10 * time.Second
+	}
+	if c.FrameTimeout <= 0 {
+		c.FrameTimeout = 10 * time.Second
+	}
+	if c.MaxConns <= 0 {
+		c.MaxConns = 8192
+	}
+	if c.MaxConnsPerHost <= 0 {
+		c.MaxConnsPerHost = 1024
 	}
 	if c.LeaveTimeout <= 0 {
 		c.LeaveTimeout = 2 * time.Second
@@ -195,11 +216,12 @@ type Server struct {
 	moves    *mover
 	errs     chan error // fatal conditions after the start (Err)
 
-	mu     sync.Mutex
-	closed bool
-	conns  map[*conn]struct{}
-	wg     sync.WaitGroup
-	stop   chan struct{}
+	mu      sync.Mutex
+	closed  bool
+	conns   map[*conn]struct{}
+	perHost map[string]int // open connections by remote IP
+	wg      sync.WaitGroup
+	stop    chan struct{}
 
 	handled     [proto.NumMsgTypes]atomic.Uint64
 	refused     [proto.NumErrorCodes]atomic.Uint64 // requests answered with an Error, by code
@@ -220,7 +242,7 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	if cfg, err = cfg.withDefaults(); err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, dev: cfg.Device, conns: map[*conn]struct{}{}, stop: make(chan struct{}), errs: make(chan error, 1),
+	s := &Server{cfg: cfg, log: cfg.Logger, dev: cfg.Device, conns: map[*conn]struct{}{}, perHost: map[string]int{}, stop: make(chan struct{}), errs: make(chan error, 1),
 		refusals: newRefusalLog(cfg.Logger, refusalLogEvery)}
 	var undo []func() error
 	defer func() {

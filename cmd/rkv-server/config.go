@@ -40,6 +40,9 @@ type options struct {
 	Device              string
 	DataAddr            string
 	ControlAddr         string
+	MaxConns            int
+	MaxConnsPerHost     int
+	FrameTimeout        time.Duration
 	GossipAddr          string
 	Join                []string
 	JoinTimeout         time.Duration
@@ -147,6 +150,9 @@ func newFlagSet(o *options) *pflag.FlagSet {
 	fs.StringVar(&o.Device, "device", "", "RDMA device name (default: the provider's first device)")
 	fs.StringVar(&o.DataAddr, "data-addr", "127.0.0.1:0", "soft provider's data endpoint host:port")
 	fs.StringVar(&o.ControlAddr, "control-addr", "127.0.0.1:0", "control RPC listener host:port, advertised by gossip (on 0.0.0.0 or [::], with the host of --gossip-addr); what clients pass to --endpoints")
+	fs.IntVar(&o.MaxConns, "max-conns", 8192, "control connections open at once; more are answered with an error and closed")
+	fs.IntVar(&o.MaxConnsPerHost, "max-conns-per-host", 1024, "control connections open at once from one IP address (a client holds 4 per server)")
+	fs.DurationVar(&o.FrameTimeout, "frame-timeout", 10*time.Second, "close a control connection that takes longer to send a request frame once begun (idling between requests is free)")
 	fs.StringVar(&o.GossipAddr, "gossip-addr", "127.0.0.1:7946", "gossip host:port, UDP and TCP; what others pass to --join")
 	fs.StringSliceVar(&o.Join, "join", nil, "gossip addresses of members to join, comma separated; any that answers will do")
 	fs.DurationVar(&o.JoinTimeout, "join-timeout", 60*time.Second, "keep retrying --join while no member answers (with backoff, each attempt logged) for this long; 0: one attempt")
@@ -361,6 +367,12 @@ func (o *options) validate() error {
 	}
 	if o.Bootstrap && len(o.Join) > 0 {
 		return errors.New("--bootstrap starts a new cluster and --join joins an existing one: give one")
+	}
+	if o.MaxConns < 1 || o.MaxConnsPerHost < 1 {
+		return fmt.Errorf("--max-conns %d, --max-conns-per-host %d: must be at least 1", o.MaxConns, o.MaxConnsPerHost)
+	}
+	if o.FrameTimeout <= 0 {
+		return fmt.Errorf("--frame-timeout %v: must be positive", o.FrameTimeout)
 	}
 	if o.RaftVoters < 1 {
 		return fmt.Errorf("--raft-voters %d: must be at least 1", o.RaftVoters)
