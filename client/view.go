@@ -52,6 +52,8 @@ type polledView struct {
 
 	stop   context.Context // ends background refreshes at Close
 	cancel context.CancelFunc
+	bgMu   sync.Mutex // orders the start of a background refresh with close's wait for them
+	done   bool       // under bgMu: closed, no background refresh starts
 	wg     sync.WaitGroup
 }
 
@@ -65,6 +67,9 @@ func newPolledView(addrs []string, every time.Duration) *polledView {
 // close ends the background refreshes and the session; fetches after it
 // fail with ErrClosed.
 func (p *polledView) close() error {
+	p.bgMu.Lock()
+	p.done = true
+	p.bgMu.Unlock()
 	p.cancel()
 	p.lock <- struct{}{}
 	p.closed = true
@@ -92,6 +97,12 @@ func (p *polledView) age() time.Duration { return time.Since(time.Unix(0, p.answ
 func (c *Client) touchView() {
 	p := c.pv
 	if p == nil || p.age() < p.every || !p.bg.CompareAndSwap(false, true) {
+		return
+	}
+	p.bgMu.Lock()
+	defer p.bgMu.Unlock()
+	if p.done {
+		p.bg.Store(false)
 		return
 	}
 	p.wg.Add(1)
