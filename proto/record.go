@@ -14,7 +14,7 @@ import (
 //
 //	off size field
 //	  0    4 magic    RecordMagic
-//	  4    4 state    RecordPending, RecordLive or RecordDead; not covered by
+//	  4    4 state    RecordPending, RecordLive, RecordDead or RecordBackup; not covered by
 //	                  the CRC: a writer writes it pending, the server flips
 //	                  it live when the commit is durable and dead when a
 //	                  newer version commits (or the record moves)
@@ -46,6 +46,9 @@ const (
 	RecordLive    uint32 = 1
 	RecordDead    uint32 = 2 // superseded by a newer version, deleted, or moved
 	RecordPending uint32 = 3 // written, not committed: no reader may return it
+	// RecordBackup: a backup replica's copy of its key's current version,
+	// kept for a failover; never an answer (reads go to the primary).
+	RecordBackup uint32 = 4
 )
 
 // Record flags.

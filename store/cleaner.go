@@ -72,6 +72,7 @@ type relocation struct {
 	from, to proto.Location
 	rec      []byte // the copy, live, for the journal
 	admitted bool   // counted in its shard (FreezeShards waits for it)
+	backup   bool   // of a backup shard: not indexed, the copy stays RecordBackup
 	moved    bool
 }
 
@@ -222,7 +223,7 @@ func (s *Store) clean(sg *segment) error {
 			continue
 		}
 		n := proto.RecordSize(r.KeyLen, r.ValueLen)
-		if recordState(mem[off:]) == proto.RecordLive {
+		if st := recordState(mem[off:]); st == proto.RecordLive || st == proto.RecordBackup {
 			batch = append(batch, relocation{
 				key: append([]byte(nil), r.Key...), shard: proto.ShardOf(r.Key), version: r.Version,
 				from: proto.Location{Arena: sg.arena.id, Offset: uint64(sg.start) + uint64(off), Length: uint32(n)},
@@ -337,14 +338,19 @@ func (s *Store) applyRelocate(c *pendingCommit) {
 		close(c.done)
 		s.inflight.Done()
 	}()
-	// Only records of shards that take writes: a frozen shard's records
-	// are being copied out, a released one's are dead already.
+	// Only records of shards that take writes (a frozen shard's records
+	// are being copied out, a released one's are dead already), and of
+	// backups.
 	s.mu.Lock()
 	for i := range job.moves {
 		m := &job.moves[i]
-		if info := &s.shards[m.shard]; info.state == ShardOwned && !info.frozen && !info.moving {
+		switch info := &s.shards[m.shard]; {
+		case info.state == ShardOwned && !info.frozen && !info.moving:
 			info.admit()
 			m.admitted = true
+		case info.state == ShardBackup && !info.frozen: // frozen: being promoted
+			info.admit()
+			m.admitted, m.backup = true, true
 		}
 	}
 	s.mu.Unlock()
@@ -357,7 +363,14 @@ func (s *Store) applyRelocate(c *pendingCommit) {
 		if !m.admitted {
 			continue
 		}
-		if loc, ok, err := s.index.Get(m.key); err != nil || !ok || loc != m.from {
+		current := s.index.Get
+		if m.backup {
+			current = func(key []byte) (proto.Location, bool, error) {
+				e, ok, err := s.entryOf(m.shard, key)
+				return e.loc, ok, err
+			}
+		}
+		if loc, ok, err := current(m.key); err != nil || !ok || loc != m.from {
 			continue // superseded or deleted since the walk
 		}
 		m.moved = true
@@ -384,6 +397,12 @@ func (s *Store) applyRelocate(c *pendingCommit) {
 	for i := range job.moves {
 		m := &job.moves[i]
 		if !m.moved {
+			continue
+		}
+		if m.backup {
+			s.arena(m.to.Arena).setState(m.to.Offset, proto.RecordBackup)
+			s.arena(m.from.Arena).markDead(m.from.Offset)
+			moved += int64(m.to.Length)
 			continue
 		}
 		s.arena(m.to.Arena).setState(m.to.Offset, proto.RecordLive)

@@ -38,6 +38,12 @@ type pendingCommit struct {
 	// for a batch of the cleaner's.
 	job   *ingestJob
 	reloc *relocateJob
+	// replica: an ApplyReplica or DeleteReplica, to a backup shard (not
+	// indexed, its records in state RecordBackup); old is the key's entry
+	// before it, read in the commit loop (had: there was one).
+	replica bool
+	old     entry
+	had     bool
 }
 
 // Commit commits the record a client wrote at offset off of lease id's
@@ -68,7 +74,12 @@ type pendingCommit struct {
 // A retry is only recognised within Options.SessionTTL of the first
 // attempt, which is far longer than a writer retries.
 func (s *Store) Commit(ctx context.Context, id uint64, off, length int64, w proto.Write) (Committed, error) {
-	c, v, err := s.prepareCommit(id, off, length, w)
+	return s.commit(ctx, id, off, length, w, 0)
+}
+
+// commit is Commit, or ApplyReplica when version is not 0.
+func (s *Store) commit(ctx context.Context, id uint64, off, length int64, w proto.Write, version uint64) (Committed, error) {
+	c, v, err := s.prepareCommit(id, off, length, w, version)
 	if err != nil {
 		s.stats.commitsRejected.Add(1)
 		return Committed{}, err
@@ -107,7 +118,9 @@ func (s *Store) answer(ctx context.Context, key []byte, v sessionVerdict) (Commi
 	return out, nil
 }
 
-func (s *Store) prepareCommit(id uint64, off, length int64, w proto.Write) (*pendingCommit, sessionVerdict, error) {
+// prepareCommit checks and admits a commit; replica, when not 0, makes it
+// an ApplyReplica of that version.
+func (s *Store) prepareCommit(id uint64, off, length int64, w proto.Write, replica uint64) (*pendingCommit, sessionVerdict, error) {
 	var none sessionVerdict
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -145,7 +158,7 @@ func (s *Store) prepareCommit(id uint64, off, length int64, w proto.Write) (*pen
 	case r.Tombstone():
 		return nil, none, fmt.Errorf("%w: deletes are committed with Delete, not as records", ErrRecord)
 	}
-	c := &pendingCommit{key: append([]byte(nil), r.Key...), shard: proto.ShardOf(r.Key), write: w, done: make(chan struct{})}
+	c := &pendingCommit{key: append([]byte(nil), r.Key...), shard: proto.ShardOf(r.Key), write: w, replica: replica != 0, done: make(chan struct{})}
 	if v, err := s.admissibleLocked(c); err != nil || v.dup != nil || v.wait != nil {
 		return c, v, err
 	}
@@ -157,14 +170,22 @@ func (s *Store) prepareCommit(id uint64, off, length int64, w proto.Write) (*pen
 		// that is live or dead here was committed before.
 		return nil, none, fmt.Errorf("%w: lease %d offset %d: state word %d: a record is written pending (%d); is the client older than the server?",
 			ErrRecord, id, off, state, proto.RecordPending)
-	case r.Version < l.nextVersion || r.Version >= l.VersionBase+l.VersionCount:
+	case replica != 0 && r.Version != replica:
+		return nil, none, fmt.Errorf("%w: the record in lease %d at %d has version %d, its primary applied version %d", ErrRecord, id, off, r.Version, replica)
+	case replica == 0 && (r.Version < l.nextVersion || r.Version >= l.VersionBase+l.VersionCount):
 		return nil, none, fmt.Errorf("%w: version %d outside the lease's remaining range [%d, %d)", ErrRecord, r.Version, l.nextVersion, l.VersionBase+l.VersionCount)
 	}
 	if gap := off - l.next; gap > 0 { // skipped by the client
 		s.wasteLocked(proto.Location{Arena: a.id, Offset: uint64(l.region.off + l.next), Length: uint32(gap)})
 	}
 	l.next = off + length
-	l.nextVersion = r.Version + 1
+	if replica == 0 {
+		l.nextVersion = r.Version + 1
+	} else {
+		// The primary's versions: this store's leases go on above them,
+		// so that after a promotion its versions keep growing.
+		s.nextVersion = max(s.nextVersion, r.Version+1)
+	}
 	c.entry = entry{loc: proto.Location{Arena: a.id, Offset: uint64(at), Length: uint32(length)}, version: r.Version}
 	c.arena, c.rec = a, rec
 	s.admitLocked(c)
@@ -176,7 +197,10 @@ func (s *Store) prepareCommit(id uint64, off, length int64, w proto.Write) (*pen
 // session: an error, a retry to answer, or a zero verdict (admit it).
 func (s *Store) admissibleLocked(c *pendingCommit) (sessionVerdict, error) {
 	info := &s.shards[c.shard]
-	if info.state != ShardOwned {
+	switch {
+	case c.replica && info.state != ShardBackup:
+		return sessionVerdict{}, fmt.Errorf("%w: a replica's write to %v, which is %v on this server, not a backup", ErrNotBackup, c.shard, info.state)
+	case !c.replica && info.state != ShardOwned:
 		return sessionVerdict{}, fmt.Errorf("%w: %v is %v on this server", ErrNotOwner, c.shard, info.state)
 	}
 	if c.write.Session != 0 {
@@ -216,10 +240,15 @@ func (s *Store) finishLocked(c *pendingCommit, applied bool, now int64) {
 // w makes it idempotent as for Commit (a retry of an applied delete
 // returns nil).
 func (s *Store) Delete(ctx context.Context, key []byte, w proto.Write) error {
+	return s.delete(ctx, key, w, false)
+}
+
+// delete is Delete, or DeleteReplica.
+func (s *Store) delete(ctx context.Context, key []byte, w proto.Write, replica bool) error {
 	if len(key) == 0 || len(key) > s.opts.MaxKeyLen {
 		return fmt.Errorf("%w: key of %d bytes (1 to %d)", ErrRecord, len(key), s.opts.MaxKeyLen)
 	}
-	c := &pendingCommit{key: append([]byte(nil), key...), shard: proto.ShardOf(key), write: w, delete: true, done: make(chan struct{})}
+	c := &pendingCommit{key: append([]byte(nil), key...), shard: proto.ShardOf(key), write: w, delete: true, replica: replica, done: make(chan struct{})}
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -380,9 +409,16 @@ func (s *Store) apply(batch []*pendingCommit) {
 	seq, journaled := s.journalNext.Load(), int64(0)
 	for _, c := range batch {
 		var err error
+		if c.replica && c.result == nil {
+			// Not indexed: the entry says what the write replaces. (A
+			// primary sends a key's next write only once this one is
+			// applied, so no two of a key share a batch.)
+			c.old, c.had, err = s.entryOf(c.shard, c.key)
+		}
 		switch {
 		case c.result != nil:
 			continue
+		case err != nil:
 		case c.delete:
 			err = b.Delete(shardDataKey(c.shard, c.key), nil)
 		default:
@@ -468,7 +504,12 @@ func (s *Store) publish(c *pendingCommit) error {
 	var old proto.Location
 	var had bool
 	var err error
-	if c.delete {
+	if c.replica {
+		if !c.delete {
+			c.arena.setState(c.entry.loc.Offset, proto.RecordBackup)
+		}
+		old, had = c.old.loc, c.had
+	} else if c.delete {
 		old, had, err = s.index.Delete(c.key)
 	} else {
 		c.arena.setState(c.entry.loc.Offset, proto.RecordLive)
@@ -521,6 +562,7 @@ func (s *Store) publish(c *pendingCommit) error {
 	}
 	s.mu.Unlock()
 	switch {
+	case c.replica: // Keys counts the indexed keys
 	case c.delete && had:
 		s.stats.keys.Add(-1)
 	case !c.delete && !had:

@@ -98,7 +98,7 @@ func decodeShardRecord(b []byte) (ShardState, uint64, error) {
 	switch {
 	case st == ShardOwned && since == 0:
 		return 0, 0, fmt.Errorf("store: shard record: owned since epoch 0: corrupt")
-	case st == ShardOwned, st == ShardIncoming, st == ShardReleased:
+	case st == ShardOwned, st == ShardIncoming, st == ShardReleased, st == ShardBackup:
 	default:
 		return 0, 0, fmt.Errorf("store: shard record: state %d since %d: corrupt", b[1], since)
 	}

@@ -34,7 +34,8 @@ import (
 // A shard goes None -> Incoming (BeginIncoming) -> [Ingest...] -> Owned
 // (ActivateShards) -> [frozen (FreezeShards)] -> Released (ReleaseShards)
 // -> None (DropShards), or back to Owned from Released when a migration is
-// aborted. Operations on one shard are serialized; operations on
+// aborted. A replica: Incoming or frozen Owned -> Backup (BeginBackup) ->
+// Owned (ActivateShards: a promotion) or None (DropShards). Operations on one shard are serialized; operations on
 // different shards run concurrently.
 
 // ShardState is a shard's state in this store.
@@ -54,6 +55,12 @@ const (
 	// ShardReleased: handed over; the data stays (dead, not indexed) so
 	// that an aborted migration can take it back, until DropShards.
 	ShardReleased
+	// ShardBackup: the store keeps a replica of the shard for its primary
+	// elsewhere (replica.go): its entries and records (in state
+	// RecordBackup, not indexed, no word), written by ApplyReplica and
+	// DeleteReplica; client commits are refused. ActivateShards promotes
+	// it.
+	ShardBackup
 	shardStateEnd
 )
 
@@ -67,6 +74,8 @@ func (st ShardState) String() string {
 		return "owned"
 	case ShardReleased:
 		return "released"
+	case ShardBackup:
+		return "backup"
 	}
 	return fmt.Sprintf("ShardState(%d)", uint8(st))
 }
@@ -384,6 +393,15 @@ func (s *Store) ActivateShards(shards []proto.Shard, since uint64) error {
 	}
 	if err := s.fitIndex(int(keys), activateIndexWait); err != nil {
 		return fmt.Errorf("activating %d shards: %w", len(todo), err)
+	}
+	// A backup's replica writes and the cleaner's moves of its records
+	// must not straddle its promotion (a move applied after the indexing
+	// would leave the index at the old copy): stop them and wait for
+	// those admitted.
+	promoted, err := s.quiesceBackups(todo)
+	defer s.UnfreezeShards(promoted)
+	if err != nil {
+		return err
 	}
 	indexed := 0
 	var done []proto.Shard

@@ -539,6 +539,10 @@ func (s *Store) rebuild() (int, error) {
 		info := &s.shards[sh]
 		info.keys++
 		info.live += int64(e.loc.Length)
+		if info.state == ShardBackup {
+			a.setState(e.loc.Offset, proto.RecordBackup)
+			continue
+		}
 		if info.state != ShardOwned {
 			a.setState(e.loc.Offset, proto.RecordDead)
 			continue
