@@ -414,9 +414,19 @@ func (c *Client) cacheDrop(key []byte) {
 }
 
 // Get returns key's value, read one-sidedly from its server's memory.
-func (c *Client) Get(ctx context.Context, key []byte) ([]byte, error) {
+// It takes WithTimeout.
+func (c *Client) Get(ctx context.Context, key []byte, opts ...OpOption) ([]byte, error) {
 	if err := checkKey(key); err != nil {
 		return nil, err
+	}
+	if len(opts) > 0 {
+		o, err := applyOptions("Get", false, opts)
+		if err != nil {
+			return nil, err
+		}
+		var cancel context.CancelFunc
+		ctx, cancel = o.context(ctx)
+		defer cancel()
 	}
 	var out []byte
 	err := c.doKey(ctx, "GET", key, func(ctx context.Context, sc *serverConn, t *target) error {
@@ -437,13 +447,23 @@ func (c *Client) Get(ctx context.Context, key []byte) ([]byte, error) {
 // does not exist (an empty value is a non-nil empty slice). Keys on one
 // server are read together: one post of index READs, then one of record
 // READs, so a batch costs about two round trips per server instead of two
-// per key; the servers are read in parallel.
-func (c *Client) MultiGet(ctx context.Context, keys [][]byte) ([][]byte, error) {
+// per key; the servers are read in parallel. It takes WithTimeout.
+func (c *Client) MultiGet(ctx context.Context, keys [][]byte, opts ...OpOption) ([][]byte, error) {
 	for i, k := range keys {
 		if err := checkKey(k); err != nil {
 			return nil, fmt.Errorf("key %d: %w", i, err)
 		}
 	}
+	o, err := applyOptions("MultiGet", false, opts)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := o.context(ctx)
+	defer cancel()
+	return c.multiGet(ctx, keys)
+}
+
+func (c *Client) multiGet(ctx context.Context, keys [][]byte) ([][]byte, error) {
 	vals := make([][]byte, len(keys))
 	pending := make([]int, len(keys))
 	for i := range pending {
@@ -515,10 +535,19 @@ func (c *Client) MultiGet(ctx context.Context, keys [][]byte) ([][]byte, error) 
 // Put stores value under key: an RDMA_WRITE into a lease and a commit.
 // It returns once the server acknowledged the write (durable under the
 // server's sync policy). A commit retried after a lost reply is applied
-// once.
-func (c *Client) Put(ctx context.Context, key, value []byte) error {
+// once. It takes WithTimeout.
+func (c *Client) Put(ctx context.Context, key, value []byte, opts ...OpOption) error {
 	if err := checkKey(key); err != nil {
 		return err
+	}
+	if len(opts) > 0 {
+		o, err := applyOptions("Put", false, opts)
+		if err != nil {
+			return err
+		}
+		var cancel context.CancelFunc
+		ctx, cancel = o.context(ctx)
+		defer cancel()
 	}
 	w := c.ids.next()
 	defer c.ids.done(w)
@@ -527,10 +556,20 @@ func (c *Client) Put(ctx context.Context, key, value []byte) error {
 	})
 }
 
-// Delete removes key. Deleting an absent key is not an error.
-func (c *Client) Delete(ctx context.Context, key []byte) error {
+// Delete removes key. Deleting an absent key is not an error. It takes
+// WithTimeout.
+func (c *Client) Delete(ctx context.Context, key []byte, opts ...OpOption) error {
 	if err := checkKey(key); err != nil {
 		return err
+	}
+	if len(opts) > 0 {
+		o, err := applyOptions("Delete", false, opts)
+		if err != nil {
+			return err
+		}
+		var cancel context.CancelFunc
+		ctx, cancel = o.context(ctx)
+		defer cancel()
 	}
 	c.cacheDrop(key)
 	w := c.ids.next()
@@ -544,24 +583,41 @@ func (c *Client) Delete(ctx context.Context, key []byte) error {
 	})
 }
 
-// Scan returns up to limit keys (0: no limit) in [start, end) (end nil: no
-// upper bound) with their values, in key order, from every server. It
-// fails with ErrUnavailable while a server that owns shards is down (its
-// keys would be missing).
-func (c *Client) Scan(ctx context.Context, start, end []byte, limit int) ([]KV, error) {
-	if limit < 0 {
-		return nil, fmt.Errorf("%w: negative limit", ErrInvalid)
+// Scan returns the keys in [start, end) (end nil: no upper bound) with
+// their values, in key order, from every server. It takes WithLimit,
+// WithKeysOnly, WithPrefix (start is a prefix, end nil) and WithTimeout.
+// It fails with ErrUnavailable while a server that owns shards is down
+// (its keys would be missing).
+func (c *Client) Scan(ctx context.Context, start, end []byte, opts ...OpOption) ([]KV, error) {
+	o, err := applyOptions("Scan", true, opts)
+	if err != nil {
+		return nil, err
 	}
+	if o.prefix {
+		if end != nil {
+			return nil, fmt.Errorf("%w: Scan: WithPrefix takes no end (got %q)", ErrInvalid, end)
+		}
+		end = PrefixEnd(start)
+	}
+	ctx, cancel := o.context(ctx)
+	defer cancel()
 	var keys [][]byte
-	err := c.do(ctx, "SCAN", func(ctx context.Context) error {
+	err = c.do(ctx, "SCAN", func(ctx context.Context) error {
 		var err error
-		keys, err = c.scanKeys(ctx, start, end, limit)
+		keys, err = c.scanKeys(ctx, start, end, o.limit)
 		return err
 	})
 	if err != nil {
 		return nil, err
 	}
-	vals, err := c.MultiGet(ctx, keys)
+	if o.keysOnly {
+		out := make([]KV, len(keys))
+		for i, k := range keys {
+			out[i] = KV{Key: k}
+		}
+		return out, nil
+	}
+	vals, err := c.multiGet(ctx, keys)
 	if err != nil {
 		return nil, err
 	}

@@ -1,6 +1,7 @@
 package client_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -114,7 +115,7 @@ func TestClusterPutGetDeleteScan(t *testing.T) {
 	}
 
 	// Scan across the three servers, in order, limited.
-	kvs, err := cl.Scan(ctx, key(10), key(40), 0)
+	kvs, err := cl.Scan(ctx, key(10), key(40))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,8 +142,40 @@ func TestClusterPutGetDeleteScan(t *testing.T) {
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("scan: %v, want %v", got, want)
 	}
-	if kvs, err := cl.Scan(ctx, nil, nil, 5); err != nil || len(kvs) != 5 || string(kvs[0].Key) != string(key(1)) {
+	if kvs, err := cl.Scan(ctx, nil, nil, client.WithLimit(5)); err != nil || len(kvs) != 5 || string(kvs[0].Key) != string(key(1)) {
 		t.Fatalf("limited scan: %d keys, %v", len(kvs), err)
+	}
+
+	// Per-call options.
+	reads := cl.Reads()
+	kvs, err = cl.Scan(ctx, []byte("key-001"), nil, client.WithPrefix(), client.WithKeysOnly())
+	if err != nil || len(kvs) == 0 {
+		t.Fatalf("keys-only prefix scan: %d keys, %v", len(kvs), err)
+	}
+	for _, kv := range kvs {
+		if !bytes.HasPrefix(kv.Key, []byte("key-001")) || kv.Value != nil {
+			t.Fatalf("keys-only prefix scan of key-001: %q = %q", kv.Key, kv.Value)
+		}
+	}
+	if got := cl.Reads(); got != reads {
+		t.Fatalf("a keys-only scan posted %d RDMA_READs", got-reads)
+	}
+	for name, call := range map[string]func() error{
+		"Get with a limit":     func() error { _, err := cl.Get(ctx, key(1), client.WithLimit(1)); return err },
+		"a negative timeout":   func() error { return cl.Put(ctx, key(1), value(1), client.WithTimeout(-time.Second)) },
+		"a prefix and an end":  func() error { _, err := cl.Scan(ctx, []byte("a"), []byte("b"), client.WithPrefix()); return err },
+		"MultiGet keys-only":   func() error { _, err := cl.MultiGet(ctx, [][]byte{key(1)}, client.WithKeysOnly()); return err },
+		"Delete with a prefix": func() error { return cl.Delete(ctx, key(1), client.WithPrefix()) },
+	} {
+		if err := call(); !errors.Is(err, client.ErrInvalid) {
+			t.Errorf("%s: %v, want ErrInvalid", name, err)
+		}
+	}
+	if _, err := cl.Get(ctx, key(1), client.WithTimeout(time.Nanosecond)); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("a Get given 1 ns: %v, want context.DeadlineExceeded", err)
+	}
+	if v, err := cl.Get(ctx, key(1), client.WithTimeout(5*time.Second)); err != nil || string(v) != string(value(1)) {
+		t.Errorf("a Get given 5 s: %q, %v", v, err)
 	}
 }
 

@@ -85,7 +85,7 @@ func ExampleClient_Scan() {
 		fmt.Println(err)
 		return
 	}
-	kvs, err := cl.Scan(ctx, []byte("fruit/"), []byte("fruit0"), 0)
+	kvs, err := cl.Scan(ctx, []byte("fruit/"), nil, client.WithPrefix())
 	for _, kv := range kvs {
 		fmt.Printf("%s=%s\n", kv.Key, kv.Value)
 	}

@@ -358,7 +358,7 @@ func TestDisconnectMidCommit(t *testing.T) {
 	if v, err := cl.Get(ctx, []byte("torn")); !errors.Is(err, client.ErrNotFound) {
 		t.Fatalf("GET of a torn record: %d bytes, %v; want not found", len(v), err)
 	}
-	if kvs, err := cl.Scan(ctx, []byte("torn"), []byte("torn\x00"), 0); err != nil || len(kvs) != 0 {
+	if kvs, err := cl.Scan(ctx, []byte("torn"), []byte("torn\x00")); err != nil || len(kvs) != 0 {
 		t.Fatalf("scan of the torn key: %v, %v", kvs, err)
 	}
 	for i, l := range leases {

@@ -173,16 +173,21 @@ func scanCmd(g *globals) *cobra.Command {
 				return errors.New("--values and --keys-only: give one")
 			}
 			var s, e []byte
+			opts := []client.OpOption{client.WithLimit(limit)}
 			if prefix != "" {
-				s, e = []byte(prefix), client.PrefixEnd([]byte(prefix))
+				s = []byte(prefix)
+				opts = append(opts, client.WithPrefix())
 			} else {
 				s = []byte(start)
 				if end != "" {
 					e = []byte(end)
 				}
 			}
+			if keysOnly {
+				opts = append(opts, client.WithKeysOnly()) // no value is read
+			}
 			return g.withClient(cmd, func(ctx context.Context, c *client.Client) error {
-				kvs, err := c.Scan(ctx, s, e, limit)
+				kvs, err := c.Scan(ctx, s, e, opts...)
 				if err != nil {
 					return err
 				}
