@@ -23,6 +23,10 @@ type frameWriter struct {
 	// timeout, when set, bounds each large write: the responder's
 	// defence against a requester that stops reading.
 	timeout time.Duration
+	// writes counts the write and writev calls made: what tests check to
+	// see that frames ready together leave in one call. An atomic, as the
+	// test reads it from another goroutine; it is one per syscall.
+	writes atomic.Uint64
 }
 
 // write queues p, copying it when small; large p is written at once.
@@ -50,6 +54,7 @@ func (w *frameWriter) writeLarge(p []byte, progress *atomic.Int64) error {
 		if w.timeout > 0 {
 			_ = w.conn.SetWriteDeadline(time.Now().Add(w.timeout))
 		}
+		w.writes.Add(1)
 		_, err := w.bufs.WriteTo(w.conn)
 		if w.timeout > 0 {
 			_ = w.conn.SetWriteDeadline(time.Time{})
@@ -71,6 +76,7 @@ func (w *frameWriter) flush() error {
 	if len(w.buf) == 0 {
 		return nil
 	}
+	w.writes.Add(1)
 	_, err := w.conn.Write(w.buf)
 	w.buf = w.buf[:0]
 	return err

@@ -34,7 +34,7 @@ type responder struct {
 func (r *responder) init(c *net.TCPConn, h hello, budget time.Duration) {
 	r.conn = c
 	r.br = bufio.NewReaderSize(c, readBufSize)
-	r.w = frameWriter{conn: c, buf: make([]byte, 0, frameBufSize), timeout: budget}
+	r.w.conn, r.w.buf, r.w.timeout = c, make([]byte, 0, frameBufSize), budget
 	r.rnr = h.rnrBudget
 	r.expect = h.psn
 }
