@@ -30,6 +30,10 @@
 // requests and their responses. A QP accepts one such connection in its
 // life. Requests posted before the connection is up wait for it; if it
 // cannot be made they complete with RETRY_EXC_ERR. TCP_NODELAY is set.
+// (Carrying every QP between two devices over one connection, so that the
+// frames of many QPs leave in one write, is measured and designed in
+// docs/ARCHITECTURE.md, "rdma/soft", but not built; rdma/soft's
+// shared_test.go holds the tests it must keep passing.)
 //
 // # Wire format
 //
@@ -67,6 +71,9 @@
 // so Deregister waits for the copy and never frees memory under it. A
 // requester stalling in mid-payload is given AckTimeout*(RetryCount+1) per
 // MiB chunk. Zero-length READ and WRITE need no valid rkey (IBA C9-88).
+// Answers are batched like requests: the responder writes them out when
+// its read buffer holds no further request, so the requests of one post
+// are answered in one write.
 //
 // Atomics need 8-byte alignment (REM_INV_REQ_ERR otherwise) and operate
 // with sync/atomic on the mapped memory, which holds a uint64 in the
