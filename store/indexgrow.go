@@ -202,8 +202,9 @@ func (s *Store) indexGrowLoop() {
 //  2. Every Put and Delete goes to both tables, and the entries that were
 //     in the current table before are copied, a chunk of slots at a time
 //     (Index.CopyForGrow).
-//  3. Under the index's lock, the current region's shard words are
-//     cleared and the new table becomes the current one. A reader that
+//  3. The new size is recorded in Pebble; then, under the index's lock,
+//     the current region's shard words are cleared and the new table
+//     becomes the current one. A reader that
 //     still uses the old region finds records it may trust (a live record
 //     of its key is the current value, wherever the slot that led to it
 //     was), but cannot confirm a miss there: its word says the shard is
@@ -267,6 +268,14 @@ func (s *Store) growIndex(old proto.IndexGeometry) error {
 	if err != nil {
 		return abort(fmt.Errorf("registering the new index region: %w", err))
 	}
+	// The new size is recorded before the switch: once it is made, keys
+	// past what the old size holds may be admitted, and a start after a
+	// crash must open the index large enough for them. (A growth that
+	// fails from here on leaves the next start a larger index than it
+	// needs, which is harmless.)
+	if err := s.db.Set(metaIndexSlotsKey, binary.LittleEndian.AppendUint64(nil, geo.Slots), pebble.Sync); err != nil {
+		return abort(fmt.Errorf("recording the index size: %w", err))
+	}
 	keys, err := s.index.FinishGrow(func() {
 		s.wordsMu.Lock()
 		for i := range cur.words {
@@ -278,10 +287,6 @@ func (s *Store) growIndex(old proto.IndexGeometry) error {
 	})
 	if err != nil {
 		return abort(err)
-	}
-	if err := s.db.Set(metaIndexSlotsKey, binary.LittleEndian.AppendUint64(nil, geo.Slots), pebble.Sync); err != nil {
-		// The next start sizes the index from the keys it finds instead.
-		s.log.Error("recording the index size", "slots", geo.Slots, "err", err)
 	}
 	s.stats.indexGrowths.Add(1)
 	s.mu.Lock()

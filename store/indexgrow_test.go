@@ -3,10 +3,13 @@
 package store
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -243,4 +246,63 @@ func TestIndexAtItsMaximumRefusesNewKeys(t *testing.T) {
 		t.Fatalf("updating a key of a full index: %v", err)
 	}
 	w.end()
+}
+
+const growChildEnv = "RKV_STORE_GROW_CHILD"
+
+// growChild adds keys to a store whose index starts at 1024 slots, so that
+// it grows again and again, printing "ack N" after each acknowledged put
+// of key N, until killed.
+func growChild() {
+	t := &childT{}
+	opts := growOptions()
+	opts.Dir = os.Getenv(growChildEnv)
+	opts.Sync = SyncAlways
+	sv := newServer(t, opts)
+	lw := &leaseWriter{c: newClient(t, sv), ask: 64 << 10}
+	out := bufio.NewWriter(os.Stdout)
+	fmt.Fprintln(out, "ready")
+	out.Flush()
+	round, _ := strconv.Atoi(os.Getenv("RKV_CRASH_ROUND"))
+	for n := round * 1_000_000; ; n++ {
+		if _, err := lw.put(growKey(n), growValue(n)); err != nil {
+			fmt.Fprintln(os.Stderr, "put:", err)
+			os.Exit(3)
+		}
+		fmt.Fprintf(out, "ack %d\n", n)
+		out.Flush()
+	}
+}
+
+// kill -9 while the index grows loses no acknowledged key, and each
+// restart opens the index large enough for every key it finds.
+func TestIndexGrowthSurvivesKill9(t *testing.T) {
+	dir := t.TempDir()
+	var acked []int
+	for round := range 3 {
+		n := len(acked)
+		runKilledChild(t, round, []string{growChildEnv + "=" + dir}, func(f []string) {
+			if len(f) == 2 && f[0] == "ack" {
+				v, _ := strconv.Atoi(f[1])
+				acked = append(acked, v)
+			}
+		})
+		if len(acked) == n {
+			t.Fatalf("round %d: nothing acknowledged before the kill", round)
+		}
+	}
+	opts := growOptions()
+	opts.Dir, opts.Sync = dir, SyncAlways
+	sv := newServer(t, opts)
+	st := sv.s.Stats()
+	t.Logf("%d keys acknowledged over 3 kills; reopened with %d keys in %d slots (load %.2f)", len(acked), st.Keys, st.IndexSlots, st.IndexLoad)
+	if st.IndexSlots <= opts.IndexSlots || st.IndexLoad > MaxIndexLoad {
+		t.Fatalf("reopened at %d slots, load %.2f", st.IndexSlots, st.IndexLoad)
+	}
+	c := newClient(t, sv)
+	for _, n := range acked {
+		if v, ok := c.mustGet(growKey(n)); !ok || string(v) != string(growValue(n)) {
+			t.Fatalf("key %d, acknowledged, after kill -9: %q, %v", n, v, ok)
+		}
+	}
 }

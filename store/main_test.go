@@ -24,5 +24,8 @@ func TestMain(m *testing.M) {
 	if os.Getenv(ingestChildEnv) != "" {
 		ingestChild() // never returns
 	}
+	if os.Getenv(growChildEnv) != "" {
+		growChild() // never returns
+	}
 	goleak.VerifyTestMain(m)
 }
