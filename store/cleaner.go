@@ -54,6 +54,13 @@ const (
 type cleanerState struct {
 	kick   chan struct{} // buffered: clean now
 	region fillRegion    // where moved records go
+	// writeRate is the bytes committed per second (a moving average the
+	// cleaner samples each round), for the free segments to keep ahead of
+	// the writers (headroomLocked); sampled and sampledBytes are the last
+	// sample's.
+	writeRate    float64
+	sampled      time.Time
+	sampledBytes uint64
 }
 
 // kickCleaner wakes the cleaner without waiting. Safe under Store.mu.
@@ -98,6 +105,7 @@ func (s *Store) cleanLoop() {
 // cleanRound frees the segments whose grace is over and cleans while
 // cleaning is due.
 func (s *Store) cleanRound() {
+	s.sampleWriteRate(time.Now())
 	for {
 		if _, err := s.reclaim(time.Now()); err != nil {
 			s.log.Error("freeing segments failed; will retry", "err", err)
@@ -128,14 +136,39 @@ func (s *Store) nextCleanRound() time.Duration {
 	return max(next, time.Millisecond)
 }
 
+// sampleWriteRate updates the moving average of the write rate.
+func (s *Store) sampleWriteRate(now time.Time) {
+	bytes := s.stats.committedBytes.Load()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c := &s.cleaner
+	if dt := now.Sub(c.sampled).Seconds(); !c.sampled.IsZero() && dt >= 0.01 {
+		c.writeRate = 0.5*c.writeRate + 0.5*float64(bytes-c.sampledBytes)/dt
+	} else if !c.sampled.IsZero() {
+		return // too soon for a sample worth its noise
+	}
+	c.sampled, c.sampledBytes = now, bytes
+}
+
+// headroomLocked is how many free segments the writers use up while a
+// segment the cleaner empties goes through its grace period and the sync
+// after it (twice that, for the cleaning itself): the cleaner keeps that
+// many ahead of them, so that a writer does not wait for space. At most a
+// quarter of the segments.
+func (s *Store) headroomLocked() int {
+	window := 2 * (s.opts.SegmentGrace + cleanInterval).Seconds()
+	n := int(s.cleaner.writeRate*window/float64(s.opts.SegmentSize)) + 1
+	return min(n, len(s.segments)/4)
+}
+
 // cleaningDueLocked reports whether the cleaner should run now: free
-// segments are short, or dead bytes reached CleanDeadRatio; lowFree tells
-// which.
+// segments are short of the writers' headroom, or dead bytes reached
+// CleanDeadRatio; lowFree tells which.
 func (s *Store) cleaningDueLocked() (due, lowFree bool) {
 	sp := s.spaceNowLocked()
 	// Segments in their grace period count as free: they soon are, and
 	// cleaning more meanwhile would empty segments less dead.
-	lowFree = sp.freeSegments+len(s.freeing) < max(s.reserveSegments()+2, len(s.segments)/32)
+	lowFree = sp.freeSegments+len(s.freeing) < max(s.reserveSegments()+2+s.headroomLocked(), len(s.segments)/32)
 	due = lowFree || s.opts.CleanDeadRatio > 0 && float64(sp.dead) >= s.opts.CleanDeadRatio*float64(sp.capacity)
 	return due, lowFree
 }
