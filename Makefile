@@ -54,7 +54,7 @@ fuzz: ## run every fuzz target for FUZZTIME each (scripts/fuzz.sh: retries Go 1.
 demo: build ## the main job: 3 rkv-server processes (soft provider), a scripted rkv-client session, a clean stop
 	bash deploy/demo/demo.sh
 
-demo-rxe: ## the demo on real Soft-RoCE: 3 verbs-provider servers + client, 4 rxe devices in one qemu VM, RDMA counters check
+demo-rxe: vm-prepare ## the demo on real Soft-RoCE: 3 verbs-provider servers + client, 4 rxe devices in one qemu VM, RDMA counters check
 	bash deploy/demo/demo-rxe.sh
 
 demo-up: build ## start the 3-server demo cluster and leave it running (state in .demo/)
