@@ -419,17 +419,13 @@ func (c *Client) Get(ctx context.Context, key []byte, opts ...OpOption) ([]byte,
 	if err := checkKey(key); err != nil {
 		return nil, err
 	}
-	if len(opts) > 0 {
-		o, err := applyOptions("Get", false, opts)
-		if err != nil {
-			return nil, err
-		}
-		var cancel context.CancelFunc
-		ctx, cancel = o.context(ctx)
-		defer cancel()
+	ctx, cancel, err := callContext(ctx, "Get", opts)
+	if err != nil {
+		return nil, err
 	}
+	defer cancel()
 	var out []byte
-	err := c.doKey(ctx, "GET", key, func(ctx context.Context, sc *serverConn, t *target) error {
+	err = c.doKey(ctx, "GET", key, func(ctx context.Context, sc *serverConn, t *target) error {
 		if err := checkLimits(sc.name, t.member.Meta.Limits, key, nil); err != nil {
 			return err
 		}
@@ -454,11 +450,10 @@ func (c *Client) MultiGet(ctx context.Context, keys [][]byte, opts ...OpOption) 
 			return nil, fmt.Errorf("key %d: %w", i, err)
 		}
 	}
-	o, err := applyOptions("MultiGet", false, opts)
+	ctx, cancel, err := callContext(ctx, "MultiGet", opts)
 	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := o.context(ctx)
 	defer cancel()
 	return c.multiGet(ctx, keys)
 }
@@ -540,15 +535,11 @@ func (c *Client) Put(ctx context.Context, key, value []byte, opts ...OpOption) e
 	if err := checkKey(key); err != nil {
 		return err
 	}
-	if len(opts) > 0 {
-		o, err := applyOptions("Put", false, opts)
-		if err != nil {
-			return err
-		}
-		var cancel context.CancelFunc
-		ctx, cancel = o.context(ctx)
-		defer cancel()
+	ctx, cancel, err := callContext(ctx, "Put", opts)
+	if err != nil {
+		return err
 	}
+	defer cancel()
 	w := c.ids.next()
 	defer c.ids.done(w)
 	return c.doKey(ctx, "PUT", key, func(ctx context.Context, sc *serverConn, t *target) error {
@@ -562,15 +553,11 @@ func (c *Client) Delete(ctx context.Context, key []byte, opts ...OpOption) error
 	if err := checkKey(key); err != nil {
 		return err
 	}
-	if len(opts) > 0 {
-		o, err := applyOptions("Delete", false, opts)
-		if err != nil {
-			return err
-		}
-		var cancel context.CancelFunc
-		ctx, cancel = o.context(ctx)
-		defer cancel()
+	ctx, cancel, err := callContext(ctx, "Delete", opts)
+	if err != nil {
+		return err
 	}
+	defer cancel()
 	c.cacheDrop(key)
 	w := c.ids.next()
 	defer c.ids.done(w)

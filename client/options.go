@@ -81,3 +81,17 @@ func (o *opSettings) context(ctx context.Context) (context.Context, context.Canc
 	}
 	return context.WithTimeout(ctx, o.timeout)
 }
+
+// callContext applies the options of a call other than Scan: ctx bounded
+// by WithTimeout, if given. Without options it costs nothing.
+func callContext(ctx context.Context, what string, opts []OpOption) (context.Context, context.CancelFunc, error) {
+	if len(opts) == 0 {
+		return ctx, func() {}, nil
+	}
+	o, err := applyOptions(what, false, opts)
+	if err != nil {
+		return nil, nil, err
+	}
+	ctx, cancel := o.context(ctx)
+	return ctx, cancel, nil
+}

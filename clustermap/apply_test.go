@@ -36,11 +36,25 @@ func alwaysLive(string) bool { return true }
 // empty, as the servers would, and returns the map and the moves made.
 func settle(t testing.TB, m *Map, live func(string) bool) (*Map, int) {
 	t.Helper()
+	m, kinds := settleCounting(t, m, live)
 	moves := 0
-	for range 100 {
+	for _, n := range kinds {
+		moves += n
+	}
+	return m, moves
+}
+
+// settleCounting is settle, counting the moves by kind.
+func settleCounting(t testing.TB, m *Map, live func(string) bool) (*Map, map[proto.MoveKind]int) {
+	t.Helper()
+	kinds := map[proto.MoveKind]int{}
+	for range 200 {
 		plan := Plan(m, live, 64)
 		if len(plan) == 0 {
-			return m, moves
+			return m, kinds
+		}
+		for _, mv := range plan {
+			kinds[mv.Kind]++
 		}
 		m = must(t, m, &proto.MapCommand{Op: proto.MapStartMoves, Moves: plan})
 		var started []proto.MoveCommand
@@ -49,10 +63,9 @@ func settle(t testing.TB, m *Map, live func(string) bool) (*Map, int) {
 		}
 		m = must(t, m, &proto.MapCommand{Op: proto.MapFreezeMoves, Moves: started})
 		m = must(t, m, &proto.MapCommand{Op: proto.MapFinishMoves, Moves: started})
-		moves += len(plan)
 	}
 	t.Fatal("the plan never settled")
-	return nil, 0
+	return nil, nil
 }
 
 func checkBalanced(t testing.TB, m *Map) {

@@ -20,30 +20,6 @@ func setReplicas(n int) *proto.MapCommand {
 	return &proto.MapCommand{Op: proto.MapSetReplicas, Replicas: n}
 }
 
-// settleKinds is settle, counting the moves by kind.
-func settleKinds(t testing.TB, m *Map) (*Map, map[proto.MoveKind]int) {
-	t.Helper()
-	kinds := map[proto.MoveKind]int{}
-	for range 200 {
-		plan := Plan(m, alwaysLive, 64)
-		if len(plan) == 0 {
-			return m, kinds
-		}
-		for _, mv := range plan {
-			kinds[mv.Kind]++
-		}
-		m = must(t, m, &proto.MapCommand{Op: proto.MapStartMoves, Moves: plan})
-		var started []proto.MoveCommand
-		for _, mv := range m.Moves() {
-			started = append(started, mv.Command())
-		}
-		m = must(t, m, &proto.MapCommand{Op: proto.MapFreezeMoves, Moves: started})
-		m = must(t, m, &proto.MapCommand{Op: proto.MapFinishMoves, Moves: started})
-	}
-	t.Fatal("the plan never settled")
-	return nil, nil
-}
-
 // checkReplicas checks that every shard has want replicas on distinct
 // active servers, in at least min(zones, want) zones, and with balanced
 // set, that replicas are balanced within one over the active servers, and
@@ -119,7 +95,7 @@ func TestReplicasFollowTheServers(t *testing.T) {
 	} {
 		m = must(t, m, add(step.name))
 		var kinds map[proto.MoveKind]int
-		m, kinds = settleKinds(t, m)
+		m, kinds = settleCounting(t, m, alwaysLive)
 		checkReplicas(t, m, step.want, true)
 		if step.kinds != nil && !equalKinds(kinds, step.kinds) {
 			t.Errorf("step %d (%s joins): moves %v, want %v", i, step.name, kinds, step.kinds)
@@ -139,7 +115,7 @@ func TestReplicasSpreadOverZones(t *testing.T) {
 	m = must(t, m, setReplicas(3))
 	for i, srv := range [][2]string{{"b", "z2"}, {"c", "z3"}, {"d", "z1"}, {"e", "z2"}, {"f", "z3"}} {
 		m = must(t, m, addIn(srv[0], srv[1]))
-		m, _ = settleKinds(t, m)
+		m, _ = settleCounting(t, m, alwaysLive)
 		checkReplicas(t, m, min(3, i+2), i == 1 || i == 4)
 	}
 }
@@ -165,7 +141,7 @@ func threeReplicasOn(t *testing.T, names ...string) *Map {
 	for _, n := range names[1:] {
 		m = must(t, m, add(n))
 	}
-	m, _ = settleKinds(t, m)
+	m, _ = settleCounting(t, m, alwaysLive)
 	checkReplicas(t, m, min(3, len(names)), true)
 	return m
 }
@@ -175,7 +151,7 @@ func threeReplicasOn(t *testing.T, names ...string) *Map {
 func TestDrainWithReplicas(t *testing.T) {
 	m := threeReplicasOn(t, "a", "b", "c", "d")
 	m = must(t, m, &proto.MapCommand{Op: proto.MapDrainServer, Server: proto.MapServer{Name: "b"}})
-	m, kinds := settleKinds(t, m)
+	m, kinds := settleCounting(t, m, alwaysLive)
 	if kinds[proto.MoveReplace] == 0 {
 		t.Fatalf("draining b replaced nothing: %v", kinds)
 	}
@@ -216,7 +192,7 @@ func TestForcedRemovalPromotesBackups(t *testing.T) {
 		t.Fatal("b was the primary of nothing")
 	}
 	m = must(t, m, add("d"))
-	m, kinds := settleKinds(t, m)
+	m, kinds := settleCounting(t, m, alwaysLive)
 	checkReplicas(t, m, 3, true)
 	if kinds[proto.MoveAddReplica] != proto.NumShards {
 		t.Fatalf("re-replication onto d: %v, want %d replicas added", kinds, proto.NumShards)
@@ -233,7 +209,7 @@ func TestFewerReplicasDropsBackups(t *testing.T) {
 		t.Fatalf("%d drops from 3 replicas to 2, want %d", len(drops), proto.NumShards)
 	}
 	m = must(t, m, &proto.MapCommand{Op: proto.MapDropReplicas, Moves: drops})
-	m, _ = settleKinds(t, m)
+	m, _ = settleCounting(t, m, alwaysLive)
 	checkReplicas(t, m, 2, true)
 	if !m.Settled() {
 		t.Fatalf("not settled: %v", m)

@@ -131,23 +131,9 @@ func TestTenMillionKeysGrowTheIndex(t *testing.T) {
 		rng := rand.New(rand.NewPCG(1, 2))
 		key := make([]byte, 16)
 		want := make([]byte, 16)
-		var idx IndexInfo
-		var at time.Time
-		for {
-			select {
-			case <-readerDone:
-				return
-			default:
-			}
-			upto := committed.Load()
-			if upto == 0 {
-				time.Sleep(time.Millisecond)
-				continue
-			}
-			if time.Since(at) > 50*time.Millisecond {
-				idx, _ = sv.s.IndexRegion(context.Background())
-				at = time.Now()
-			}
+		region := &laggingRegion{s: sv.s}
+		for upto := range acknowledged(readerDone, &committed) {
+			idx, _ := region.get()
 			i := rng.Int64N(upto)
 			binary.BigEndian.PutUint64(key, uint64(i))
 			binary.BigEndian.PutUint64(key[8:], uint64(i)*0x9e3779b97f4a7c15)
@@ -177,8 +163,8 @@ func TestTenMillionKeysGrowTheIndex(t *testing.T) {
 						errc <- fmt.Errorf("key %d: no answer after 1000 attempts", i)
 						return
 					}
-					idx, _ = sv.s.IndexRegion(context.Background())
-					at = time.Now()
+					region.refresh()
+					idx, _ = region.get()
 					continue
 				}
 				if res != readFound || !slices.Equal(v, want) {

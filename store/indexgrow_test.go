@@ -78,6 +78,51 @@ func (c *client) readAt(idx IndexInfo, key []byte) (value []byte, res readerResu
 	return nil, readRefresh, false, rdma.StatusSuccess
 }
 
+// laggingRegion is the index region as a reader whose gossip view lags
+// knows it: fetched again only once it is 50 ms old.
+type laggingRegion struct {
+	s   *Store
+	idx IndexInfo
+	at  time.Time
+}
+
+// get returns the region the reader holds and when it learnt it.
+func (l *laggingRegion) get() (IndexInfo, time.Time) {
+	if time.Since(l.at) > 50*time.Millisecond {
+		l.refresh()
+	}
+	return l.idx, l.at
+}
+
+// refresh learns the current region.
+func (l *laggingRegion) refresh() {
+	if idx, err := l.s.IndexRegion(context.Background()); err == nil {
+		l.idx, l.at = idx, time.Now()
+	}
+}
+
+// acknowledged yields, until stop is closed, how many keys are
+// acknowledged (at least one: it waits for the first).
+func acknowledged(stop <-chan struct{}, committed *atomic.Int64) func(yield func(int64) bool) {
+	return func(yield func(int64) bool) {
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			upto := committed.Load()
+			if upto == 0 {
+				time.Sleep(time.Millisecond)
+				continue
+			}
+			if !yield(upto) {
+				return
+			}
+		}
+	}
+}
+
 func growValue(i int) []byte { return fmt.Appendf(nil, "value-%d", i) }
 func growKey(i int) []byte   { return fmt.Appendf(nil, "key-%08d", i) }
 
@@ -98,27 +143,9 @@ func TestIndexGrowsWhileReadersRead(t *testing.T) {
 		c := newClient(t, sv)
 		wg.Go(func() {
 			rng := rand.New(rand.NewPCG(uint64(r), 7))
-			var idx IndexInfo
-			var at time.Time
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				upto := committed.Load()
-				if upto == 0 {
-					time.Sleep(time.Millisecond)
-					continue
-				}
-				if time.Since(at) > 50*time.Millisecond {
-					var err error
-					if idx, err = sv.s.IndexRegion(context.Background()); err != nil {
-						t.Error(err)
-						return
-					}
-					at = time.Now()
-				}
+			region := &laggingRegion{s: sv.s}
+			for upto := range acknowledged(stop, &committed) {
+				idx, at := region.get()
 				i := rng.IntN(int(upto))
 				if rng.IntN(2) == 0 { // the newest keys: those a lagging region may lack
 					i = int(upto) - 1 - rng.IntN(int(min(upto, 100)))

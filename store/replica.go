@@ -53,10 +53,7 @@ func (s *Store) DeleteReplica(ctx context.Context, key []byte, w proto.Write) er
 // record of the shards is then in state RecordBackup. Any other state
 // fails with ErrShardState and changes nothing.
 func (s *Store) BeginBackup(shards []proto.Shard, since uint64) error {
-	if since == 0 || since > proto.MaxShardSince {
-		return fmt.Errorf("store: BeginBackup since epoch %d: epochs run from 1 to %d", since, uint64(proto.MaxShardSince))
-	}
-	list, end, err := s.beginShardOp(shards)
+	list, end, err := s.beginSinceOp("BeginBackup", shards, since)
 	if err != nil {
 		return err
 	}

@@ -367,10 +367,7 @@ func (s *Store) BeginIncoming(shards []proto.Shard, started uint64) error {
 // ErrIndexFull and changes nothing; on any error the shards keep the state
 // they had.
 func (s *Store) ActivateShards(shards []proto.Shard, since uint64) error {
-	if since == 0 || since > proto.MaxShardSince {
-		return fmt.Errorf("store: ActivateShards since epoch %d: epochs run from 1 (a shard word of 0 means not owned) to %d", since, uint64(proto.MaxShardSince))
-	}
-	list, end, err := s.beginShardOp(shards)
+	list, end, err := s.beginSinceOp("ActivateShards", shards, since)
 	if err != nil {
 		return err
 	}
@@ -444,6 +441,15 @@ func (s *Store) ActivateShards(shards []proto.Shard, since uint64) error {
 	s.mu.Unlock()
 	s.stats.keys.Add(int64(indexed))
 	return nil
+}
+
+// beginSinceOp is beginShardOp for an operation that records an epoch
+// since: one from 1 (a shard word of 0 means not owned) to MaxShardSince.
+func (s *Store) beginSinceOp(what string, shards []proto.Shard, since uint64) ([]proto.Shard, func(), error) {
+	if since == 0 || since > proto.MaxShardSince {
+		return nil, nil, fmt.Errorf("store: %s since epoch %d: epochs run from 1 (a shard word of 0 means not owned) to %d", what, since, uint64(proto.MaxShardSince))
+	}
+	return s.beginShardOp(shards)
 }
 
 // indexShard indexes every entry of shard sh and sets its records live,
