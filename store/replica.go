@@ -114,26 +114,17 @@ func (s *Store) BeginBackup(shards []proto.Shard, since uint64) error {
 // froze, for the caller to unfreeze.
 func (s *Store) quiesceBackups(shards []proto.Shard) ([]proto.Shard, error) {
 	var frozen []proto.Shard
-	var wait []chan struct{}
 	s.mu.Lock()
 	for _, sh := range shards {
 		if info := &s.shards[sh]; info.state == ShardBackup && !info.frozen {
-			info.frozen = true
 			frozen = append(frozen, sh)
-			if c := info.drained(); c != nil {
-				wait = append(wait, c)
-			}
 		}
 	}
+	wait := s.freezeLocked(frozen)
 	s.mu.Unlock()
-	for _, c := range wait {
-		select {
-		case <-c:
-		case <-s.stop:
-			return frozen, ErrClosed
-		}
-	}
-	return frozen, nil
+	// Close waits for every admitted write before it stops the commit
+	// loop, so these end.
+	return frozen, awaitDrained(context.Background(), wait)
 }
 
 // entryOf returns key's entry in shard sh, if it has one.

@@ -540,7 +540,6 @@ func (s *Store) FreezeShards(ctx context.Context, shards []proto.Shard) error {
 	if err != nil {
 		return err
 	}
-	var wait []chan struct{}
 	s.mu.Lock()
 	for _, sh := range list {
 		if st := s.shards[sh].state; st != ShardOwned {
@@ -548,19 +547,36 @@ func (s *Store) FreezeShards(ctx context.Context, shards []proto.Shard) error {
 			return fmt.Errorf("%w: FreezeShards of %v, which is %v here", ErrNotOwner, sh, st)
 		}
 	}
-	for _, sh := range list {
+	wait := s.freezeLocked(list)
+	s.mu.Unlock()
+	if err := awaitDrained(ctx, wait); err != nil {
+		return fmt.Errorf("store: waiting for the commits to %d frozen shards to drain: %w", len(list), err)
+	}
+	return nil
+}
+
+// freezeLocked freezes shards (their writes are refused from now on) and
+// returns, for those with writes admitted, the channels that close once
+// those are applied. The caller holds mu.
+func (s *Store) freezeLocked(shards []proto.Shard) []chan struct{} {
+	var wait []chan struct{}
+	for _, sh := range shards {
 		info := &s.shards[sh]
 		info.frozen = true
 		if c := info.drained(); c != nil {
 			wait = append(wait, c)
 		}
 	}
-	s.mu.Unlock()
+	return wait
+}
+
+// awaitDrained waits for what freezeLocked returned, or for ctx.
+func awaitDrained(ctx context.Context, wait []chan struct{}) error {
 	for _, c := range wait {
 		select {
 		case <-c:
 		case <-ctx.Done():
-			return fmt.Errorf("store: waiting for the commits to %d frozen shards to drain: %w", len(list), ctx.Err())
+			return ctx.Err()
 		}
 	}
 	return nil
