@@ -204,11 +204,11 @@ func (s *Store) indexGrowLoop() {
 //     (Index.CopyForGrow).
 //  3. The new size is recorded in Pebble; then, under the index's lock,
 //     the current region's shard words are cleared and the new table
-//     becomes the current one. A reader that
-//     still uses the old region finds records it may trust (a live record
-//     of its key is the current value, wherever the slot that led to it
-//     was), but cannot confirm a miss there: its word says the shard is
-//     not served, so it retries until gossip brings it the new region.
+//     becomes the current one. A reader that still uses the old region
+//     finds records it may trust (a live record of its key is the current
+//     value, wherever the slot that led to it was), but cannot confirm a
+//     miss there: its word says the shard is not served, so it retries
+//     until gossip brings it the new region.
 //  4. The new region is advertised (IndexMoved); the old one is
 //     deregistered after IndexRetireDelay, when readers have had time to
 //     learn of the new one (a reader that still reads it then gets an
