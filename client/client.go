@@ -690,6 +690,10 @@ type ServerStats struct {
 	// Requests counts the control requests the server handled, by type
 	// name (those it handled at least once).
 	Requests map[string]uint64
+	// NotReady is why the server does not serve yet; "" once it does.
+	NotReady string
+	// IndexSlots is the size of its hash index (it grows while serving).
+	IndexSlots uint64
 }
 
 // Stats asks the named server for its counters over the control RPC.
@@ -706,7 +710,8 @@ func (c *Client) Stats(ctx context.Context, node string) (ServerStats, error) {
 			ShardsOwned: sr.ShardsOwned, ShardsIncoming: sr.ShardsIncoming, ShardsMovedIn: sr.ShardsMovedIn,
 			CopiedKeys: sr.CopiedKeys, CopiedBytes: sr.CopiedBytes, CopyTime: sr.CopyTime, Requests: map[string]uint64{},
 			LiveBytes: sr.LiveBytes, DeadBytes: sr.DeadBytes, FreeBytes: sr.FreeBytes, CapacityBytes: sr.CapacityBytes,
-			SegmentsCleaned: sr.SegmentsCleaned, CleanerMovedBytes: sr.CleanerMovedBytes}
+			SegmentsCleaned: sr.SegmentsCleaned, CleanerMovedBytes: sr.CleanerMovedBytes,
+			NotReady: sr.NotReady, IndexSlots: sr.IndexSlots}
 		for t, n := range sr.Requests {
 			if n > 0 {
 				st.Requests[proto.MsgType(t).String()] = n

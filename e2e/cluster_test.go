@@ -494,8 +494,21 @@ func TestClusterThroughCLI(t *testing.T) {
 	if out, errs, code := c.run("", "get", "key-00"); code != exitNotFound {
 		t.Fatalf("get of the deleted key after the restart: exit %d %q %s", code, out, errs)
 	}
-	if out := c.must("status"); strings.Count(out, "alive") != 3 {
+	if out := c.must("status"); strings.Count(out, "alive") != 3 || strings.Contains(out, "not ready") {
 		t.Fatalf("status:\n%s", out)
+	}
+	var rows []struct {
+		Name       string `json:"name"`
+		Ready      bool   `json:"ready"`
+		IndexSlots uint64 `json:"index_slots"`
+	}
+	if err := json.Unmarshal([]byte(c.must("status", "-o", "json")), &rows); err != nil || len(rows) != 3 {
+		t.Fatalf("status -o json: %d rows, %v", len(rows), err)
+	}
+	for _, r := range rows {
+		if !r.Ready || r.IndexSlots == 0 {
+			t.Fatalf("status -o json of %s: ready %v, index of %d slots", r.Name, r.Ready, r.IndexSlots)
+		}
 	}
 
 	// SIGTERM everything: clean exits.

@@ -36,7 +36,7 @@ import (
 // number, so that a retry whose first attempt was applied is answered with
 // the first result instead of being applied again.
 const (
-	ControlVersion = 3
+	ControlVersion = 4
 
 	// MaxFrame bounds a frame's body. Scan replies are cut to fit.
 	MaxFrame = 1 << 20
@@ -337,6 +337,12 @@ type StatsReply struct {
 	// Requests counts the control requests handled by type (indexed by
 	// MsgType; a sender may know fewer or more types than NumMsgTypes).
 	Requests []uint64
+	// NotReady is why the server does not serve yet ("" once it does:
+	// an arena registered and the cluster map holds it), as its /readyz
+	// says.
+	NotReady string
+	// IndexSlots is its hash index's size (it grows while serving).
+	IndexSlots uint64
 }
 
 // GetMap asks for the server's cluster map. Have is the epoch the sender
@@ -688,11 +694,17 @@ func (m *StatsReply) encode(e *encoder) {
 	if len(m.Requests) > 255 {
 		e.fail("%d request types, limit 255", len(m.Requests))
 	}
-	e.array(2)
+	e.array(4)
 	e.uints(m.Generation, m.Keys, m.Commits, m.Deletes, m.LeasesActive, m.Connections, m.Handled,
 		m.MapEpoch, m.ShardsOwned, m.ShardsIncoming, m.ShardsMovedIn, m.CopiedKeys, m.CopiedBytes, uint64(m.CopyTime),
 		m.LiveBytes, m.DeadBytes, m.FreeBytes, m.CapacityBytes, m.SegmentsCleaned, m.CleanerMovedBytes)
 	e.uints(m.Requests...)
+	notReady := m.NotReady
+	if len(notReady) > MaxControlMessage {
+		notReady = notReady[:MaxControlMessage]
+	}
+	e.str(notReady)
+	e.uint(m.IndexSlots)
 }
 
 func (m *Error) encode(e *encoder) {
@@ -1103,7 +1115,7 @@ func (m *ScanReply) decode(d *decoder) error {
 func (m *EndLease) decode(d *decoder) error { return d.uints("EndLease", &m.ID) }
 
 func (m *StatsReply) decode(d *decoder) error {
-	if err := d.fields("StatsReply", 2); err != nil {
+	if err := d.fields("StatsReply", 4); err != nil {
 		return err
 	}
 	var copyTime uint64
@@ -1117,16 +1129,22 @@ func (m *StatsReply) decode(d *decoder) error {
 	}
 	m.CopyTime = time.Duration(copyTime)
 	n, err := d.list("requests by type", 255)
-	if err != nil || n == 0 {
+	if err != nil {
 		return err
 	}
-	m.Requests = make([]uint64, n)
+	if n > 0 {
+		m.Requests = make([]uint64, n)
+	}
 	for i := range m.Requests {
 		if m.Requests[i], err = d.u64("requests of a type"); err != nil {
 			return err
 		}
 	}
-	return nil
+	if m.NotReady, err = d.str("not ready", MaxControlMessage); err != nil {
+		return err
+	}
+	m.IndexSlots, err = d.u64("index slots")
+	return err
 }
 
 func (m *Error) decode(d *decoder) error {

@@ -724,5 +724,9 @@ func (s *Server) statsReply() *proto.StatsReply {
 	r.ShardsMovedIn, r.CopiedKeys, r.CopiedBytes, r.CopyTime = ms.shards, ms.keys, ms.bytes, ms.took
 	handled := s.Stats().Handled
 	r.Requests = handled[:]
+	if err := s.Ready(); err != nil {
+		r.NotReady = err.Error()
+	}
+	r.IndexSlots = st.IndexSlots
 	return r
 }

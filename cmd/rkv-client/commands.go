@@ -500,6 +500,9 @@ type statusJSON struct {
 	SegmentsCleaned   uint64            `json:"segments_cleaned"`
 	CleanerMovedBytes uint64            `json:"cleaner_moved_bytes"`
 	RequestsByType    map[string]uint64 `json:"requests_by_type,omitempty"`
+	IndexSlots        uint64            `json:"index_slots"`
+	Ready             bool              `json:"ready"`
+	NotReady          string            `json:"not_ready,omitempty"`
 	Error             string            `json:"error,omitempty"`
 }
 
@@ -513,7 +516,9 @@ bytes live (current records), dead (superseded or deleted, for the cleaner to
 reclaim) and free, the map epoch it holds and the shards it owns, shard moves
 into it (shards copying now, moved in since it started, keys and bytes
 copied, MiB/s), commits,
-deletes, leases, connections and control requests. A server that does not
+deletes, leases, connections and control requests. A server that answers but
+does not serve yet (no arena registered, or the map does not hold it) shows
+"not ready" in STATE, the reason in the JSON output. A server that does not
 answer is listed with its error, and the exit code is then 3.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -542,6 +547,10 @@ answer is listed with its error, and the exit code is then 3.`,
 						r.CopiedKeys, r.CopiedBytes, r.RequestsByType = st.CopiedKeys, st.CopiedBytes, st.Requests
 						r.LiveBytes, r.DeadBytes, r.FreeBytes, r.CapacityBytes = st.LiveBytes, st.DeadBytes, st.FreeBytes, st.CapacityBytes
 						r.SegmentsCleaned, r.CleanerMovedBytes = st.SegmentsCleaned, st.CleanerMovedBytes
+						r.IndexSlots, r.Ready, r.NotReady = st.IndexSlots, st.NotReady == "", st.NotReady
+						if !r.Ready {
+							r.State += ", not ready"
+						}
 						if st.CopyTime > 0 {
 							r.CopyMiBPerSec = float64(st.CopiedBytes) / (1 << 20) / st.CopyTime.Seconds()
 						}
