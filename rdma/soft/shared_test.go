@@ -145,6 +145,23 @@ func TestManyQPsBetweenTwoDevices(t *testing.T) {
 
 // busy runs round trips on the QPs from index 1 on until stop, and
 // returns how many each did and the first error.
+// checkNeighbours stops the load busy started and checks that QPs 1 and
+// up, the neighbours of the QP a test troubles, each did round trips
+// (when, in the message: while what happened to QP 0).
+func checkNeighbours(t *testing.T, stop chan struct{}, wait func() ([]int, error), when string) {
+	t.Helper()
+	close(stop)
+	counts, err := wait()
+	if err != nil {
+		t.Fatalf("another QP failed: %v", err)
+	}
+	for i, c := range counts[1:] {
+		if c == 0 {
+			t.Errorf("QP %d did no round trip %s", i+1, when)
+		}
+	}
+}
+
 func busy(ctx context.Context, qps []*qpPair, stop <-chan struct{}) (wait func() ([]int, error)) {
 	var wg sync.WaitGroup
 	counts := make([]int, len(qps))
@@ -202,16 +219,7 @@ func TestErrorStaysOnItsQP(t *testing.T) {
 		expectStatus(t, q.cx, uint64(i), rdma.StatusWRFlushErr)
 	}
 	time.Sleep(50 * time.Millisecond) // the others keep working meanwhile
-	close(stop)
-	counts, err := done()
-	if err != nil {
-		t.Fatalf("another QP failed: %v", err)
-	}
-	for i, c := range counts[1:] {
-		if c == 0 {
-			t.Errorf("QP %d did no round trip while QP 0 failed", i+1)
-		}
-	}
+	checkNeighbours(t, stop, done, "while QP 0 failed")
 	deadline := time.Now().Add(5 * time.Second)
 	for q.y.State() != rdma.QPStateError && time.Now().Before(deadline) {
 		time.Sleep(time.Millisecond)
@@ -304,16 +312,7 @@ func TestUnpolledCQBlocksNoOther(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	time.Sleep(50 * time.Millisecond)
-	close(stop)
-	counts, err := done()
-	if err != nil {
-		t.Fatalf("another QP failed: %v", err)
-	}
-	for i, c := range counts[1:] {
-		if c == 0 {
-			t.Errorf("QP %d completed nothing next to an unpolled CQ", i+1)
-		}
-	}
+	checkNeighbours(t, stop, done, "next to an unpolled CQ")
 	// The unpolled QP's responses were read all the same: its CQ overran.
 	wc := make([]rdma.Completion, 1)
 	deadline := time.Now().Add(5 * time.Second)
