@@ -223,7 +223,6 @@ func (s *Store) open(ctx context.Context) error {
 	// completes.
 	region.reg = s.registrar.Register(ctx, region.mem.Bytes(), rdma.AccessRemoteRead)
 	s.arena(0).register(ctx, s.registrar)
-	go s.announce(s.arena(0))
 	s.wg.Add(1)
 	go s.registerRest(ctx, s.registrar)
 	owned := 0
@@ -292,8 +291,10 @@ func (s *Store) enter() error {
 
 func (s *Store) exit() { s.inflight.Done() }
 
-// registerRest submits every arena but the first once the first is
-// registered (or failed), unless the store closes first.
+// registerRest announces the first arena once it is registered (or
+// failed), then submits every other, unless the store closes first.
+// Announcing the first here, before the others are submitted, keeps
+// it first on Ready.
 func (s *Store) registerRest(ctx context.Context, registrar *rdma.Registrar) {
 	defer s.wg.Done()
 	select {
@@ -301,6 +302,7 @@ func (s *Store) registerRest(ctx context.Context, registrar *rdma.Registrar) {
 	case <-s.stop:
 		return
 	}
+	s.announce(s.arena(0))
 	for _, a := range s.arenaList()[1:] {
 		a.register(ctx, registrar)
 		go s.announce(a)
