@@ -84,8 +84,8 @@ func p(d []time.Duration, pct int) time.Duration {
 }
 
 func report(b *testing.B, what string, d []time.Duration) {
-	b.ReportMetric(float64(p(d, 50).Microseconds()), what+"-p50-µs")
-	b.ReportMetric(float64(p(d, 99).Microseconds()), what+"-p99-µs")
+	b.ReportMetric(float64(p(d, 50).Nanoseconds())/1e3, what+"-p50-µs")
+	b.ReportMetric(float64(p(d, 99).Nanoseconds())/1e3, what+"-p99-µs")
 }
 
 func benchCluster(b *testing.B, sync store.SyncPolicy) *client.Client {

@@ -191,6 +191,8 @@ type Client struct {
 	maps  mapHolder
 	route atomic.Pointer[routes] // of maps' map and ml's view, built on use
 	ids   sessions
+	// deadlines bounds the operations whose ctx has no deadline.
+	deadlines sharedDeadlines
 
 	mu      sync.Mutex
 	closed  bool
@@ -259,7 +261,8 @@ func New(ctx context.Context, cfg Config) (_ *Client, err error) {
 	if cfg.Name == "" {
 		cfg.Name = defaultName()
 	}
-	c := &Client{name: cfg.Name, cfg: cfg, log: cfg.Logger, dev: cfg.Device, servers: map[string]*serverPool{}, cache: map[string]cachedLoc{}}
+	c := &Client{name: cfg.Name, cfg: cfg, log: cfg.Logger, dev: cfg.Device, servers: map[string]*serverPool{}, cache: map[string]cachedLoc{},
+		deadlines: sharedDeadlines{timeout: cfg.RetryTimeout}}
 	c.maps.init()
 	if c.pd, err = c.dev.AllocPD(); err != nil {
 		return nil, fmt.Errorf("rkv: %w", err)

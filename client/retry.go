@@ -65,7 +65,11 @@ func (c *Client) do(ctx context.Context, what string, attempt func(ctx context.C
 	counted := 0
 	for n := 0; ; n++ {
 		actx, cancel := ctx, context.CancelFunc(func() {})
-		if !bounded {
+		switch {
+		case bounded:
+		case n == 0 && ctx.Done() == nil:
+			actx = c.deadlines.get(start) // see sharedDeadlines
+		default:
 			actx, cancel = context.WithDeadline(ctx, end)
 		}
 		if n > 0 {

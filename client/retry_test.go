@@ -42,3 +42,49 @@ func TestNotSentOnlyWhenNoAttemptSentAnything(t *testing.T) {
 		t.Fatalf("out of attempts: %v, want ErrUnavailable without ErrNotSent", err)
 	}
 }
+
+func TestAttemptDeadlines(t *testing.T) {
+	const timeout = 320 * time.Millisecond
+	slice := timeout / deadlineSlices
+	c := &Client{cfg: Config{RetryTimeout: timeout, RetryAttempts: 4}, log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		deadlines: sharedDeadlines{timeout: timeout}}
+	attemptCtx := func(ctx context.Context) context.Context {
+		var got context.Context
+		if err := c.do(ctx, "GET", func(ctx context.Context) error { got = ctx; return nil }); err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+
+	// Operations without a deadline of their own, started within a slice
+	// of each other, share one, RetryTimeout to RetryTimeout and a slice
+	// away.
+	start := time.Now()
+	first, second := attemptCtx(context.Background()), attemptCtx(context.Background())
+	d, ok := first.Deadline()
+	if !ok || d.Before(start.Add(timeout)) || d.After(time.Now().Add(timeout+slice)) {
+		t.Fatalf("first attempt's deadline %v after the start (ok %v), want %v to %v", d.Sub(start), ok, timeout, timeout+slice)
+	}
+	if second != first && time.Since(start) < slice {
+		t.Errorf("two operations a moment apart got contexts of their own")
+	}
+	time.Sleep(2 * slice)
+	if third := attemptCtx(context.Background()); third == first {
+		t.Errorf("an operation two slices later got the first one's context, which ends too soon for it")
+	}
+
+	// A caller's cancel reaches the attempt at once.
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(20*time.Millisecond, cancel)
+	t0 := time.Now()
+	err := c.do(ctx, "GET", func(ctx context.Context) error {
+		if d, ok := ctx.Deadline(); !ok || d.After(t0.Add(timeout+slice)) {
+			t.Errorf("attempt of a cancellable ctx: deadline %v (ok %v), want one within RetryTimeout", d, ok)
+		}
+		<-ctx.Done()
+		return retry("s1", "%w", ctx.Err())
+	})
+	if !errors.Is(err, context.Canceled) || time.Since(t0) > timeout/2 {
+		t.Fatalf("cancelled after 20ms: %v after %v, want context.Canceled at once", err, time.Since(t0))
+	}
+}
