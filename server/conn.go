@@ -283,86 +283,106 @@ func (c *conn) refuse(err error) {
 	_ = proto.WriteFrame(c.nc, 0, &proto.Error{Code: proto.CodeBadRequest, Message: "bad frame: " + err.Error()})
 }
 
-// peerOnly answers requests that only other servers may make.
-func (c *conn) peerOnly(m proto.Message) *proto.Error {
-	if c.kind != proto.SessionPeer {
-		return &proto.Error{Code: proto.CodeBadRequest, Message: fmt.Sprintf("%v is a request between servers", m.Type())}
-	}
-	return nil
+// handler serves one type of request on a control session.
+type handler struct {
+	serve func(c *conn, m proto.Message) proto.Message
+	// req is the type serve takes, which must be its key in handlers
+	// (a test checks: serve's type assertion would panic otherwise).
+	req proto.MsgType
+	// peerOnly: a request between servers (migration, map changes),
+	// refused on a client session.
+	peerOnly bool
 }
 
+// on makes the handler of requests of type M from f.
+func on[M proto.Message](f func(c *conn, m M) proto.Message) handler {
+	var zero M // a nil pointer, whose Type() is M's
+	return handler{serve: func(c *conn, m proto.Message) proto.Message { return f(c, m.(M)) }, req: zero.Type()}
+}
+
+// peer makes the handler of a request of type M that only other servers
+// may make, from a method of the Server.
+func peer[M proto.Message](f func(s *Server, m M) proto.Message) handler {
+	h := on(func(c *conn, m M) proto.Message { return f(c.s, m) })
+	h.peerOnly = true
+	return h
+}
+
+// handlers is every request the server takes after the Hello (which
+// handshake takes), by type: a new control message is a row in proto's
+// msgTable and one here.
+var handlers = [proto.NumMsgTypes]handler{
+	proto.MsgGrantLease: on((*conn).grantLease),
+	proto.MsgCommit:     on((*conn).commit),
+	proto.MsgDelete:     on((*conn).delete),
+	proto.MsgScan:       on((*conn).scan),
+	proto.MsgEndLease:   on((*conn).endLease),
+	proto.MsgStats:      on(func(c *conn, _ *proto.Stats) proto.Message { return c.s.statsReply() }),
+	proto.MsgGetMap:     on(func(c *conn, m *proto.GetMap) proto.Message { return c.s.mapReply(m.Have) }),
+	proto.MsgGetView:    on(func(c *conn, m *proto.GetView) proto.Message { return c.s.viewReply(m.Have) }),
+	proto.MsgForget:     on(func(c *conn, m *proto.Forget) proto.Message { return c.s.forget(m) }),
+
+	proto.MsgMapChange:     peer((*Server).mapChange),
+	proto.MsgShardScan:     peer((*Server).shardScan),
+	proto.MsgFenceShards:   peer((*Server).fenceShards),
+	proto.MsgReleaseShards: peer((*Server).releaseShards),
+}
+
+// handle answers one request of the session.
 func (c *conn) handle(m proto.Message) proto.Message {
-	s := c.s
-	ctx := context.Background()
-	switch m := m.(type) {
-	case *proto.GrantLease:
-		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-		l, err := s.st.GrantLease(ctx, int64(min(m.Size, 1<<62)), int64(min(m.Min, 1<<62)))
-		if err != nil {
-			return errorReply(err)
-		}
-		c.leases[l.ID] = struct{}{}
-		return &proto.LeaseReply{ID: l.ID, Arena: l.Arena, Addr: l.Addr, Size: uint64(l.Size), RKey: l.RKey,
-			TTL: max(time.Until(l.Expires), 0), VersionBase: l.VersionBase, VersionCount: l.VersionCount}
-	case *proto.Commit:
-		if _, ok := c.leases[m.LeaseID]; !ok {
-			return &proto.Error{Code: proto.CodeLeaseInvalid, Message: fmt.Sprintf("lease %d was not granted on this connection", m.LeaseID)}
-		}
-		if m.Offset > 1<<62 || m.Length > 1<<62 {
-			return &proto.Error{Code: proto.CodeLeaseInvalid, Message: fmt.Sprintf("commit of %d bytes at offset %d in lease %d: out of range", m.Length, m.Offset, m.LeaseID)}
-		}
-		r, err := s.st.Commit(ctx, m.LeaseID, int64(m.Offset), int64(m.Length), m.Write)
-		if err != nil {
-			return s.fenceReply(m.Epoch, err)
-		}
-		return &proto.CommitReply{Arena: r.Location.Arena, Offset: r.Location.Offset, Length: r.Location.Length, Version: r.Version}
-	case *proto.Delete:
-		if err := s.st.Delete(ctx, m.Key, m.Write); err != nil {
-			return s.fenceReply(m.Epoch, err)
-		}
-		return &proto.Ack{}
-	case *proto.Scan:
-		return c.scan(m)
-	case *proto.EndLease:
-		if _, ok := c.leases[m.ID]; !ok {
-			return &proto.Error{Code: proto.CodeLeaseInvalid, Message: fmt.Sprintf("lease %d was not granted on this connection", m.ID)}
-		}
-		delete(c.leases, m.ID)
-		if err := s.st.EndLease(m.ID); err != nil {
-			return errorReply(err)
-		}
-		return &proto.Ack{}
-	case *proto.Stats:
-		return s.statsReply()
-	case *proto.GetMap:
-		return s.mapReply(m.Have)
-	case *proto.GetView:
-		return s.viewReply(m.Have)
-	case *proto.Forget:
-		return s.forget(m)
-	case *proto.MapChange, *proto.ShardScan, *proto.FenceShards, *proto.ReleaseShards:
-		if e := c.peerOnly(m); e != nil {
-			return e
-		}
-		return s.peerRequest(m)
+	t := m.Type()
+	if int(t) >= len(handlers) || handlers[t].serve == nil {
+		return notTaken(m)
 	}
-	return notTaken(m)
+	h := &handlers[t]
+	if h.peerOnly && c.kind != proto.SessionPeer {
+		return &proto.Error{Code: proto.CodeBadRequest, Message: fmt.Sprintf("%v is a request between servers", t)}
+	}
+	return h.serve(c, m)
 }
 
-// peerRequest serves the requests only other servers send.
-func (s *Server) peerRequest(m proto.Message) proto.Message {
-	switch m := m.(type) {
-	case *proto.MapChange:
-		return s.mapChange(m)
-	case *proto.ShardScan:
-		return s.shardScan(m)
-	case *proto.FenceShards:
-		return s.fenceShards(m)
-	case *proto.ReleaseShards:
-		return s.releaseShards(m)
+func (c *conn) grantLease(m *proto.GrantLease) proto.Message {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	l, err := c.s.st.GrantLease(ctx, int64(min(m.Size, 1<<62)), int64(min(m.Min, 1<<62)))
+	if err != nil {
+		return errorReply(err)
 	}
-	return notTaken(m)
+	c.leases[l.ID] = struct{}{}
+	return &proto.LeaseReply{ID: l.ID, Arena: l.Arena, Addr: l.Addr, Size: uint64(l.Size), RKey: l.RKey,
+		TTL: max(time.Until(l.Expires), 0), VersionBase: l.VersionBase, VersionCount: l.VersionCount}
+}
+
+func (c *conn) commit(m *proto.Commit) proto.Message {
+	if _, ok := c.leases[m.LeaseID]; !ok {
+		return &proto.Error{Code: proto.CodeLeaseInvalid, Message: fmt.Sprintf("lease %d was not granted on this connection", m.LeaseID)}
+	}
+	if m.Offset > 1<<62 || m.Length > 1<<62 {
+		return &proto.Error{Code: proto.CodeLeaseInvalid, Message: fmt.Sprintf("commit of %d bytes at offset %d in lease %d: out of range", m.Length, m.Offset, m.LeaseID)}
+	}
+	r, err := c.s.st.Commit(context.Background(), m.LeaseID, int64(m.Offset), int64(m.Length), m.Write)
+	if err != nil {
+		return c.s.fenceReply(m.Epoch, err)
+	}
+	return &proto.CommitReply{Arena: r.Location.Arena, Offset: r.Location.Offset, Length: r.Location.Length, Version: r.Version}
+}
+
+func (c *conn) delete(m *proto.Delete) proto.Message {
+	if err := c.s.st.Delete(context.Background(), m.Key, m.Write); err != nil {
+		return c.s.fenceReply(m.Epoch, err)
+	}
+	return &proto.Ack{}
+}
+
+func (c *conn) endLease(m *proto.EndLease) proto.Message {
+	if _, ok := c.leases[m.ID]; !ok {
+		return &proto.Error{Code: proto.CodeLeaseInvalid, Message: fmt.Sprintf("lease %d was not granted on this connection", m.ID)}
+	}
+	delete(c.leases, m.ID)
+	if err := c.s.st.EndLease(m.ID); err != nil {
+		return errorReply(err)
+	}
+	return &proto.Ack{}
 }
 
 func notTaken(m proto.Message) *proto.Error {

@@ -295,6 +295,21 @@ func TestHostileCommits(t *testing.T) {
 			t.Fatalf("%s: %#v, want a %v Error saying %q", c.name, e, c.code, c.want)
 		}
 	}
+	// Requests between servers are refused on a client session, and served
+	// on a peer's.
+	for mt, m := range peerRequests {
+		want := mt.String() + " is a request between servers"
+		if e, ok := ss.call(m).(*proto.Error); !ok || e.Code != proto.CodeBadRequest || e.Message != want {
+			t.Fatalf("%v on a client session: %#v, want a %v Error saying %q", mt, e, proto.CodeBadRequest, want)
+		}
+	}
+	pc := dial(t, s)
+	if r, ok := call(t, pc, 1, &proto.Hello{Client: t.Name(), Kind: proto.SessionPeer, NoQP: true}).(*proto.HelloReply); !ok {
+		t.Fatalf("peer hello: %#v", r)
+	}
+	if r, ok := call(t, pc, 2, &proto.ShardScan{Shard: 0, Limit: 1}).(*proto.ShardScanReply); !ok {
+		t.Fatalf("ShardScan on a peer session: %#v, want a ShardScanReply", r)
+	}
 	// Nothing refused was kept: the first good record still commits at 0,
 	// and a replay of it is refused.
 	n := ss.writeRecord(l, 0, l.VersionBase, key, value, -1)
