@@ -35,6 +35,9 @@ type arena struct {
 	// reg is the REMOTE_READ registration of the whole arena, nil until
 	// it is submitted (the first arena goes before the others).
 	reg atomic.Pointer[rdma.Registration]
+	// registered is the time from the store's open to the announcement
+	// of the registration (ns), 0 before: for Stats.
+	registered atomic.Int64
 }
 
 func arenaPath(dir string, id int) string {

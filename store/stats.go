@@ -73,6 +73,8 @@ type Stats struct {
 	CleanerMovedBytes          uint64
 	CommittedBytes             uint64
 	Arenas                     []ArenaStats
+	// Opened is when this start of the store began opening.
+	Opened time.Time
 }
 
 // ArenaStats is one arena's space.
@@ -81,6 +83,9 @@ type ArenaStats struct {
 	Registered bool
 	Live, Dead int64
 	Size       int64
+	// Registration is the time from Stats.Opened to the arena's
+	// registration completing (as the store announced it); 0 until then.
+	Registration time.Duration
 }
 
 // Stats returns the current counters.
@@ -92,7 +97,7 @@ func (s *Store) Stats() Stats {
 		LeasesGranted: s.stats.leasesGranted.Load(), LeasesExpired: s.stats.leasesExpired.Load(),
 		Checkpoints: s.stats.checkpoints.Load(), Duplicates: s.stats.duplicates.Load(),
 		IndexLoad: s.index.LoadFactor(), IndexSlots: s.index.Geometry().Slots, IndexMoves: s.index.Moves(),
-		IndexGrowths: s.stats.indexGrowths.Load(),
+		IndexGrowths: s.stats.indexGrowths.Load(), Opened: s.opened,
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -105,7 +110,7 @@ func (s *Store) Stats() Stats {
 	st.SegmentsCleaned, st.CleanerMovedBytes = s.stats.segmentsCleaned.Load(), s.stats.cleanerMoved.Load()
 	st.CommittedBytes = s.stats.committedBytes.Load()
 	for _, a := range s.arenaList() {
-		as := ArenaStats{ID: a.id, Registered: a.ready(), Size: s.opts.ArenaSize}
+		as := ArenaStats{ID: a.id, Registered: a.ready(), Registration: time.Duration(a.registered.Load()), Size: s.opts.ArenaSize}
 		for _, sg := range s.segments {
 			if sg.arena == a {
 				as.Live += sg.live

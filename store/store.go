@@ -48,6 +48,7 @@ type Store struct {
 	lock       *os.File // the data directory's lock
 	db         *pebble.DB
 	generation uint64
+	opened     time.Time             // when Open began: the zero of ArenaStats.Registration
 	fatal      atomic.Pointer[error] // set once Pebble reported a fatal error
 
 	// region is the index region clients READ: the hash table, then one
@@ -155,6 +156,7 @@ func Open(ctx context.Context, pd rdma.PD, registrar *rdma.Registrar, opts Optio
 func (s *Store) open(ctx context.Context) error {
 	opts := s.opts
 	start := time.Now()
+	s.opened = start
 	if err := os.MkdirAll(opts.Dir, 0o700); err != nil {
 		return fmt.Errorf("store: creating the data directory %s: %w: make its parent writable by this user, or choose another directory (rkv-server --data-dir)", opts.Dir, err)
 	}
@@ -314,6 +316,7 @@ func (s *Store) announce(a *arena) {
 		s.log.Error("arena registration failed", "arena", a.id, "err", err)
 		return
 	}
+	a.registered.Store(int64(max(time.Since(s.opened), 1))) // never 0, which means not yet
 	info := a.info(s.generation)
 	s.log.Info("arena ready", "arena", a.id, "addr", fmt.Sprintf("%#x", info.Addr), "rkey", fmt.Sprintf("%#x", info.RKey))
 	s.mu.Lock()

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/pprof"
+	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -24,6 +25,7 @@ type collector struct {
 	regDone, regFailed, regCanceled, regBytes, regQueued, regInFlight *prometheus.Desc
 	regLatency                                                        *prometheus.Desc
 	arenas, arenaBytes, segments                                      *prometheus.Desc
+	arenaReg, storeOpen                                               *prometheus.Desc
 	segmentsFreed, segmentsCleaned, cleanerMoved, committedBytes      *prometheus.Desc
 	leasesActive, leasesGranted, leasesExpired, leasesRefused         *prometheus.Desc
 	commits, commitsRejected, deletes, batches, syncSeconds           *prometheus.Desc
@@ -46,6 +48,8 @@ func newCollector(srv *server.Server) *collector {
 		regLatency:      d("registrar_latency_seconds", "Time from submission to completion of successful registrations."),
 		arenas:          d("arenas_registered", "Arenas registered and advertised."),
 		arenaBytes:      d("arenas_bytes", "Arena bytes by state: size, live (current records), dead (for the cleaner), free.", "state"),
+		arenaReg:        d("arena_registration_seconds", "Time from the store's open to each registered arena's registration.", "arena"),
+		storeOpen:       d("store_open_time_seconds", "Unix time the store began opening at this start: the zero of rkv_arena_registration_seconds."),
 		segments:        d("segments", "Arena segments: all of them (total) and those free.", "state"),
 		segmentsFreed:   d("segments_freed_total", "Segments that came free: emptied by overwrites, deletes, drops or the cleaner."),
 		segmentsCleaned: d("cleaner_segments_cleaned_total", "Segments the cleaner emptied."),
@@ -104,6 +108,12 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	gauge(c.arenas, float64(registered))
+	for _, a := range st.Arenas {
+		if a.Registration > 0 { // an arena not registered yet has no series
+			gauge(c.arenaReg, a.Registration.Seconds(), strconv.Itoa(int(a.ID)))
+		}
+	}
+	gauge(c.storeOpen, float64(st.Opened.UnixNano())/1e9)
 	gauge(c.arenaBytes, float64(st.Capacity), "size")
 	gauge(c.arenaBytes, float64(st.Live), "live")
 	gauge(c.arenaBytes, float64(st.Dead), "dead")

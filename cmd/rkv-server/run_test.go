@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -41,13 +42,32 @@ func httpGet(t *testing.T, url string) (int, string) {
 	return resp.StatusCode, string(b)
 }
 
+// metricValue is the value of series (a name and its labels, as in the
+// text format) in a /metrics body.
+func metricValue(t *testing.T, body, series string) float64 {
+	t.Helper()
+	for _, line := range strings.Split(body, "\n") {
+		if v, ok := strings.CutPrefix(line, series+" "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				t.Fatalf("/metrics: %q: %v", line, err)
+			}
+			return f
+		}
+	}
+	t.Fatalf("/metrics has no %s", series)
+	return 0
+}
+
 // The whole command in this process, with --log-format json: every line
 // it logs is JSON (the soft provider's warnings included: they used to be
 // plain text); it warns about a misspelled RKV_ variable, naming the flag
 // meant; the clear-text gossip warning names --gossip-key; --metrics-addr
-// serves /healthz, /readyz, rkv_build_info and rkv_control_errors_total,
-// and no profiles without --pprof; SIGTERM stops it with status 0.
+// serves /healthz, /readyz, rkv_build_info, rkv_control_errors_total and
+// when the store opened and its arena registered, and no profiles without
+// --pprof; SIGTERM stops it with status 0.
 func TestRunServes(t *testing.T) {
+	start := time.Now()
 	metrics := fmt.Sprintf("127.0.0.1:%d", port(t))
 	args := []string{"--name", "n1", "--data-dir", t.TempDir(), "--bootstrap", "--provider", "soft",
 		"--gossip-addr", fmt.Sprintf("127.0.0.1:%d", port(t)), "--metrics-addr", metrics, "--log-format", "json",
@@ -85,6 +105,13 @@ func TestRunServes(t *testing.T) {
 		if !strings.Contains(body, want) {
 			t.Errorf("/metrics has no %q", want)
 		}
+	}
+	opened := time.Unix(0, int64(metricValue(t, body, "rkv_store_open_time_seconds")*1e9))
+	if opened.Before(start.Add(-time.Millisecond)) || opened.After(time.Now()) {
+		t.Errorf("rkv_store_open_time_seconds %v: not between the test's start %v and now", opened, start)
+	}
+	if reg := metricValue(t, body, `rkv_arena_registration_seconds{arena="0"}`); reg <= 0 || reg > time.Since(start).Seconds() {
+		t.Errorf("arena 0 registered %vs after the store's open: not in (0, %v]", reg, time.Since(start).Seconds())
 	}
 	if code, _ := httpGet(t, base+"/debug/pprof/"); code != http.StatusNotFound {
 		t.Errorf("/debug/pprof/ without --pprof: %d, want 404", code)
