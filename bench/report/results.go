@@ -63,17 +63,22 @@ type Registration struct {
 	// start, so registration faulted every page in (as after a reboot);
 	// otherwise they were cached from the previous start.
 	Cold bool `json:"cold"`
-	// Ready is when the server logged "ready" (store open, listening,
-	// in the cluster).
+	// Ready is when the server's /readyz first answered 200 (polled
+	// every 2 ms): it serves, an arena registered and in the cluster map.
+	// Results older than rkv_arena_registration_seconds took it from the
+	// server's "ready" log line (store open, listening, in the cluster),
+	// which could come before the first arena.
 	Ready time.Duration `json:"ready_ns"`
-	// FirstArena is when the server logged its first "arena ready": the
-	// first arena's registration was complete.
+	// FirstArena is when the first arena's registration was complete,
+	// as the server's metrics say (rkv_store_open_time_seconds plus the
+	// least rkv_arena_registration_seconds).
 	FirstArena time.Duration `json:"first_arena_ns"`
 	// FirstGet is when a client's GET of the key first succeeded.
 	FirstGet time.Duration `json:"first_get_ns"`
-	// Registered is when the server logged that every arena was
-	// registered: a server that served only once all its memory was
-	// registered (the synchronous baseline) could serve no earlier.
+	// Registered is when the last arena's registration was complete (by
+	// the metrics, as FirstArena): a server that served only once all its
+	// memory was registered (the synchronous baseline) could serve no
+	// earlier.
 	Registered time.Duration `json:"registered_ns"`
 }
 

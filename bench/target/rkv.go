@@ -3,16 +3,25 @@
 package target
 
 import (
+	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"maps"
+	"math"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 
 	"github.com/rkv-io/rkv/client"
 	"github.com/rkv-io/rkv/internal/freeport"
@@ -89,9 +98,11 @@ func (o *ServerOptions) defaults() error {
 // Server is a running rkv-server process.
 type Server struct {
 	// Name is its cluster name; Gossip its gossip address, the seed
-	// others join through.
-	Name, Gossip string
-	proc         *Process
+	// others join through; Metrics its --metrics-addr, which serves
+	// /readyz and /metrics.
+	Name, Gossip, Metrics string
+	arenas                int // --arena-count: WaitRegistered waits for each
+	proc                  *Process
 }
 
 // StartServer starts an rkv-server on free loopback ports (soft
@@ -104,13 +115,19 @@ func StartServer(opts ServerOptions) (*Server, error) {
 	if err := os.MkdirAll(opts.Dir, 0o755); err != nil {
 		return nil, fmt.Errorf("rkv-server %s: %w", opts.Name, err)
 	}
-	port, err := freeport.Loopback()
-	if err != nil {
-		return nil, err
+	var ports [2]int
+	for i := range ports {
+		for ports[i] == 0 || i > 0 && ports[i] == ports[0] { // a port freed may be handed out again
+			p, err := freeport.Loopback()
+			if err != nil {
+				return nil, err
+			}
+			ports[i] = p
+		}
 	}
-	gossip := fmt.Sprintf("127.0.0.1:%d", port)
+	gossip, metrics := fmt.Sprintf("127.0.0.1:%d", ports[0]), fmt.Sprintf("127.0.0.1:%d", ports[1])
 	args := []string{"--name", opts.Name, "--data-dir", filepath.Join(opts.Dir, "data"), "--provider", "soft",
-		"--gossip-addr", gossip, "--sync", opts.Sync, "--log-format", "json",
+		"--gossip-addr", gossip, "--metrics-addr", metrics, "--sync", opts.Sync, "--log-format", "json",
 		"--arena-size", fmt.Sprint(opts.ArenaSize), "--arena-count", fmt.Sprint(opts.ArenaCount),
 		"--index-slots", fmt.Sprint(opts.IndexSlots), "--lease-size", fmt.Sprint(opts.LeaseSize)}
 	if len(opts.Join) > 0 {
@@ -122,58 +139,154 @@ func StartServer(opts ServerOptions) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Server{Name: opts.Name, Gossip: gossip, proc: p}, nil
+	return &Server{Name: opts.Name, Gossip: gossip, Metrics: metrics, arenas: opts.ArenaCount, proc: p}, nil
 }
 
 // Process is the server's process.
 func (s *Server) Process() *Process { return s.proc }
 
-// WaitReady waits for the server's "ready" log line (it serves and has
-// joined the cluster) and returns when it was logged.
+// readyPoll is how often WaitReady asks: the resolution of its time.
+const readyPoll = 2 * time.Millisecond
+
+// probeClient asks the servers' metrics addresses.
+var probeClient = &http.Client{Timeout: 5 * time.Second}
+
+// WaitReady polls the server's /readyz until it answers 200 (the server
+// serves: an arena is registered and the cluster map holds it) and
+// returns when that answer arrived. Called right after StartServer, that
+// is when the server became ready, to within readyPoll and a loopback
+// HTTP round trip.
 func (s *Server) WaitReady(ctx context.Context) (time.Time, error) {
-	return s.waitMsg(ctx, "ready")
-}
-
-// WaitRegistered waits for the "arenas registered" log line (every
-// arena is registered and advertised) and returns when it was logged.
-func (s *Server) WaitRegistered(ctx context.Context) (time.Time, error) {
-	return s.waitMsg(ctx, "arenas registered")
-}
-
-// WaitFirstArena waits for the first "arena ready" log line (an arena
-// is registered: its data can be read) and returns when it was logged.
-func (s *Server) WaitFirstArena(ctx context.Context) (time.Time, error) {
-	return s.waitMsg(ctx, "arena ready")
-}
-
-// waitMsg waits for the JSON log line with message msg and returns its
-// time.
-func (s *Server) waitMsg(ctx context.Context, msg string) (time.Time, error) {
 	var at time.Time
-	_, err := s.proc.WaitLog(ctx, fmt.Sprintf("log message %q", msg), func(line string) bool {
-		t, ok := logLine(line, msg)
-		if ok {
-			at = t
+	err := s.poll(ctx, "/readyz answering 200", readyPoll, func(ctx context.Context) (bool, error) {
+		code, body, err := s.get(ctx, "/readyz")
+		if err != nil {
+			return false, err
 		}
-		return ok
+		if code != http.StatusOK {
+			return false, fmt.Errorf("/readyz: %d %s", code, strings.TrimSpace(string(body)))
+		}
+		at = time.Now()
+		return true, nil
 	})
 	return at, err
 }
 
-// logLine reports whether line is a JSON log record with message msg,
-// and its time.
-func logLine(line, msg string) (time.Time, bool) {
-	if !strings.Contains(line, msg) {
-		return time.Time{}, false
+// WaitRegistered polls the server's /metrics until every arena is
+// registered and returns when the store opened and each arena registered,
+// as the server measured them.
+func (s *Server) WaitRegistered(ctx context.Context) (Registration, error) {
+	var r Registration
+	err := s.poll(ctx, fmt.Sprintf("%d arenas registered", s.arenas), 20*time.Millisecond, func(ctx context.Context) (bool, error) {
+		code, body, err := s.get(ctx, "/metrics")
+		if err != nil {
+			return false, err
+		}
+		if code != http.StatusOK {
+			return false, fmt.Errorf("/metrics: %d %s", code, strings.TrimSpace(string(body)))
+		}
+		if r, err = ReadRegistration(bytes.NewReader(body)); err != nil {
+			return false, fmt.Errorf("/metrics: %w", err)
+		}
+		if len(r.Arenas) < s.arenas {
+			return false, fmt.Errorf("%d of %d arenas registered", len(r.Arenas), s.arenas)
+		}
+		return true, nil
+	})
+	return r, err
+}
+
+// get asks the server's metrics address for path.
+func (s *Server) get(ctx context.Context, path string) (int, []byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+s.Metrics+path, nil)
+	if err != nil {
+		return 0, nil, err
 	}
-	var rec struct {
-		Time time.Time `json:"time"`
-		Msg  string    `json:"msg"`
+	resp, err := probeClient.Do(req)
+	if err != nil {
+		return 0, nil, err
 	}
-	if json.Unmarshal([]byte(line), &rec) != nil || rec.Msg != msg {
-		return time.Time{}, false
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, body, err
+}
+
+// poll calls probe every interval until it reports done, failing when
+// ctx ends or the process exits first (with probe's last error).
+func (s *Server) poll(ctx context.Context, what string, interval time.Duration, probe func(context.Context) (bool, error)) error {
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	for {
+		done, last := probe(ctx)
+		if done {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for %s of %s: %w (last: %v); log %s:\n%s", what, s.proc.Name, ctx.Err(), last, s.proc.LogPath, s.proc.LogTail(20))
+		case <-s.proc.Exited():
+			return fmt.Errorf("%s exited while waiting for %s: %v (last: %v); log %s:\n%s", s.proc.Name, what, s.proc.err, last, s.proc.LogPath, s.proc.LogTail(20))
+		case <-tick.C:
+		}
 	}
-	return rec.Time, true
+}
+
+// Registration is when a server's store opened and each of its arenas
+// registered, from its metrics rkv_store_open_time_seconds and
+// rkv_arena_registration_seconds{arena}.
+type Registration struct {
+	Opened time.Time
+	// Arenas is the time from Opened to each registered arena's
+	// registration, by arena ID.
+	Arenas map[int]time.Duration
+}
+
+// First is when the first arena registered, All when the last did (the
+// zero time when none has).
+func (r Registration) First() time.Time {
+	if len(r.Arenas) == 0 {
+		return time.Time{}
+	}
+	return r.Opened.Add(slices.Min(slices.Collect(maps.Values(r.Arenas))))
+}
+
+// All: see First.
+func (r Registration) All() time.Time {
+	if len(r.Arenas) == 0 {
+		return time.Time{}
+	}
+	return r.Opened.Add(slices.Max(slices.Collect(maps.Values(r.Arenas))))
+}
+
+// ReadRegistration reads a Registration from a /metrics body (the
+// Prometheus text format).
+func ReadRegistration(metrics io.Reader) (Registration, error) {
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(metrics)
+	if err != nil {
+		return Registration{}, err
+	}
+	r := Registration{Arenas: map[int]time.Duration{}}
+	open := fams["rkv_store_open_time_seconds"]
+	if len(open.GetMetric()) != 1 {
+		return Registration{}, fmt.Errorf("%d rkv_store_open_time_seconds series, want 1", len(open.GetMetric()))
+	}
+	sec, frac := math.Modf(open.GetMetric()[0].GetGauge().GetValue())
+	r.Opened = time.Unix(int64(sec), int64(frac*1e9))
+	for _, m := range fams["rkv_arena_registration_seconds"].GetMetric() {
+		var id string
+		for _, l := range m.GetLabel() {
+			if l.GetName() == "arena" {
+				id = l.GetValue()
+			}
+		}
+		n, err := strconv.Atoi(id)
+		if err != nil {
+			return Registration{}, fmt.Errorf("rkv_arena_registration_seconds with arena label %q: %w", id, err)
+		}
+		r.Arenas[n] = time.Duration(m.GetGauge().GetValue() * float64(time.Second))
+	}
+	return r, nil
 }
 
 // Close stops the server (SIGTERM, then SIGKILL after 20s) and reports

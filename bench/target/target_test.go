@@ -210,32 +210,60 @@ func TestRKVCluster(t *testing.T) {
 	if _, ok := r.Counters()["retries_get"]; !ok {
 		t.Fatalf("no retries_get counter in %v", r.Counters())
 	}
-	// The servers' logs carry the times the tool measures from.
+	// The servers' metrics carry the times the tool measures, in order:
+	// the process started, its store opened, its arenas registered.
 	for _, s := range c.Servers {
-		ready, err := s.WaitReady(ctx)
-		if err != nil {
+		if _, err := s.WaitReady(ctx); err != nil {
 			t.Fatal(err)
 		}
 		reg, err := s.WaitRegistered(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if st := s.Process().Started; ready.Before(st.Add(-time.Second)) || reg.Before(ready) {
-			t.Fatalf("%s: started %v, ready %v, registered %v: out of order", s.Name, st, ready, reg)
+		st := s.Process().Started
+		if len(reg.Arenas) != 2 || reg.Opened.Before(st.Add(-time.Second)) || reg.First().Before(reg.Opened) ||
+			reg.All().Before(reg.First()) || reg.All().After(time.Now()) {
+			t.Fatalf("%s: started %v, store opened %v, arenas registered %v (first %v, all %v): out of order or missing",
+				s.Name, st, reg.Opened, reg.Arenas, reg.First(), reg.All())
 		}
 	}
 }
 
-func TestLogLine(t *testing.T) {
-	line := `{"time":"2025-01-02T03:04:05.123456789Z","level":"INFO","msg":"arenas registered","count":4}`
-	at, ok := logLine(line, "arenas registered")
-	if !ok || at.Nanosecond() != 123456789 {
-		t.Fatalf("logLine: %v, %v", at, ok)
+func TestReadRegistration(t *testing.T) {
+	const metrics = `# HELP rkv_arena_registration_seconds Time from the store's open to each registered arena's registration.
+# TYPE rkv_arena_registration_seconds gauge
+rkv_arena_registration_seconds{arena="0"} 0.25
+rkv_arena_registration_seconds{arena="2"} 1.5
+# HELP rkv_arenas_registered Arenas registered and advertised.
+# TYPE rkv_arenas_registered gauge
+rkv_arenas_registered 2
+# HELP rkv_store_open_time_seconds Unix time the store began opening at this start.
+# TYPE rkv_store_open_time_seconds gauge
+rkv_store_open_time_seconds 1.7000000001e+09
+`
+	r, err := ReadRegistration(strings.NewReader(metrics))
+	if err != nil {
+		t.Fatal(err)
 	}
-	for _, l := range []string{line[:40], `{"msg":"ready"}`, `msg=arenas registered`} {
-		if _, ok := logLine(l, "arenas registered"); ok {
-			t.Errorf("logLine(%q) matched", l)
+	opened := time.Unix(1700000000, 100000000)
+	if d := r.Opened.Sub(opened).Abs(); d > time.Microsecond || len(r.Arenas) != 2 ||
+		r.Arenas[0] != 250*time.Millisecond || r.Arenas[2] != 1500*time.Millisecond {
+		t.Fatalf("ReadRegistration: %+v, want opened %v, arenas 0 and 2 after 0.25s and 1.5s", r, opened)
+	}
+	if !r.First().Equal(r.Opened.Add(250*time.Millisecond)) || !r.All().Equal(r.Opened.Add(1500*time.Millisecond)) {
+		t.Fatalf("first %v, all %v, from %v", r.First(), r.All(), r.Opened)
+	}
+	for _, c := range []struct{ name, metrics, want string }{
+		{"no open time", "rkv_arenas_registered 2\n", "0 rkv_store_open_time_seconds series"},
+		{"an arena without an ID", "rkv_store_open_time_seconds 1\nrkv_arena_registration_seconds{arena=\"x\"} 1\n", `arena label "x"`},
+		{"not the text format", "rkv_store_open_time_seconds one\n", "one"},
+	} {
+		if _, err := ReadRegistration(strings.NewReader(c.metrics)); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want an error saying %q", c.name, err, c.want)
 		}
+	}
+	if r, err := ReadRegistration(strings.NewReader("rkv_store_open_time_seconds 1\n")); err != nil || len(r.Arenas) != 0 || !r.First().IsZero() {
+		t.Errorf("no arena registered yet: %+v, %v", r, err)
 	}
 }
 
