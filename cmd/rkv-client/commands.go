@@ -160,7 +160,7 @@ func scanCmd(g *globals) *cobra.Command {
 	var values, keysOnly bool
 	cmd := &cobra.Command{
 		Use:   "scan [--prefix P | --start S --end E] [--limit N] [--values | --keys-only]",
-		Short: "list keys in order, from every server, with their value sizes (or values)",
+		Short: "list keys in order, from every server, with their value sizes (or values); a header and the count on a terminal only",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if prefix != "" && (cmd.Flags().Changed("start") || cmd.Flags().Changed("end")) {
@@ -205,18 +205,31 @@ func scanCmd(g *globals) *cobra.Command {
 					}
 					return nil
 				}
-				tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-				if values {
-					fmt.Fprintln(tw, "KEY\tVALUE")
-				} else {
-					fmt.Fprintln(tw, "KEY\tSIZE")
+				// The header and the count are for a human at a terminal,
+				// as in redis-cli and etcdctl: into a pipe or a file go the
+				// rows alone, KEY<TAB>SIZE (or VALUE), which cut -f and mput
+				// read as they are.
+				human := stdoutIsTerminal(cmd)
+				w := out
+				var tw *tabwriter.Writer
+				if human {
+					tw = tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+					w = tw
+					if values {
+						fmt.Fprintln(tw, "KEY\tVALUE")
+					} else {
+						fmt.Fprintln(tw, "KEY\tSIZE")
+					}
 				}
 				for _, kv := range kvs {
 					if values {
-						fmt.Fprintf(tw, "%s\t%s\n", kv.Key, printable(kv.Value))
+						fmt.Fprintf(w, "%s\t%s\n", printable(kv.Key), printable(kv.Value))
 					} else {
-						fmt.Fprintf(tw, "%s\t%d\n", kv.Key, len(kv.Value))
+						fmt.Fprintf(w, "%s\t%d\n", printable(kv.Key), len(kv.Value))
 					}
+				}
+				if !human {
+					return nil
 				}
 				if err := tw.Flush(); err != nil {
 					return err
@@ -232,7 +245,7 @@ func scanCmd(g *globals) *cobra.Command {
 	f.StringVar(&end, "end", "", "end key (exclusive; default: no bound)")
 	f.IntVar(&limit, "limit", 0, "at most N keys (0: no limit)")
 	f.BoolVar(&values, "values", false, "print values instead of their sizes")
-	f.BoolVar(&keysOnly, "keys-only", false, "print the keys alone, one a line, without the header and the count")
+	f.BoolVar(&keysOnly, "keys-only", false, "print the keys alone, one a line, without the header and the count even on a terminal")
 	return cmd
 }
 

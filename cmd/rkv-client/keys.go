@@ -215,9 +215,10 @@ func printFound(g *globals, cmd *cobra.Command, keys, vals [][]byte, values bool
 	return nil
 }
 
-// stdoutIsTerminal reports whether the command writes to a terminal.
+// stdoutIsTerminal reports whether the command writes to a terminal:
+// whatever file run was given as stdout, so that tests can hand it a pty.
 func stdoutIsTerminal(cmd *cobra.Command) bool {
-	return cmd.OutOrStdout() == os.Stdout && isTerminal(os.Stdout)
+	return isTerminal(cmd.OutOrStdout())
 }
 
 func mputCmd(g *globals) *cobra.Command {

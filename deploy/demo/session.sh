@@ -32,8 +32,10 @@ demo_session() {
 	run_cli 0 members
 	run_cli 0 map
 	for k in user:1 user:2 user:3; do run_cli 0 owner "$k"; done
+	# Into this transcript (a pipe) scan prints its rows alone, KEY<TAB>VALUE;
+	# on a terminal it adds a header and the count.
 	run_cli 0 scan --prefix user: --values
-	run_cli 0 scan
+	run_cli 0 scan --keys-only
 	run_cli 0 del user:2
 	run_cli 1 get user:2
 	run_cli 0 status
