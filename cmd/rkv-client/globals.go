@@ -66,7 +66,7 @@ func (g *globals) register(fs *pflag.FlagSet) {
 	fs.StringVar(&g.gossipKeyFile, "gossip-key-file", "", "file holding the gossip key")
 	fs.StringVar(&g.authToken, "auth-token", "", "token the servers require (env RKV_AUTH_TOKEN)")
 	fs.StringVar(&g.tlsCA, "tls-ca", "", "PEM CA certificate(s) `file` verifying the servers' control certificates; enables TLS (env RKV_TLS_CA)")
-	fs.StringVar(&g.tlsCert, "tls-cert", "", "PEM client certificate `file`, for servers requiring one (mTLS); needs --tls-key; enables TLS")
+	fs.StringVar(&g.tlsCert, "tls-cert", "", "PEM client certificate `file`, for servers requiring one (mTLS); needs --tls-key; enables TLS; one expired or not valid yet is a usage error")
 	fs.StringVar(&g.tlsKey, "tls-key", "", "PEM private key `file` of --tls-cert")
 	fs.StringVarP(&g.output, "output", "o", "table", "output format: table or json")
 	fs.StringVar(&g.keyEncoding, "key-encoding", "raw", "how key arguments spell their bytes: raw, hex or base64 (for binary keys)")
@@ -168,8 +168,15 @@ func (g *globals) tlsConfig() (*tls.Config, error) {
 		}
 	}
 	if g.tlsCert != "" {
-		cert, err := tlsfiles.KeyPair(tlsfiles.Flag{Name: "--tls-cert", Path: g.tlsCert}, tlsfiles.Flag{Name: "--tls-key", Path: g.tlsKey})
+		certFlag := tlsfiles.Flag{Name: "--tls-cert", Path: g.tlsCert}
+		cert, err := tlsfiles.KeyPair(certFlag, tlsfiles.Flag{Name: "--tls-key", Path: g.tlsKey})
 		if err != nil {
+			return nil, err
+		}
+		// As rkv-server does at start: an expired or not yet valid
+		// certificate would otherwise surface as the server's "bad
+		// certificate" at the handshake, naming neither file nor dates.
+		if err := tlsfiles.CheckValidity(certFlag, cert, time.Now()); err != nil {
 			return nil, err
 		}
 		c.Certificates = []tls.Certificate{cert}

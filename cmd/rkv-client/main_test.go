@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/rkv-io/rkv/internal/testcluster"
 	"github.com/rkv-io/rkv/internal/testpki"
@@ -100,6 +101,36 @@ func TestTLSFlagErrors(t *testing.T) {
 		for _, w := range tc.want {
 			if !strings.Contains(errs, w) {
 				t.Errorf("%v %v: stderr %q, want it to contain %q", tc.env, tc.args, errs, w)
+			}
+		}
+	}
+}
+
+// TestTLSCertificateCheckedAtStart: a --tls-cert that has expired or is
+// not valid yet fails the command at once as a usage error (exit 2) naming
+// the file and the dates, before any connection: the seed here is
+// unreachable, which would otherwise be exit 3.
+func TestTLSCertificateCheckedAtStart(t *testing.T) {
+	now := time.Now()
+	expired := testpki.NewValid(t, now.Add(-48*time.Hour), now.Add(-24*time.Hour), "127.0.0.1").WriteFiles(t, t.TempDir())
+	early := testpki.NewValid(t, now.Add(24*time.Hour), now.Add(48*time.Hour), "127.0.0.1").WriteFiles(t, t.TempDir())
+	day := func(d time.Duration) string { return now.Add(d).UTC().Format(time.RFC3339)[:10] }
+	for _, tc := range []struct {
+		name  string
+		files testpki.Files
+		want  []string
+	}{
+		{"expired", expired, []string{"--tls-cert " + expired.ClientCert, "has expired", "valid from " + day(-48*time.Hour), "to " + day(-24*time.Hour), "now is " + day(0)}},
+		{"not valid yet", early, []string{"--tls-cert " + early.ClientCert, "is not valid yet", "valid from " + day(24*time.Hour), "to " + day(48*time.Hour)}},
+	} {
+		_, errs, code := runCLI(map[string]string{"RKV_JOIN": "127.0.0.1:1", "RKV_TIMEOUT": "2s"},
+			"--tls-ca", tc.files.CA, "--tls-cert", tc.files.ClientCert, "--tls-key", tc.files.ClientKey, "get", "k")
+		if code != exitUsage {
+			t.Errorf("%s: exit %d, want %d (stderr %q)", tc.name, code, exitUsage, errs)
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(errs, w) {
+				t.Errorf("%s: stderr %q, want it to contain %q", tc.name, errs, w)
 			}
 		}
 	}

@@ -46,7 +46,8 @@ func (e *InvalidError) Unwrap() error { return e.Err }
 // dates, unless now lies in the validity period of pair's leaf
 // certificate (the one KeyPair loaded from cert): a server that starts
 // with an expired or not yet valid certificate would have every TLS client
-// refuse it, each with an error the server never sees.
+// refuse it, each with an error the server never sees; a client, every
+// server, with a handshake error that names neither the file nor the dates.
 func CheckValidity(cert Flag, pair tls.Certificate, now time.Time) error {
 	leaf := pair.Leaf
 	if leaf == nil {
@@ -62,9 +63,9 @@ func CheckValidity(cert Flag, pair tls.Certificate, now time.Time) error {
 	period := fmt.Sprintf("valid from %s to %s, now is %s", leaf.NotBefore.UTC().Format(day), leaf.NotAfter.UTC().Format(day), now.UTC().Format(day))
 	switch {
 	case now.Before(leaf.NotBefore):
-		return &InvalidError{fmt.Errorf("%s %s: the certificate (subject %q) is not valid yet: %s", cert.Name, cert.Path, leaf.Subject.String(), period)}
+		return &InvalidError{fmt.Errorf("%s %s: the certificate (subject %q) is not valid yet: %s (check this machine's clock, or use a certificate valid now)", cert.Name, cert.Path, leaf.Subject.String(), period)}
 	case now.After(leaf.NotAfter):
-		return &InvalidError{fmt.Errorf("%s %s: the certificate (subject %q) has expired: %s", cert.Name, cert.Path, leaf.Subject.String(), period)}
+		return &InvalidError{fmt.Errorf("%s %s: the certificate (subject %q) has expired: %s (issue a new one)", cert.Name, cert.Path, leaf.Subject.String(), period)}
 	}
 	return nil
 }

@@ -64,8 +64,8 @@ func TestCheckValidity(t *testing.T) {
 		at   time.Time
 		want string
 	}{
-		{now.Add(-48 * time.Hour), "--tls-cert " + files.ServerCert + `: the certificate (subject "CN=server") is not valid yet: ` + period + ", now is 2030-05-30T12:00:00Z"},
-		{now.Add(48 * time.Hour), "--tls-cert " + files.ServerCert + `: the certificate (subject "CN=server") has expired: ` + period + ", now is 2030-06-03T12:00:00Z"},
+		{now.Add(-48 * time.Hour), "--tls-cert " + files.ServerCert + `: the certificate (subject "CN=server") is not valid yet: ` + period + ", now is 2030-05-30T12:00:00Z (check this machine's clock, or use a certificate valid now)"},
+		{now.Add(48 * time.Hour), "--tls-cert " + files.ServerCert + `: the certificate (subject "CN=server") has expired: ` + period + ", now is 2030-06-03T12:00:00Z (issue a new one)"},
 	} {
 		err := CheckValidity(cert, pair, tc.at)
 		if _, ok := errors.AsType[*InvalidError](err); !ok || err.Error() != tc.want {
