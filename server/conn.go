@@ -224,9 +224,13 @@ func (c *conn) handshake() error {
 		c.refuseHello(id, &proto.Error{Code: proto.CodeUnauthenticated, Message: "the first request must be Hello"})
 		return fmt.Errorf("first request %v, not Hello", m.Type())
 	}
-	if tok := s.cfg.AuthToken; tok != "" && !tokenMatches(tok, h.Token) {
-		c.refuseHello(id, &proto.Error{Code: proto.CodeUnauthenticated, Message: "wrong auth token"})
-		return fmt.Errorf("client %q: wrong auth token", h.Client)
+	if tok, name := s.helloToken(h.Kind); tok != "" && !tokenMatches(tok, h.Token) {
+		msg := "wrong " + name
+		if name == "peer token" {
+			msg = fmt.Sprintf("wrong peer token: a %s session is for servers, which present their --peer-token (a client's auth token does not open one)", h.Kind)
+		}
+		c.refuseHello(id, &proto.Error{Code: proto.CodeUnauthenticated, Message: msg})
+		return fmt.Errorf("%s session from %q: wrong %s", h.Kind, h.Client, name)
 	}
 	if h.Target != "" && h.Target != s.id {
 		// A peer that means the server this address used to be.

@@ -13,10 +13,12 @@ import (
 	"net"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/rkv-io/rkv/client"
+	"github.com/rkv-io/rkv/internal/session"
 	"github.com/rkv-io/rkv/internal/testpki"
 	"github.com/rkv-io/rkv/membership"
 	"github.com/rkv-io/rkv/proto"
@@ -104,6 +106,74 @@ func TestAuthToken(t *testing.T) {
 		t.Fatalf("stalled peers dropped after %v, before the %v handshake timeout", took, timeout)
 	}
 	healthy(t, cl, "stalled handshakes")
+}
+
+// TestPeerToken: with a PeerToken, a session between servers (peer or
+// Raft) must present it: the clients' auth token is refused with an Error
+// that says why, before any QP, and the connection is closed; the peer
+// token opens a peer session (a ShardScan is served) but not a client's.
+// Clients go on with the auth token.
+func TestPeerToken(t *testing.T) {
+	noLeaks(t)
+	const token, peerToken = "sesame", "servers only"
+	s := startServer(t, func(c *Config) { c.AuthToken, c.PeerToken = token, peerToken })
+	cl := newClient(t, s, token, nil)
+	healthy(t, cl, "start")
+	open := s.Stats().Connections
+
+	for _, c := range []struct {
+		name  string
+		hello *proto.Hello
+		want  string
+	}{
+		{"a peer Hello with the auth token", &proto.Hello{Client: "c", Kind: proto.SessionPeer, Token: []byte(token), NoQP: true}, "wrong peer token: a peer session is for servers"},
+		{"a peer Hello asking for a QP with the auth token", &proto.Hello{Client: "c", Kind: proto.SessionPeer, Token: []byte(token)}, "wrong peer token"},
+		{"a Raft Hello with the auth token", &proto.Hello{Client: "c", Kind: proto.SessionRaft, Token: []byte(token)}, "wrong peer token: a raft session is for servers"},
+		{"a peer Hello without a token", &proto.Hello{Client: "c", Kind: proto.SessionPeer}, "wrong peer token"},
+		{"a client Hello with the peer token", &proto.Hello{Client: "c", Token: []byte(peerToken)}, "wrong auth token"},
+	} {
+		nc := dial(t, s)
+		e, ok := call(t, nc, 1, c.hello).(*proto.Error)
+		if !ok || e.Code != proto.CodeUnauthenticated || !strings.Contains(e.Message, c.want) {
+			t.Fatalf("%s: answered %#v, want an unauthenticated Error saying %q", c.name, e, c.want)
+		}
+		// Refused before a QP: the server sends nothing more (no half
+		// of a QP exchange, no answer to a peer request) and hangs up.
+		_ = proto.WriteFrame(nc, 2, &proto.ShardScan{Shard: 0, Limit: 1})
+		_ = nc.SetReadDeadline(time.Now().Add(5 * time.Second))
+		// (A reset is a close too: the server may be gone before the
+		// ShardScan arrives.)
+		if rest, err := io.ReadAll(nc); len(rest) != 0 || err != nil && !errors.Is(err, syscall.ECONNRESET) {
+			t.Fatalf("%s: after the refusal, %d bytes and %v; want the connection closed without a word", c.name, len(rest), err)
+		}
+	}
+	healthy(t, cl, "refused peer sessions")
+
+	// What a server dials with: the peer token opens a peer session, and
+	// its peer requests are served.
+	peer, err := session.Dial(context.Background(), s.ControlAddr(), s.ID(), s.peerConfig())
+	if err != nil {
+		t.Fatalf("a peer session with the peer token: %v", err)
+	}
+	defer peer.Close()
+	if r, err := peer.Call(context.Background(), &proto.ShardScan{Shard: 0, Limit: 1}); err != nil {
+		t.Fatalf("ShardScan on a peer session: %v", err)
+	} else if _, ok := r.(*proto.ShardScanReply); !ok {
+		t.Fatalf("ShardScan on a peer session: %#v", r)
+	}
+	// The same with the clients' token, as session.Dial reports it.
+	withClientToken := s.peerConfig()
+	withClientToken.Token = []byte(token)
+	if _, err := session.Dial(context.Background(), s.ControlAddr(), s.ID(), withClientToken); !errors.Is(err, session.ErrRefused) || !strings.Contains(err.Error(), "wrong peer token") {
+		t.Fatalf("a peer session with the auth token: %v, want ErrRefused saying wrong peer token", err)
+	}
+	peer.Close()
+	waitFor(t, 5*time.Second, "the refused connections closed", func() error {
+		if n := s.Stats().Connections; n > open {
+			return fmt.Errorf("%d control connections open, %d before the refused ones", n, open)
+		}
+		return nil
+	})
 }
 
 // TestAdvertisedRKeysAreReadOnly: what a server gossips (the index and

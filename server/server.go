@@ -87,9 +87,17 @@ type Config struct {
 	// with one copy of each key, its keys are lost. Default 0: servers
 	// leave the map only by `rkv-client forget`.
 	DeadServerTimeout time.Duration
-	// AuthToken, when set, must be presented by every client and peer in
-	// its Hello (compared in constant time). Default: none.
+	// AuthToken, when set, must be presented by every client in its Hello
+	// (compared in constant time), and by every other server too unless
+	// PeerToken is set. Default: none.
 	AuthToken string
+	// PeerToken, when set, is the servers' own credential: a peer or Raft
+	// session (migration, fences, releases, map changes, the map's Raft
+	// traffic) must present it instead of AuthToken, so a client's token
+	// or certificate no longer opens one, and this server presents it when
+	// it dials the others. Every server of the cluster needs the same one.
+	// Default: none, and those sessions take AuthToken as clients do.
+	PeerToken string
 	// TLS, when set, makes the control listener speak TLS only, with its
 	// Certificates; set ClientCAs and ClientAuth to
 	// tls.RequireAndVerifyClientCert to require client certificates
@@ -138,6 +146,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.TLS != nil && len(c.TLS.Certificates) == 0 && c.TLS.GetCertificate == nil && c.TLS.GetConfigForClient == nil {
 		return c, errors.New("server: Config.TLS has no certificate")
+	}
+	if c.PeerToken != "" && c.PeerToken == c.AuthToken {
+		return c, errors.New("server: Config.PeerToken equals AuthToken, which every client holds: give the servers a token of their own")
 	}
 	if c.TLS != nil && c.PeerTLS == nil {
 		return c, errors.New("server: Config.TLS needs Config.PeerTLS, for the connections to other servers")
@@ -398,7 +409,18 @@ func noArenaError(dir string, err error) error {
 
 // peerConfig is how this server opens sessions to other servers.
 func (s *Server) peerConfig() session.Config {
-	return session.Config{Name: s.cfg.Name, Token: []byte(s.cfg.AuthToken), Kind: proto.SessionPeer, TLS: s.cfg.PeerTLS}
+	tok, _ := s.helloToken(proto.SessionPeer)
+	return session.Config{Name: s.cfg.Name, Token: []byte(tok), Kind: proto.SessionPeer, TLS: s.cfg.PeerTLS}
+}
+
+// helloToken is the token a session of kind must present ("": none) and
+// what it is called in a refusal: sessions between servers take the peer
+// token when there is one, so a client's token cannot open them.
+func (s *Server) helloToken(kind proto.SessionKind) (token, name string) {
+	if kind != proto.SessionClient && s.cfg.PeerToken != "" {
+		return s.cfg.PeerToken, "peer token"
+	}
+	return s.cfg.AuthToken, "auth token"
 }
 
 // endpoint reads the device's data endpoint from a throwaway QP's info,
