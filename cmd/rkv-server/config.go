@@ -18,6 +18,7 @@ import (
 	"github.com/rkv-io/rkv/internal/envflags"
 	"github.com/rkv-io/rkv/internal/tlsfiles"
 	"github.com/rkv-io/rkv/membership"
+	"github.com/rkv-io/rkv/proto"
 	"github.com/rkv-io/rkv/store"
 )
 
@@ -55,6 +56,8 @@ type options struct {
 	GossipKeyFile       string
 	AuthToken           string
 	AuthTokenFile       string
+	PeerToken           string
+	PeerTokenFile       string
 	TLSCert             string
 	TLSKey              string
 	TLSClientCA         string
@@ -103,8 +106,13 @@ comment, values may be quoted, e.g.
 
 Precedence: command line, then environment, then config file, then default.
 Sizes take a suffix: KiB MiB GiB TiB (or K M G T, also powers of two).
-The gossip key (16, 24 or 32 bytes, base64 or hex) and the auth token are
+The gossip key (16, 24 or 32 bytes, base64 or hex) and the tokens are
 best given by file or environment so they stay out of the process list.
+--auth-token is what clients present; --peer-token, the same on every server,
+is what servers present to each other (migration, map changes, Raft): with
+it, a client's token or certificate no longer opens a session between
+servers. Without it, those sessions take --auth-token like clients, and a
+server with an --auth-token (or --tls-client-ca) warns about that at start.
 Without a gossip key, node metadata (rkeys included) travels in clear text.
 With --tls-cert and --tls-key the control port speaks TLS 1.3 only; adding
 --tls-client-ca requires every client to present a certificate that CA
@@ -163,8 +171,10 @@ func newFlagSet(o *options) *pflag.FlagSet {
 	fs.StringVar(&o.GossipProfile, "gossip-profile", "local", "gossip timing: local (loopback, fast failure detection), lan or wan (memberlist's profiles)")
 	fs.StringVar(&o.GossipKey, "gossip-key", "", "gossip encryption key, base64 or hex, 16/24/32 bytes")
 	fs.StringVar(&o.GossipKeyFile, "gossip-key-file", "", "file holding the gossip key (base64 or hex)")
-	fs.StringVar(&o.AuthToken, "auth-token", "", "token every client must present")
+	fs.StringVar(&o.AuthToken, "auth-token", "", "token every client must present (and every server, without --peer-token)")
 	fs.StringVar(&o.AuthTokenFile, "auth-token-file", "", "file holding the auth token")
+	fs.StringVar(&o.PeerToken, "peer-token", "", "token of the servers alone, the same on each: required of sessions between servers, which then refuse the clients' token; sent when dialing the others")
+	fs.StringVar(&o.PeerTokenFile, "peer-token-file", "", "file holding the peer token")
 	fs.StringVar(&o.TLSCert, "tls-cert", "", "PEM certificate `file` (chain first to last) for TLS on the control port; needs --tls-key")
 	fs.StringVar(&o.TLSKey, "tls-key", "", "PEM private key `file` of --tls-cert")
 	fs.StringVar(&o.TLSClientCA, "tls-client-ca", "", "PEM CA certificate(s) `file`: require client certificates signed by them (mTLS); needs --tls-cert")
@@ -418,6 +428,26 @@ func (o *options) validate() error {
 			return fmt.Errorf("--auth-token-file: %w", err)
 		}
 		o.AuthToken = strings.TrimSpace(string(b))
+	}
+	if o.PeerToken != "" && o.PeerTokenFile != "" {
+		return errors.New("--peer-token and --peer-token-file: give one")
+	}
+	if o.PeerTokenFile != "" {
+		b, err := os.ReadFile(o.PeerTokenFile)
+		if err != nil {
+			return fmt.Errorf("--peer-token-file: %w", err)
+		}
+		// Empty would silently mean "no peer token": the clients' token
+		// would go on opening sessions between servers.
+		if o.PeerToken = strings.TrimSpace(string(b)); o.PeerToken == "" {
+			return fmt.Errorf("--peer-token-file %s is empty", o.PeerTokenFile)
+		}
+	}
+	if len(o.PeerToken) > proto.MaxControlToken {
+		return fmt.Errorf("--peer-token: %d bytes, more than a Hello carries (%d)", len(o.PeerToken), proto.MaxControlToken)
+	}
+	if o.PeerToken != "" && o.PeerToken == o.AuthToken {
+		return errors.New("--peer-token is the same as --auth-token, which every client holds: give the servers a token of their own")
 	}
 	if o.tls, o.peerTLS, err = o.tlsConfig(); err != nil {
 		return err

@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"crypto/tls"
 	"io"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -237,5 +239,80 @@ func TestTLSOptionErrors(t *testing.T) {
 	var out bytes.Buffer
 	if code := run([]string{"--name", "n", "--tls-key", files.ServerKey}, env(nil), io.Discard, &out, nil); code != exitUsage || !strings.Contains(out.String(), "--tls-cert") {
 		t.Fatalf("run with --tls-key alone: exit %d\n%s", code, out.String())
+	}
+}
+
+// The peer token comes from --peer-token, RKV_PEER_TOKEN, a file
+// (--peer-token-file, RKV_PEER_TOKEN_FILE) or the config file, like the
+// auth token; one that could not separate the servers from the clients is
+// refused.
+func TestPeerTokenOptions(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "peer-token")
+	os.WriteFile(file, []byte("from a file\n"), 0o600)
+	empty := filepath.Join(dir, "empty")
+	os.WriteFile(empty, []byte("\n"), 0o600)
+	conf := filepath.Join(dir, "node.conf")
+	os.WriteFile(conf, []byte("name = n\npeer-token = from the config\n"), 0o600)
+	for _, tc := range []struct {
+		args []string
+		env  map[string]string
+		want string
+	}{
+		{[]string{"--name", "n", "--peer-token", "flag"}, nil, "flag"},
+		{[]string{"--name", "n"}, map[string]string{"RKV_PEER_TOKEN": "env"}, "env"},
+		{[]string{"--name", "n", "--peer-token-file", file}, nil, "from a file"},
+		{[]string{"--name", "n"}, map[string]string{"RKV_PEER_TOKEN_FILE": file}, "from a file"},
+		{[]string{"--config", conf}, nil, "from the config"},
+		{[]string{"--name", "n", "--auth-token", "a"}, nil, ""},
+	} {
+		o, err := parseOptions(tc.args, env(tc.env), io.Discard)
+		if err != nil || o.PeerToken != tc.want {
+			t.Errorf("%v %v: peer token %q, %v; want %q", tc.args, tc.env, o.PeerToken, err, tc.want)
+		}
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--peer-token", "a", "--peer-token-file", file}, "--peer-token and --peer-token-file: give one"},
+		{[]string{"--peer-token-file", filepath.Join(dir, "missing")}, "--peer-token-file: open " + filepath.Join(dir, "missing")},
+		{[]string{"--peer-token-file", empty}, "--peer-token-file " + empty + " is empty"},
+		{[]string{"--peer-token", "same", "--auth-token", "same"}, "--peer-token is the same as --auth-token"},
+		{[]string{"--peer-token", strings.Repeat("t", 1025)}, "--peer-token: 1025 bytes, more than a Hello carries (1024)"},
+	} {
+		var stderr bytes.Buffer
+		if code := run(append([]string{"--name", "n"}, tc.args...), env(nil), io.Discard, &stderr, nil); code != exitUsage || !strings.Contains(stderr.String(), tc.want) {
+			t.Errorf("%v: exit %d, %q; want %d and %q", tc.args, code, stderr.String(), exitUsage, tc.want)
+		}
+	}
+}
+
+// One WARN at start when a client credential would open sessions between
+// servers (no peer token); none with a peer token, and the INFO alone
+// when clients need no credential at all.
+func TestCredentialLogs(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		o    options
+		mTLS bool
+		want []string // levels logged
+	}{
+		{"auth token, no peer token", options{AuthToken: "a"}, false, []string{"WARN"}},
+		{"client certificates, no peer token", options{}, true, []string{"WARN"}},
+		{"auth token and peer token", options{AuthToken: "a", PeerToken: "p"}, false, nil},
+		{"no client credential", options{}, false, []string{"INFO"}},
+	} {
+		var b bytes.Buffer
+		logCredentials(slog.New(slog.NewTextHandler(&b, nil)), &tc.o, tc.mTLS)
+		var levels []string
+		for _, line := range strings.Split(strings.TrimSpace(b.String()), "\n") {
+			if _, rest, ok := strings.Cut(line, "level="); ok {
+				levels = append(levels, strings.Fields(rest)[0])
+			}
+		}
+		if !slices.Equal(levels, tc.want) || len(tc.want) == 1 && tc.want[0] == "WARN" && !strings.Contains(b.String(), "--peer-token") {
+			t.Errorf("%s: logged %q, want levels %v (the WARN naming --peer-token)", tc.name, b.String(), tc.want)
+		}
 	}
 }

@@ -118,6 +118,7 @@ func run(args []string, environ []string, stdout, stderr io.Writer, sigs <-chan 
 		MoveTimeout:       o.MoveTimeout,
 		DeadServerTimeout: o.DeadServerTimeout,
 		AuthToken:         o.AuthToken,
+		PeerToken:         o.PeerToken,
 		TLS:               o.tls,
 		PeerTLS:           o.peerTLS,
 		Logger:            log,
@@ -168,9 +169,7 @@ func run(args []string, environ []string, stdout, stderr io.Writer, sigs <-chan 
 	if o.tls != nil {
 		log.Info("control port speaks TLS only", "cert", o.TLSCert, "client_certificates_required", mTLS)
 	}
-	if o.AuthToken == "" && !mTLS {
-		log.Info("no --auth-token or --tls-client-ca: any client that reaches the control address may read and write")
-	}
+	logCredentials(log, o, mTLS)
 
 	var metrics *http.Server
 	metricsErr := make(chan error, 1)
@@ -232,6 +231,18 @@ func run(args []string, environ []string, stdout, stderr io.Writer, sigs <-chan 
 	case s := <-sigs:
 		log.Warn("second signal: exiting at once", "signal", s.String())
 		return exitError
+	}
+}
+
+// logCredentials says at start what the clients' credentials open: with
+// none, everything (INFO); without a peer token, sessions between servers
+// too (WARN, once).
+func logCredentials(log *slog.Logger, o *options, mTLS bool) {
+	switch {
+	case o.AuthToken == "" && !mTLS:
+		log.Info("no --auth-token or --tls-client-ca: any client that reaches the control address may read and write")
+	case o.PeerToken == "":
+		log.Warn("no --peer-token: a client's --auth-token or certificate also opens sessions between servers (shard scans, fences, releases, map changes, Raft); give every server the same --peer-token")
 	}
 }
 
