@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -35,9 +36,15 @@ func TestCLIThroughEndpoints(t *testing.T) {
 	pki := testpki.New(t, "127.0.0.1")
 	files := pki.WriteFiles(t, t.TempDir())
 	const token = "e2e-endpoints-token"
+	// The servers talk to each other with a token of their own, which
+	// the clients do not have: the cluster converges all the same.
+	peerToken := filepath.Join(t.TempDir(), "peer-token")
+	if err := os.WriteFile(peerToken, []byte("e2e-servers-token\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	c := newCluster(t, 3, smallStore)
 	for _, n := range c.nodes {
-		n.args = []string{"--auth-token", token, "--tls-cert", files.ServerCert, "--tls-key", files.ServerKey, "--tls-peer-ca", files.CA}
+		n.args = []string{"--auth-token", token, "--peer-token-file", peerToken, "--tls-cert", files.ServerCert, "--tls-key", files.ServerKey, "--tls-peer-ca", files.CA}
 	}
 	c.cliEnv = []string{"RKV_AUTH_TOKEN=" + token, "RKV_TLS_CA=" + files.CA}
 	for i, n := range c.nodes {
