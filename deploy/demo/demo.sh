@@ -29,7 +29,9 @@ metrics_port() { echo $((base + 30 + $1)); }
 # /dev/tcp: no curl needed).
 http_ok() {
 	local status
-	exec 3<>"/dev/tcp/127.0.0.1/$1" 2>/dev/null || return 1
+	# The braces keep 2>/dev/null to the connect: on exec itself it would
+	# silence the script's stderr from then on (rkv-client's messages too).
+	{ exec 3<>"/dev/tcp/127.0.0.1/$1"; } 2>/dev/null || return 1
 	printf 'GET %s HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n' "$2" >&3
 	read -r _ status _ <&3 || status=
 	exec 3<&- 3>&-
