@@ -388,8 +388,11 @@ func (c *Client) Limits(key []byte) (proto.RecordLimits, error) {
 }
 
 func checkKey(key []byte) error {
-	if len(key) == 0 || len(key) > proto.MaxKeyLen {
-		return fmt.Errorf("%w: key of %d bytes (1 to %d)", ErrTooLarge, len(key), proto.MaxKeyLen)
+	switch {
+	case len(key) == 0:
+		return fmt.Errorf("%w: empty key: a key is 1 byte or more", ErrInvalid)
+	case len(key) > proto.MaxKeyLen:
+		return fmt.Errorf("%w: key too long: %d bytes, at most %d", ErrTooLarge, len(key), proto.MaxKeyLen)
 	}
 	return nil
 }
@@ -419,27 +422,43 @@ func (c *Client) cacheDrop(key []byte) {
 // Get returns key's value, read one-sidedly from its server's memory.
 // It takes WithTimeout.
 func (c *Client) Get(ctx context.Context, key []byte, opts ...OpOption) ([]byte, error) {
+	v, err := c.GetAppend(ctx, nil, key, opts...)
+	if err == nil && v == nil {
+		v = []byte{} // an empty value: found, unlike nil
+	}
+	return v, err
+}
+
+// GetAppend appends key's value to dst and returns the extended slice,
+// as Get reads it: a caller that passes a buffer with room for the value
+// reads a warm key without an allocation. dst is returned unchanged with
+// the error when the key is absent (ErrNotFound) or the read fails. It
+// takes WithTimeout.
+func (c *Client) GetAppend(ctx context.Context, dst, key []byte, opts ...OpOption) ([]byte, error) {
 	if err := checkKey(key); err != nil {
-		return nil, err
+		return dst, err
 	}
 	ctx, cancel, err := callContext(ctx, "Get", opts)
 	if err != nil {
-		return nil, err
+		return dst, err
 	}
 	defer cancel()
-	var out []byte
+	out := dst
 	err = c.doKey(ctx, "GET", key, func(ctx context.Context, sc *serverConn, t *target) error {
 		if err := checkLimits(sc.name, t.member.Meta.Limits, key, nil); err != nil {
 			return err
 		}
-		v, err := sc.get(ctx, t, key)
-		if err == nil && v == nil {
+		v, found, err := sc.get(ctx, t, dst, key)
+		if err == nil && !found {
 			err = ErrNotFound
 		}
 		out = v
 		return err
 	})
-	return out, err
+	if err != nil {
+		return dst, err
+	}
+	return out, nil
 }
 
 // MultiGet returns the values of keys, in order, with nil for a key that

@@ -220,6 +220,45 @@ func TestGetFallsBackFromAStaleLocation(t *testing.T) {
 	}
 }
 
+func TestGetAppend(t *testing.T) {
+	c := startCluster(t, 1)
+	cl := newClient(t, c)
+	ctx := context.Background()
+	if err := cl.Put(ctx, []byte("a"), []byte("alpha")); err != nil {
+		t.Fatal(err)
+	}
+	if err := cl.Put(ctx, []byte("empty"), nil); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 0, 64)
+	buf = append(buf, "prefix:"...)
+	// Cold (the index, then the record), then warm (the cached location):
+	// both append after what dst holds, in dst's own array when it has
+	// room.
+	for _, path := range []string{"cold", "warm"} {
+		got, err := cl.GetAppend(ctx, buf, []byte("a"))
+		if err != nil || string(got) != "prefix:alpha" {
+			t.Fatalf("%s GetAppend = %q, %v; want \"prefix:alpha\"", path, got, err)
+		}
+		if &got[0] != &buf[:1][0] {
+			t.Errorf("%s GetAppend reallocated a buffer with room for the value", path)
+		}
+	}
+	got, err := cl.GetAppend(ctx, buf, []byte("absent"))
+	if !errors.Is(err, client.ErrNotFound) || string(got) != "prefix:" {
+		t.Fatalf("GetAppend of an absent key = %q, %v; want dst unchanged and ErrNotFound", got, err)
+	}
+	if got, err := cl.GetAppend(ctx, nil, []byte("empty")); err != nil || len(got) != 0 {
+		t.Fatalf("GetAppend of an empty value = %q, %v", got, err)
+	}
+	if got, err := cl.Get(ctx, []byte("empty")); err != nil || got == nil || len(got) != 0 {
+		t.Fatalf("Get of an empty value = %#v, %v; want a non-nil empty slice", got, err)
+	}
+	if _, err := cl.GetAppend(ctx, buf, nil); !errors.Is(err, client.ErrInvalid) {
+		t.Fatalf("GetAppend of an empty key: %v, want ErrInvalid", err)
+	}
+}
+
 func TestClusterServerFailureAndRestart(t *testing.T) {
 	c := startCluster(t, 3)
 	cl := newClient(t, c)
@@ -389,7 +428,7 @@ func TestClusterMultiGet(t *testing.T) {
 	if v := vals[n+50]; v == nil || len(v) != 0 {
 		t.Fatalf("empty value read as %#v, want an empty non-nil slice", v)
 	}
-	if _, err := cl.MultiGet(ctx, [][]byte{{}}); !errors.Is(err, client.ErrTooLarge) {
+	if _, err := cl.MultiGet(ctx, [][]byte{{}}); !errors.Is(err, client.ErrInvalid) {
 		t.Fatalf("MultiGet of an empty key: %v", err)
 	}
 }

@@ -54,37 +54,40 @@ func (sc *serverConn) read(ctx context.Context, t *target, keys [][]byte) (vals 
 }
 
 // get is read of one key, with a straight path for the common GET: a
-// cached location the record is still at, one READ. It returns nil for an
-// absent key.
-func (sc *serverConn) get(ctx context.Context, t *target, key []byte) ([]byte, error) {
+// cached location the record is still at, one READ. It appends the value
+// to dst; found is false for an absent key.
+func (sc *serverConn) get(ctx context.Context, t *target, dst, key []byte) (_ []byte, found bool, _ error) {
 	if err := sc.lock(ctx); err != nil {
-		return nil, err
+		return dst, false, err
 	}
 	defer sc.unlock()
 	if err := sc.ready(ctx, t.member); err != nil {
-		return nil, err
+		return dst, false, err
 	}
 	if cl, ok := sc.c.cacheGet(key); ok && cl.node == sc.name && cl.gen == sc.gen {
 		raddr, rkey, err := sc.recordAt(&t.member.Meta, key, cl.loc)
 		if err != nil {
-			return nil, err
+			return dst, false, err
 		}
 		n := int(cl.loc.Length)
 		if err := sc.post(ctx, rdma.OpRead, 0, n, raddr, rkey); err != nil {
-			return nil, err
+			return dst, false, err
 		}
 		if rec, err := proto.VerifyRecord(sc.mem.Bytes()[:n], key, 0); err == nil {
-			return append([]byte{}, rec.Value...), nil
+			return append(dst, rec.Value...), true, nil
 		}
 		sc.c.cacheDrop(key) // superseded, deleted or moved: the index knows
 	}
 	sc.one[0] = key
 	defer func() { sc.one[0] = nil }()
 	vals, _, err := sc.startReads(t, sc.one[:]).resolve(ctx)
-	if err != nil {
-		return nil, err
+	switch {
+	case err != nil || vals[0] == nil:
+		return dst, false, err
+	case dst == nil:
+		return vals[0], true, nil // already a copy of its own
 	}
-	return vals[0], nil
+	return append(dst, vals[0]...), true, nil
 }
 
 // startReads begins a read of keys on sc, reusing its key states.

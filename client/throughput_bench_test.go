@@ -14,6 +14,7 @@ import (
 // BenchmarkThroughput measures one client's GETs and PUTs per second with
 // 8 x GOMAXPROCS goroutines sharing it, on 1000 warm keys of 1 KiB, one
 // server on the soft provider (sync none: the store, not the disk).
+// get-append is GET into a buffer the goroutine reuses (GetAppend);
 // put-nosession is PUT with idempotency sessions off (a second client), to
 // tell their cost from the rest:
 //
@@ -25,26 +26,32 @@ func BenchmarkThroughput(b *testing.B) {
 	plain := c.Client(b, nil)
 	client.DisableWriteSessions(plain)
 	ctx := context.Background()
-	key := func(i int) []byte { return []byte(fmt.Sprintf("tput-%04d", i)) }
+	keys := make([][]byte, nkeys) // made once: allocs/op is the client's and the server's
+	for i := range keys {
+		keys[i] = fmt.Appendf(nil, "tput-%04d", i)
+	}
 	v := make([]byte, size)
-	for i := range nkeys {
-		if err := cl.Put(ctx, key(i), v); err != nil {
+	for _, k := range keys {
+		if err := cl.Put(ctx, k, v); err != nil {
 			b.Fatal(err)
 		}
 	}
-	for _, op := range []string{"get", "put", "put-nosession"} {
+	for _, op := range []string{"get", "get-append", "put", "put-nosession"} {
 		b.Run(op, func(b *testing.B) {
 			var seed atomic.Uint64
 			b.SetParallelism(8) // x GOMAXPROCS goroutines
 			b.ResetTimer()
 			b.RunParallel(func(pb *testing.PB) {
 				rng := rand.New(rand.NewPCG(seed.Add(1), 2))
+				buf := make([]byte, 0, size)
 				for pb.Next() {
-					k := key(rng.IntN(nkeys))
+					k := keys[rng.IntN(nkeys)]
 					var err error
 					switch op {
 					case "get":
 						_, err = cl.Get(ctx, k)
+					case "get-append":
+						buf, err = cl.GetAppend(ctx, buf[:0], k)
 					case "put":
 						err = cl.Put(ctx, k, v)
 					default:
