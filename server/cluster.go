@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -152,6 +153,7 @@ type shardActions struct {
 	release, drop, unfreeze []proto.Shard
 	activate                map[uint64][]proto.Shard // by since
 	incoming                map[uint64][]proto.Shard // by the move's start
+	backup                  map[uint64][]proto.Shard // by the primary's since
 }
 
 // reconcile brings the store's shard states to what map m says of this
@@ -163,6 +165,9 @@ type shardActions struct {
 //     (Released with the same Since), or empty when the map gave it empty
 //     (Origin 0: the bootstrap, a forced removal);
 //   - a shard moving to it is Incoming, for that move;
+//   - a shard it is a backup of is a backup (ShardBackup): from the copy
+//     a finished move brought (Incoming whose move start is its origin),
+//     or empty when the map gave it empty (origin 0);
 //   - any other shard it holds is released and dropped.
 //
 // It never applies a map older than one it applied before.
@@ -183,7 +188,7 @@ func (s *Server) reconcile(m *clustermap.Map) {
 		return
 	}
 	states := s.st.Shards()
-	a := shardActions{activate: map[uint64][]proto.Shard{}, incoming: map[uint64][]proto.Shard{}}
+	a := shardActions{activate: map[uint64][]proto.Shard{}, incoming: map[uint64][]proto.Shard{}, backup: map[uint64][]proto.Shard{}}
 	for i := range proto.NumShards {
 		sh, st := proto.Shard(i), states[i]
 		info := m.Shard(sh)
@@ -191,7 +196,8 @@ func (s *Server) reconcile(m *clustermap.Map) {
 			s.ownShard(&a, sh, info, st)
 			continue
 		}
-		if mv := info.Move; mv != nil && mv.To == me {
+		i := slices.Index(info.Owners, me)
+		if mv := info.Move; mv != nil && mv.To == me && i < 0 { // a copy in (a promotion's target already holds one)
 			switch {
 			case st.State == store.ShardIncoming && st.Started == mv.Started:
 			case st.State == store.ShardNone:
@@ -200,6 +206,10 @@ func (s *Server) reconcile(m *clustermap.Map) {
 				a.dropFirst(sh, st)
 				a.incoming[mv.Started] = append(a.incoming[mv.Started], sh)
 			}
+			continue
+		}
+		if i > 0 {
+			s.backShard(&a, sh, info, info.Origins[i], st)
 			continue
 		}
 		if st.State != store.ShardNone {
@@ -245,12 +255,39 @@ func (s *Server) ownShard(a *shardActions, sh proto.Shard, info clustermap.Shard
 			return
 		}
 		a.dropFirst(sh, st)
+	case store.ShardBackup:
+		// Promoted: its replica is the shard's data now (a promotion, or
+		// a forced removal of the primary).
+		a.activate[info.Since] = append(a.activate[info.Since], sh)
+		return
 	}
 	if info.Origin != 0 {
 		s.log.Error("the map gives this server a shard from a copy it does not hold: not serving it", "shard", sh, "origin", info.Origin)
 		return
 	}
 	a.activate[info.Since] = append(a.activate[info.Since], sh) // given empty
+}
+
+// backShard decides what backing up shard sh, which map entry info gives
+// to this server from the copy of the move started at origin (0: empty),
+// takes from its state st.
+func (s *Server) backShard(a *shardActions, sh proto.Shard, info clustermap.Shard, origin uint64, st store.ShardStatus) {
+	switch {
+	case st.State == store.ShardBackup:
+		if st.Since != info.Since {
+			a.backup[info.Since] = append(a.backup[info.Since], sh) // another primary: the same data, under its since
+		}
+		return
+	case st.State == store.ShardIncoming && origin != 0 && st.Started == origin:
+		a.backup[info.Since] = append(a.backup[info.Since], sh) // the copy an added replica made
+		return
+	}
+	a.dropFirst(sh, st)
+	if origin != 0 {
+		s.log.Error("the map makes this server a backup from a copy it does not hold: not backing it up", "shard", sh, "origin", origin)
+		return
+	}
+	a.backup[info.Since] = append(a.backup[info.Since], sh) // given empty
 }
 
 func (a *shardActions) dropFirst(sh proto.Shard, st store.ShardStatus) {
@@ -283,6 +320,9 @@ func (s *Server) apply(a *shardActions) (failed bool) {
 	}
 	for since, shards := range a.activate {
 		try("served", shards, func(sh []proto.Shard) error { return s.st.ActivateShards(sh, since) })
+	}
+	for since, shards := range a.backup {
+		try("backed up", shards, func(sh []proto.Shard) error { return s.st.BeginBackup(sh, since) })
 	}
 	try("unfrozen", a.unfreeze, func(sh []proto.Shard) error { s.st.UnfreezeShards(sh); return nil })
 	return failed

@@ -60,10 +60,28 @@ type mover struct {
 	done    moveStats
 }
 
-// moveGroup names the moves one worker runs.
+// moveGroup names the moves one worker runs: those started together that
+// copy from one source, the shards' primary, and whether it keeps serving
+// them after (keep: a replica added, a backup replaced) or hands them over.
 type moveGroup struct {
 	from    string
 	started uint64
+	keep    bool
+}
+
+// groupOf is the group move x of map m runs in; false for a move no
+// worker runs: a promotion moves no data, and is not built yet (stage 3
+// of replication, docs/ARCHITECTURE.md).
+func groupOf(m *clustermap.Map, x clustermap.Move) (moveGroup, bool) {
+	switch owner := m.Shard(x.Shard).Owner(); {
+	case x.Kind == proto.MovePromote:
+		return moveGroup{}, false
+	case x.Kind == proto.MoveAddReplica:
+		return moveGroup{from: x.From, started: x.Started, keep: true}, true
+	case owner != x.From: // a backup replaced: the copy comes from the primary
+		return moveGroup{from: owner, started: x.Started, keep: true}, true
+	}
+	return moveGroup{from: x.From, started: x.Started}, true
 }
 
 // moveStats is what the moves into this server copied.
@@ -79,8 +97,8 @@ func newMover(s *Server) *mover { return &mover{s: s, running: map[moveGroup]con
 func (mv *mover) sync(m *clustermap.Map) {
 	want := map[moveGroup]bool{}
 	for _, x := range m.Moves() {
-		if x.To == mv.s.cfg.Name {
-			want[moveGroup{x.From, x.Started}] = true
+		if g, ok := groupOf(m, x); ok && x.To == mv.s.cfg.Name {
+			want[g] = true
 		}
 	}
 	mv.mu.Lock()
@@ -166,7 +184,7 @@ func (mv *mover) run(ctx context.Context, g moveGroup) {
 func (mv *mover) groupMoves(m *clustermap.Map, g moveGroup) []clustermap.Move {
 	var out []clustermap.Move
 	for _, x := range m.Moves() {
-		if x.To == mv.s.cfg.Name && x.From == g.from && x.Started == g.started {
+		if xg, ok := groupOf(m, x); ok && x.To == mv.s.cfg.Name && xg == g {
 			out = append(out, x)
 		}
 	}
@@ -206,7 +224,7 @@ func (mv *mover) attempt(ctx context.Context, g moveGroup) error {
 		return err
 	}
 	defer src.close()
-	log := s.log.With("from", g.from, "shards", len(shards))
+	log := s.log.With("from", g.from, "shards", len(shards), "source_keeps_them", g.keep)
 	start := time.Now()
 	var total moveStats
 	frozen := moves[0].Phase == proto.MoveFrozen
@@ -238,8 +256,10 @@ func (mv *mover) attempt(ctx context.Context, g moveGroup) error {
 		return err
 	}
 	total.keys, total.bytes = total.keys+st.keys, total.bytes+st.bytes
-	if err := src.release(ctx, shards, gen); err != nil {
-		return mv.gone(g, err)
+	if !g.keep {
+		if err := src.release(ctx, shards, gen); err != nil {
+			return mv.gone(g, err)
+		}
 	}
 	if m, err = s.propose(ctx, &proto.MapCommand{Op: proto.MapFinishMoves, Moves: commands(moves)}); err != nil {
 		return mv.gone(g, fmt.Errorf("finishing the moves: %w", err))

@@ -45,8 +45,9 @@ func (s *Store) DeleteReplica(ctx context.Context, key []byte, w proto.Write) er
 }
 
 // BeginBackup makes shards backups, held for their primary elsewhere since
-// epoch since (persisted, synced, before it returns): from ShardIncoming
-// (a replica's copy, complete), or from ShardOwned once frozen (the
+// epoch since (persisted, synced, before it returns): from ShardNone (a
+// replica given empty), from ShardIncoming (a replica's copy, complete),
+// or from ShardOwned once frozen (the
 // primary handing over: its word is cleared and its keys unindexed, so
 // that no reader takes a record of it for an answer any more, and its
 // records kept); a backup with another since takes the new one. Every
@@ -62,7 +63,7 @@ func (s *Store) BeginBackup(shards []proto.Shard, since uint64) error {
 	s.mu.Lock()
 	for _, sh := range list {
 		switch info := &s.shards[sh]; {
-		case info.state == ShardIncoming, info.state == ShardBackup && info.since != since:
+		case info.state == ShardIncoming, info.state == ShardNone, info.state == ShardBackup && info.since != since:
 			todo = append(todo, sh)
 		case info.state == ShardBackup:
 		case info.state == ShardOwned && info.frozen && info.busy == 0:

@@ -250,3 +250,20 @@ func TestCleanerMovesBackupRecords(t *testing.T) {
 		}
 	}
 }
+
+// A replica the map gives empty (a bootstrap at R > 1) is a backup of
+// nothing yet, and takes replica writes at once.
+func TestEmptyBackup(t *testing.T) {
+	sv := newBareServer(t, smallOptions())
+	sh := proto.ShardOf([]byte("k"))
+	if err := sv.s.BeginBackup([]proto.Shard{sh}, 2); err != nil {
+		t.Fatalf("BeginBackup of a shard this store does not hold: %v", err)
+	}
+	if st := sv.s.ShardState(sh); st.State != ShardBackup || st.Since != 2 {
+		t.Fatalf("shard %v after BeginBackup from nothing: %+v", sh, st)
+	}
+	rw := &replicaWriter{lw: leaseWriter{c: newClient(t, sv)}}
+	if _, err := rw.apply([]byte("k"), []byte("v"), 9); err != nil {
+		t.Fatalf("a replica write to an empty backup: %v", err)
+	}
+}
