@@ -53,9 +53,9 @@ type Registrar struct {
 	latSum   atomic.Int64 // nanoseconds
 }
 
-// NewRegistrar starts a Registrar that registers memory with pd, and its
-// workers; it does not block. The Registrar does not own pd: Close the
-// Registrar before the PD.
+// NewRegistrar starts a Registrar that registers memory with pd (or, for
+// RegisterIn, the PD given there), and its workers; it does not block. The
+// Registrar does not own pd: Close the Registrar before the PD.
 func NewRegistrar(pd PD, opts RegistrarOptions) *Registrar {
 	if opts.Workers <= 0 {
 		opts.Workers = min(4, runtime.GOMAXPROCS(0))
@@ -84,13 +84,28 @@ func (r *Registrar) Register(ctx context.Context, buf []byte, access Access) *Re
 	return r.RegisterBatch(ctx, []RegisterRequest{{buf, access}})[0]
 }
 
+// RegisterIn is Register with another PD than the Registrar's: the same
+// workers, queue, statistics and ownership (Release, or Close at the
+// latest, deregisters the MR). pd must be of the same device and stay open
+// until the MR is released or the registration has failed; PD.Close fails
+// with ErrBusy before. It lets memory that belongs to one peer (a lease's
+// region) be registered in a PD of that peer's own, so that only its QPs
+// reach it, without a pool of workers per PD.
+func (r *Registrar) RegisterIn(ctx context.Context, pd PD, buf []byte, access Access) *Registration {
+	return r.registerBatch(ctx, pd, []RegisterRequest{{buf, access}})[0]
+}
+
 // RegisterBatch queues several buffers at once, in order, under one ctx,
 // and returns their futures in the same order. reqs is not kept.
 func (r *Registrar) RegisterBatch(ctx context.Context, reqs []RegisterRequest) []*Registration {
+	return r.registerBatch(ctx, r.pd, reqs)
+}
+
+func (r *Registrar) registerBatch(ctx context.Context, pd PD, reqs []RegisterRequest) []*Registration {
 	futures := make([]*Registration, len(reqs))
 	now := time.Now()
 	for i, req := range reqs {
-		f := &Registration{r: r, ctx: ctx, buf: req.Buf, access: req.Access, queued: now, done: make(chan struct{})}
+		f := &Registration{r: r, pd: pd, ctx: ctx, buf: req.Buf, access: req.Access, queued: now, done: make(chan struct{})}
 		// Watch ctx before queueing: a cancel that fires first finds nothing
 		// queued, and the worker then sees ctx.Err() itself.
 		f.stopWatch = context.AfterFunc(ctx, func() { r.cancelQueued(f) })
@@ -157,7 +172,7 @@ func (r *Registrar) register(f *Registration) {
 		f.complete(nil, err)
 		return
 	}
-	mr, err := r.pd.Register(f.buf, f.access)
+	mr, err := f.pd.Register(f.buf, f.access)
 	if err != nil {
 		f.complete(nil, fmt.Errorf("rdma: registering %d bytes with %v: %w", len(f.buf), f.access, err))
 		return
@@ -288,6 +303,7 @@ func latencyBucket(d time.Duration) int {
 // Registration is the future of one Register call.
 type Registration struct {
 	r         *Registrar
+	pd        PD // the Registrar's, or RegisterIn's
 	ctx       context.Context
 	buf       []byte
 	access    Access

@@ -152,3 +152,35 @@ func TestRegistrarReleaseQueued(t *testing.T) {
 	}
 	close(pd.gate)
 }
+
+// TestRegistrarRegisterIn: a buffer registered in another PD is registered
+// there, not in the Registrar's, and is the Registrar's to deregister like
+// any other: by Release, or by Close.
+func TestRegistrarRegisterIn(t *testing.T) {
+	own, other := &countingPD{}, &countingPD{}
+	r := rdma.NewRegistrar(own, rdma.RegistrarOptions{Workers: 2})
+	released := r.RegisterIn(context.Background(), other, nil, rdma.AccessRemoteWrite)
+	kept := r.RegisterIn(context.Background(), other, nil, rdma.AccessRemoteWrite)
+	for _, f := range []*rdma.Registration{released, kept} {
+		mr, err := f.Wait(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := mr.(*countingMR); !ok {
+			t.Fatalf("RegisterIn returned %T", mr)
+		}
+	}
+	if err := released.Release(); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if own.regs != 0 || other.regs != 2 {
+		t.Fatalf("registrations: %d in the Registrar's PD, %d in the other; want 0 and 2", own.regs, other.regs)
+	}
+	other.checkExactlyOnce(t)
+	if st := r.Stats(); st.Done != 2 {
+		t.Errorf("Stats().Done = %d, want 2", st.Done)
+	}
+}
