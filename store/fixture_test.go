@@ -117,6 +117,13 @@ const clientBuf = 2 << 20
 
 func newClient(t testing.TB, sv *server) *client {
 	t.Helper()
+	return newClientIn(t, sv, sv.pd)
+}
+
+// newClientIn is newClient with the server's end of the QP in spd, which
+// must outlive the client.
+func newClientIn(t testing.TB, sv *server, spd rdma.PD) *client {
+	t.Helper()
 	c := &client{t: t, sv: sv, wc: make([]rdma.Completion, 1)}
 	var err error
 	must := func(err error) {
@@ -132,7 +139,7 @@ func newClient(t testing.TB, sv *server) *client {
 	must(err)
 	c.qp, err = c.pd.CreateQP(rdma.QPConfig{SendCQ: c.cq, RecvCQ: c.cq})
 	must(err)
-	c.sqp, err = sv.pd.CreateQP(rdma.QPConfig{SendCQ: sv.cq, RecvCQ: sv.cq})
+	c.sqp, err = spd.CreateQP(rdma.QPConfig{SendCQ: sv.cq, RecvCQ: sv.cq})
 	must(err)
 	c.mem, err = rdma.Alloc(clientBuf)
 	must(err)

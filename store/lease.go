@@ -54,17 +54,34 @@ func (s *Store) leaseSize(size int64) int64 {
 // less than least, when that uses up the segment it is carved from: both
 // rounded up to 4 KiB and at most Options.LeaseSize (size 0 asks for
 // LeaseSize). Its region is carved when asked for and registered
-// REMOTE_WRITE for this lease alone; GrantLease waits for that
-// registration, and for an arena to finish registering or the cleaner to
-// free a segment (bounded by ctx).
+// REMOTE_WRITE for this lease alone, in the store's PD: any QP of that PD
+// holding the rkey can write it (servers use GrantLeaseIn). GrantLease
+// waits for that registration, and for an arena to finish registering or
+// the cleaner to free a segment (bounded by ctx).
 func (s *Store) GrantLease(ctx context.Context, size, least int64) (Lease, error) {
+	return s.GrantLeaseIn(ctx, nil, size, least)
+}
+
+// GrantLeaseIn is GrantLease with the region registered in pd (nil: the
+// store's own), a PD of the writer's own, so that the rkey works from that
+// writer's QPs only: the PD shared by every reader's QPs holds the arenas,
+// not the lease. pd must be of the store's device, and stay open until the
+// lease has ended: EndLease, expiry (on the store's own goroutine) and
+// Close deregister the region with MR.Deregister, which a caller that
+// wraps pd can count to know when it may close it.
+func (s *Store) GrantLeaseIn(ctx context.Context, pd rdma.PD, size, least int64) (Lease, error) {
 	want := s.leaseSize(size)
 	r, err := s.takeRegion(ctx, s.leaseSize(max(least, 1)), want)
 	if err != nil {
 		return Lease{}, err
 	}
 	region := &leaseRegion{region: r}
-	region.reg = s.registrar.Register(ctx, r.arena().mem.Bytes()[r.off:r.off+r.size], rdma.AccessLocalWrite|rdma.AccessRemoteWrite)
+	buf, access := r.arena().mem.Bytes()[r.off:r.off+r.size], rdma.AccessLocalWrite|rdma.AccessRemoteWrite
+	if pd == nil {
+		region.reg = s.registrar.Register(ctx, buf, access)
+	} else {
+		region.reg = s.registrar.RegisterIn(ctx, pd, buf, access)
+	}
 	mr, err := region.reg.Wait(ctx)
 	if err != nil {
 		s.retireRegion(region, 0)
