@@ -1,4 +1,4 @@
-// One server's connection: a control session, its QP, a registered buffer, a write lease.
+// One server's connection: a control session, its QPs, a registered buffer, a write lease.
 
 package client
 
@@ -297,19 +297,29 @@ func checkLimits(server string, lim proto.RecordLimits, key, value []byte) error
 }
 
 // post runs one signaled work request on [off, off+n) of the buffer and
-// waits for it.
+// waits for it. WRITEs, which only ever go to the connection's leases, take
+// the write QP: the server registers leases in a PD of the connection's
+// own, which the read QP does not reach. Everything else takes the read QP.
 func (sc *serverConn) post(ctx context.Context, op rdma.Opcode, off, n int, raddr uint64, rkey uint32) error {
 	sc.sges = append(sc.sges[:0], rdma.SGE{MR: sc.mr, Offset: off, Length: n})
 	sc.wrs = append(sc.wrs[:0], rdma.SendWR{Op: op, SGL: sc.sges[:1], RemoteAddr: raddr, RKey: rkey})
+	if op == rdma.OpWrite {
+		return sc.postOn(ctx, sc.s.WriteQP, sc.s.WriteCQ)
+	}
 	return sc.postAll(ctx)
 }
 
-// postAll posts sc.wrs with only the last one signaled and waits for it:
-// on an RC QP its completion means every earlier request has completed
-// too, so the buffers of the unsignaled ones are free as well. A failure
-// drops the session (the QP is in ERR, and the buffer may still be the
-// NIC's until the QP is gone).
+// postAll posts sc.wrs on the read QP with only the last one signaled and
+// waits for it: on an RC QP its completion means every earlier request has
+// completed too, so the buffers of the unsignaled ones are free as well.
+// A failure drops the session (the QP is in ERR, and the buffer may still
+// be the NIC's until the QP is gone).
 func (sc *serverConn) postAll(ctx context.Context) error {
+	return sc.postOn(ctx, sc.s.QP, sc.s.CQ)
+}
+
+// postOn is postAll on qp, whose CQ is cq.
+func (sc *serverConn) postOn(ctx context.Context, qp rdma.QP, cq rdma.CQ) error {
 	wrs := sc.wrs
 	reads := 0
 	for i := range wrs {
@@ -324,10 +334,10 @@ func (sc *serverConn) postAll(ctx context.Context) error {
 		sc.drop()
 		return retry(sc.name, "%d %v to %s: %s: %w", len(wrs), wrs[0].Op, sc.name, what, err)
 	}
-	if err := sc.s.QP.PostSend(wrs); err != nil {
+	if err := qp.PostSend(wrs); err != nil {
 		return fail("posting", err)
 	}
-	if _, err := sc.s.CQ.Wait(ctx, sc.wc[:]); err != nil {
+	if _, err := cq.Wait(ctx, sc.wc[:]); err != nil {
 		return fail("waiting", err)
 	}
 	if err := sc.wc[0].Err(); err != nil {

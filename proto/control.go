@@ -36,7 +36,9 @@ import (
 // number, so that a retry whose first attempt was applied is answered with
 // the first result instead of being applied again.
 const (
-	ControlVersion = 4
+	// ControlVersion 5: a session connects a write QP after its read QP
+	// (Hello.NoQP).
+	ControlVersion = 5
 
 	// MaxFrame bounds a frame's body. Scan replies are cut to fit.
 	MaxFrame = 1 << 20
@@ -200,7 +202,12 @@ type Hello struct {
 	// not take Raft traffic meant for its predecessor). Empty: any.
 	Target string
 	// NoQP asks for a session of control requests only: no QP is
-	// connected after the Hello (Raft sessions never have one).
+	// connected after the Hello (Raft sessions never have one), and no
+	// lease is granted. Otherwise two are, one rdma.ConnectQP after the
+	// other once the HelloReply is sent (since version 5): the read QP,
+	// on the server's PD with the arenas and the index, then the write
+	// QP, on a PD of the session's own that holds its leases, so that a
+	// lease's rkey works on that QP only.
 	NoQP bool
 }
 

@@ -82,12 +82,16 @@ func remoteHost(nc net.Conn) string {
 	return host
 }
 
-// conn is one control connection and its QP.
+// conn is one control connection and its QPs: qp, in the server's PD, for
+// the client's READs of the arenas and the index; wqp, in the connection's
+// own PD, for its WRITEs into its leases.
 type conn struct {
 	s      *Server
 	nc     net.Conn
 	qp     rdma.QP
-	host   string // remote IP address
+	wqp    rdma.QP
+	lpd    *leasePD // nil for a session without QPs: it gets no lease
+	host   string   // remote IP address
 	client string
 	kind   proto.SessionKind
 	leases map[uint64]struct{} // granted on this connection, not yet ended
@@ -105,6 +109,18 @@ func (c *conn) serve() {
 		}
 		if c.qp != nil {
 			_ = c.qp.Close()
+		}
+		if c.wqp != nil {
+			_ = c.wqp.Close()
+		}
+		if c.lpd != nil {
+			// After the leases ended: it waits for their regions to be
+			// deregistered, by EndLease above or by an expiry racing it.
+			if err := c.lpd.Close(); err != nil {
+				s.log.Error("closing a connection's PD", "remote", c.nc.RemoteAddr().String(), "err", err)
+			} else {
+				s.leasePDs.Add(-1)
+			}
 		}
 		s.connections.Add(-1)
 		s.mu.Lock()
@@ -190,8 +206,9 @@ func (r *frameReader) timedOut(err error) bool {
 	return r.armed && errors.As(err, &ne) && ne.Timeout()
 }
 
-// handshake takes the Hello, then connects the QP pair (Raft sessions
-// have none).
+// handshake takes the Hello, then connects the two QP pairs (sessions
+// without QPs, Raft's among them, have none): first the read QP, in the
+// server's PD, then the write QP, in a PD of the connection's own.
 func (c *conn) handshake() error {
 	s := c.s
 	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.HandshakeTimeout)
@@ -204,7 +221,7 @@ func (c *conn) handshake() error {
 	default:
 	}
 	// Hello first: only an authenticated client gets a QP on the PD that
-	// holds the arenas.
+	// holds the arenas, or a PD of its own.
 	id, m, _, err := proto.ReadFrameMax(c.nc, nil, proto.MaxHelloFrame)
 	if err != nil {
 		var plain tls.RecordHeaderError
@@ -253,6 +270,18 @@ func (c *conn) handshake() error {
 	c.qp = qp
 	if _, err := rdma.ConnectQP(ctx, c.nc, qp); err != nil {
 		return err
+	}
+	if c.lpd, err = newLeasePD(s.dev); err != nil {
+		return err
+	}
+	s.leasePDs.Add(1)
+	// The server posts nothing on either QP, so the write QP shares the
+	// one CQ too, though not the PD.
+	if c.wqp, err = c.lpd.CreateQP(rdma.QPConfig{SendCQ: s.cq, RecvCQ: s.cq}); err != nil {
+		return err
+	}
+	if _, err := rdma.ConnectQP(ctx, c.nc, c.wqp); err != nil {
+		return fmt.Errorf("connecting the write QP: %w", err)
 	}
 	_ = c.nc.SetDeadline(time.Time{})
 	return nil
@@ -345,10 +374,16 @@ func (c *conn) handle(m proto.Message) proto.Message {
 	return h.serve(c, m)
 }
 
+// grantLease grants a lease registered in the connection's own PD, which
+// only its write QP reaches. A session without QPs has no such PD, and
+// could only write a lease through another connection's QP: it gets none.
 func (c *conn) grantLease(m *proto.GrantLease) proto.Message {
+	if c.lpd == nil {
+		return &proto.Error{Code: proto.CodeBadRequest, Message: "GrantLease on a session without QPs (its Hello said NoQP): a lease is written through the session's own write QP"}
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	l, err := c.s.st.GrantLease(ctx, int64(min(m.Size, 1<<62)), int64(min(m.Min, 1<<62)))
+	l, err := c.s.st.GrantLeaseIn(ctx, c.lpd, int64(min(m.Size, 1<<62)), int64(min(m.Min, 1<<62)))
 	if err != nil {
 		return errorReply(err)
 	}

@@ -139,8 +139,8 @@ func dial(t *testing.T, s *Server) net.Conn {
 	return nc
 }
 
-// connectQP connects a QP to the server over nc after a successful Hello,
-// as a client does.
+// connectQP connects the QPs to the server over nc after a successful
+// Hello, as a client does.
 func connectQP(t *testing.T, nc net.Conn) {
 	t.Helper()
 	newRDMASession(t, nc)
@@ -162,7 +162,9 @@ func call(t *testing.T, nc net.Conn, id uint64, m proto.Message) proto.Message {
 }
 
 // rawSession is a hand-driven client: a control connection past its Hello,
-// a QP connected to the server over it, and a registered buffer, so a test
+// its two QPs connected to the server over it (qp, whose server end is in
+// the server's PD with the arenas, and wqp, whose server end is in the
+// connection's own PD with its leases), and a registered buffer, so a test
 // can post any RDMA request and send any control frame.
 type rawSession struct {
 	t   *testing.T
@@ -171,9 +173,28 @@ type rawSession struct {
 	pd  rdma.PD
 	cq  rdma.CQ
 	qp  rdma.QP
+	wcq rdma.CQ
+	wqp rdma.QP
 	mem *rdma.Memory
 	mr  rdma.MR
 	id  uint64 // the last request id used
+}
+
+// qpOf names one of a session's QPs.
+type qpOf int
+
+const (
+	readQP  qpOf = iota // the one in the server's PD: arenas and index
+	writeQP             // the one in the connection's PD: its leases
+)
+
+func (w qpOf) String() string { return [...]string{"read QP", "write QP"}[w] }
+
+func (ss *rawSession) qpAndCQ(w qpOf) (rdma.QP, rdma.CQ) {
+	if w == writeQP {
+		return ss.wqp, ss.wcq
+	}
+	return ss.qp, ss.cq
 }
 
 // openSession dials s, says Hello with token and connects a QP.
@@ -188,7 +209,7 @@ func openSession(t *testing.T, s *Server, token string) *rawSession {
 	return ss
 }
 
-// newRDMASession connects a QP over nc, which has passed its Hello.
+// newRDMASession connects the QPs over nc, which has passed its Hello.
 func newRDMASession(t *testing.T, nc net.Conn) *rawSession {
 	t.Helper()
 	ss := &rawSession{t: t, nc: nc}
@@ -201,6 +222,9 @@ func newRDMASession(t *testing.T, nc net.Conn) *rawSession {
 		t.Fatal(err)
 	}
 	if ss.cq, err = ss.dev.CreateCQ(16); err != nil {
+		t.Fatal(err)
+	}
+	if ss.wcq, err = ss.dev.CreateCQ(16); err != nil {
 		t.Fatal(err)
 	}
 	if ss.mem, err = rdma.Alloc(1 << 16); err != nil {
@@ -218,6 +242,12 @@ func newRDMASession(t *testing.T, nc net.Conn) *rawSession {
 	if _, err := rdma.ConnectQP(ctx, nc, ss.qp); err != nil {
 		t.Fatal(err)
 	}
+	if ss.wqp, err = ss.pd.CreateQP(rdma.QPConfig{SendCQ: ss.wcq, RecvCQ: ss.wcq, AckTimeout: time.Second, RetryCount: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rdma.ConnectQP(ctx, nc, ss.wqp); err != nil {
+		t.Fatal(err)
+	}
 	return ss
 }
 
@@ -227,6 +257,9 @@ func (ss *rawSession) close() {
 	if ss.qp != nil {
 		ss.qp.Close()
 	}
+	if ss.wqp != nil {
+		ss.wqp.Close()
+	}
 	if ss.mr != nil {
 		ss.mr.Deregister()
 	}
@@ -235,6 +268,9 @@ func (ss *rawSession) close() {
 	}
 	if ss.cq != nil {
 		ss.cq.Close()
+	}
+	if ss.wcq != nil {
+		ss.wcq.Close()
 	}
 	if ss.pd != nil {
 		ss.pd.Close()
@@ -259,19 +295,26 @@ func (ss *rawSession) lease() *proto.LeaseReply {
 	return lr
 }
 
-// post runs one signaled request on [off, off+n) of the buffer against
-// (raddr, rkey) and returns its completion.
+// post runs one signaled request on the read QP, on [off, off+n) of the
+// buffer against (raddr, rkey), and returns its completion.
 func (ss *rawSession) post(op rdma.Opcode, off, n int, raddr uint64, rkey uint32) rdma.Completion {
 	ss.t.Helper()
+	return ss.postOn(readQP, op, off, n, raddr, rkey)
+}
+
+// postOn is post on the QP w.
+func (ss *rawSession) postOn(w qpOf, op rdma.Opcode, off, n int, raddr uint64, rkey uint32) rdma.Completion {
+	ss.t.Helper()
+	qp, cq := ss.qpAndCQ(w)
 	wr := rdma.SendWR{Op: op, Flags: rdma.Signaled, SGL: []rdma.SGE{{MR: ss.mr, Offset: off, Length: n}}, RemoteAddr: raddr, RKey: rkey}
-	if err := ss.qp.PostSend([]rdma.SendWR{wr}); err != nil {
-		ss.t.Fatalf("posting %v of %d bytes to %#x rkey %#x: %v", op, n, raddr, rkey, err)
+	if err := qp.PostSend([]rdma.SendWR{wr}); err != nil {
+		ss.t.Fatalf("posting %v of %d bytes to %#x rkey %#x on the %v: %v", op, n, raddr, rkey, w, err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	var wc [1]rdma.Completion
-	if _, err := ss.cq.Wait(ctx, wc[:]); err != nil {
-		ss.t.Fatalf("waiting for %v to %#x: %v", op, raddr, err)
+	if _, err := cq.Wait(ctx, wc[:]); err != nil {
+		ss.t.Fatalf("waiting for %v to %#x on the %v: %v", op, raddr, w, err)
 	}
 	return wc[0]
 }
@@ -279,14 +322,20 @@ func (ss *rawSession) post(op rdma.Opcode, off, n int, raddr uint64, rkey uint32
 // mustPost is post that fails the test unless the request succeeds.
 func (ss *rawSession) mustPost(op rdma.Opcode, off, n int, raddr uint64, rkey uint32) {
 	ss.t.Helper()
-	if wc := ss.post(op, off, n, raddr, rkey); wc.Status != rdma.StatusSuccess {
-		ss.t.Fatalf("%v of %d bytes at %#x rkey %#x: %v", op, n, raddr, rkey, wc.Status)
+	ss.mustPostOn(readQP, op, off, n, raddr, rkey)
+}
+
+// mustPostOn is mustPost on the QP w.
+func (ss *rawSession) mustPostOn(w qpOf, op rdma.Opcode, off, n int, raddr uint64, rkey uint32) {
+	ss.t.Helper()
+	if wc := ss.postOn(w, op, off, n, raddr, rkey); wc.Status != rdma.StatusSuccess {
+		ss.t.Fatalf("%v of %d bytes at %#x rkey %#x on the %v: %v", op, n, raddr, rkey, w, wc.Status)
 	}
 }
 
 // writeRecord encodes a record into the buffer and RDMA_WRITEs its first
-// n bytes (all of it when n < 0) at offset off of the lease. It returns
-// the record's full size.
+// n bytes (all of it when n < 0) at offset off of the lease, on the write
+// QP, as a client does. It returns the record's full size.
 func (ss *rawSession) writeRecord(l *proto.LeaseReply, off uint64, version uint64, key, value []byte, n int) int {
 	ss.t.Helper()
 	size, err := proto.EncodeRecord(ss.mem.Bytes(), version, 0, key, value)
@@ -296,7 +345,7 @@ func (ss *rawSession) writeRecord(l *proto.LeaseReply, off uint64, version uint6
 	if n < 0 {
 		n = size
 	}
-	ss.mustPost(rdma.OpWrite, 0, n, l.Addr+off, l.RKey)
+	ss.mustPostOn(writeQP, rdma.OpWrite, 0, n, l.Addr+off, l.RKey)
 	return size
 }
 

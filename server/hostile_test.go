@@ -26,81 +26,122 @@ func noLeaks(t *testing.T) {
 	t.Cleanup(func() { goleak.VerifyNone(t) })
 }
 
-// wantRemoteAccessError checks that wc failed with REM_ACCESS_ERR, that
-// the session's QP moved to ERR and that a later request is flushed.
+// wantRemoteAccessError checks that wc, of a request on the session's read
+// QP, failed with REM_ACCESS_ERR, that the QP moved to ERR and that a
+// later request is flushed.
 func wantRemoteAccessError(t *testing.T, ss *rawSession, what string, wc rdma.Completion) {
 	t.Helper()
+	wantRemoteAccessErrorOn(t, ss, readQP, what, wc)
+}
+
+// wantRemoteAccessErrorOn is wantRemoteAccessError for a request on the
+// session's QP w.
+func wantRemoteAccessErrorOn(t *testing.T, ss *rawSession, w qpOf, what string, wc rdma.Completion) {
+	t.Helper()
 	if wc.Status != rdma.StatusRemAccessErr {
-		t.Fatalf("%s: completed with %v, want REM_ACCESS_ERR", what, wc.Status)
+		t.Fatalf("%s (on the %v): completed with %v, want REM_ACCESS_ERR", what, w, wc.Status)
 	}
-	if st := ss.qp.State(); st != rdma.QPStateError {
-		t.Fatalf("%s: QP in %v after a remote access error, want ERR", what, st)
+	qp, _ := ss.qpAndCQ(w)
+	if st := qp.State(); st != rdma.QPStateError {
+		t.Fatalf("%s: the %v in %v after a remote access error, want ERR", what, w, st)
 	}
-	if wc := ss.post(rdma.OpRead, 0, 8, 0, 0); wc.Status != rdma.StatusWRFlushErr {
-		t.Fatalf("%s: the next request on the QP completed with %v, want WR_FLUSH_ERR", what, wc.Status)
+	if wc := ss.postOn(w, rdma.OpRead, 0, 8, 0, 0); wc.Status != rdma.StatusWRFlushErr {
+		t.Fatalf("%s: the next request on the %v completed with %v, want WR_FLUSH_ERR", what, w, wc.Status)
 	}
 }
 
-// TestHostileRDMA: requests with a wrong rkey, out of bounds, or without
-// the access they need fail with a remote access error, break only the
-// offender's QP, and change no byte; the server goes on serving.
+// TestHostileRDMA: requests with a wrong rkey, out of bounds, without the
+// access they need, or with another connection's lease rkey fail with a
+// remote access error, break only the offender's QP, and change no byte;
+// the server goes on serving. The cases on a lease's bounds and access are
+// posted by its own connection, on its write QP, the one QP that reaches
+// the lease at all.
 func TestHostileRDMA(t *testing.T) {
 	noLeaks(t)
 	s := startServer(t, nil)
 	cl := newClient(t, s, "", nil)
 	healthy(t, cl, "start")
 
-	owner := openSession(t, s, "")
-	l := owner.lease()
-	arena := s.Meta().Arenas[0]
-	for _, a := range s.Meta().Arenas {
-		if a.ID == l.Arena {
-			arena = a
+	arenaOf := func(l *proto.LeaseReply) proto.ArenaRegion {
+		for _, a := range s.Meta().Arenas {
+			if a.ID == l.Arena {
+				if l.Addr < a.Addr || l.Addr+l.Size > a.Addr+a.Length {
+					t.Fatalf("lease [%#x, +%d) is not inside its arena %+v", l.Addr, l.Size, a)
+				}
+				return a
+			}
 		}
+		t.Fatalf("lease %+v in no advertised arena", l)
+		return proto.ArenaRegion{}
 	}
-	if l.Addr < arena.Addr || l.Addr+l.Size > arena.Addr+arena.Length {
-		t.Fatalf("lease [%#x, +%d) is not inside its arena %+v", l.Addr, l.Size, arena)
-	}
-	// The bytes around the lease's edges, read back after every case
-	// through the arena's read-only rkey.
-	edges := func() []byte {
+	// The bytes around a lease's edges (within its arena), read back
+	// after every case through the arena's read-only rkey.
+	edges := func(l *proto.LeaseReply) []byte {
 		ss := openSession(t, s, "")
-		ss.mustPost(rdma.OpRead, 0, 16, l.Addr-8, arena.RKey)
-		ss.mustPost(rdma.OpRead, 16, 16, l.Addr+l.Size-8, arena.RKey)
+		arena := arenaOf(l)
+		lo, hi := max(l.Addr-8, arena.Addr), min(l.Addr+l.Size+8, arena.Addr+arena.Length)
+		ss.mustPost(rdma.OpRead, 0, 16, lo, arena.RKey)
+		ss.mustPost(rdma.OpRead, 16, 16, hi-16, arena.RKey)
 		return bytes.Clone(ss.mem.Bytes()[:32])
 	}
-	before := edges()
+	owner := openSession(t, s, "")
+	ownerLease := owner.lease()
 
+	type at func(l *proto.LeaseReply, a proto.ArenaRegion) (uint64, uint32)
 	for _, c := range []struct {
-		name  string
-		op    rdma.Opcode
-		n     int
-		raddr uint64
-		rkey  uint32
+		name string
+		op   rdma.Opcode
+		n    int
+		on   qpOf
+		own  bool // the offender's own lease, else the owner's
+		at   at
 	}{
-		{"READ with a wrong rkey", rdma.OpRead, 64, arena.Addr, arena.RKey ^ 0x5a5a5a5a},
-		{"WRITE with a wrong rkey", rdma.OpWrite, 64, l.Addr, l.RKey ^ 0x5a5a5a5a},
-		{"READ past the arena's end", rdma.OpRead, 16, arena.Addr + arena.Length - 8, arena.RKey},
-		{"READ before the arena's start", rdma.OpRead, 16, arena.Addr - 8, arena.RKey},
-		{"WRITE past the lease's end", rdma.OpWrite, 16, l.Addr + l.Size - 8, l.RKey},
-		{"WRITE before the lease's start", rdma.OpWrite, 16, l.Addr - 8, l.RKey},
-		{"WRITE into the arena outside the lease with the lease's rkey", rdma.OpWrite, 8, l.Addr + l.Size, l.RKey},
-		{"READ of the lease through its write-only rkey", rdma.OpRead, 8, l.Addr, l.RKey},
-		{"FETCH_AND_ADD on the lease", rdma.OpFetchAdd, 8, l.Addr, l.RKey},
+		{"READ with a wrong rkey", rdma.OpRead, 64, readQP, false,
+			func(_ *proto.LeaseReply, a proto.ArenaRegion) (uint64, uint32) { return a.Addr, a.RKey ^ 0x5a5a5a5a }},
+		{"READ past the arena's end", rdma.OpRead, 16, readQP, false,
+			func(_ *proto.LeaseReply, a proto.ArenaRegion) (uint64, uint32) { return a.Addr + a.Length - 8, a.RKey }},
+		{"READ before the arena's start", rdma.OpRead, 16, readQP, false,
+			func(_ *proto.LeaseReply, a proto.ArenaRegion) (uint64, uint32) { return a.Addr - 8, a.RKey }},
+		{"READ of the arena on the write QP", rdma.OpRead, 16, writeQP, false,
+			func(_ *proto.LeaseReply, a proto.ArenaRegion) (uint64, uint32) { return a.Addr, a.RKey }},
+		{"WRITE into its lease with a wrong rkey", rdma.OpWrite, 64, writeQP, true,
+			func(l *proto.LeaseReply, _ proto.ArenaRegion) (uint64, uint32) { return l.Addr, l.RKey ^ 0x5a5a5a5a }},
+		{"WRITE past its lease's end", rdma.OpWrite, 16, writeQP, true,
+			func(l *proto.LeaseReply, _ proto.ArenaRegion) (uint64, uint32) { return l.Addr + l.Size - 8, l.RKey }},
+		{"WRITE before its lease's start", rdma.OpWrite, 16, writeQP, true,
+			func(l *proto.LeaseReply, _ proto.ArenaRegion) (uint64, uint32) { return l.Addr - 8, l.RKey }},
+		{"WRITE into the arena outside its lease with the lease's rkey", rdma.OpWrite, 8, writeQP, true,
+			func(l *proto.LeaseReply, _ proto.ArenaRegion) (uint64, uint32) { return l.Addr + l.Size, l.RKey }},
+		{"READ of its lease through the lease's write-only rkey", rdma.OpRead, 8, writeQP, true,
+			func(l *proto.LeaseReply, _ proto.ArenaRegion) (uint64, uint32) { return l.Addr, l.RKey }},
+		{"FETCH_AND_ADD on its lease", rdma.OpFetchAdd, 8, writeQP, true,
+			func(l *proto.LeaseReply, _ proto.ArenaRegion) (uint64, uint32) { return l.Addr, l.RKey }},
+		{"WRITE into its lease on the read QP", rdma.OpWrite, 8, readQP, true,
+			func(l *proto.LeaseReply, _ proto.ArenaRegion) (uint64, uint32) { return l.Addr, l.RKey }},
+		{"WRITE into another connection's lease on the read QP", rdma.OpWrite, 64, readQP, false,
+			func(l *proto.LeaseReply, _ proto.ArenaRegion) (uint64, uint32) { return l.Addr, l.RKey }},
+		{"WRITE into another connection's lease on the write QP", rdma.OpWrite, 64, writeQP, false,
+			func(l *proto.LeaseReply, _ proto.ArenaRegion) (uint64, uint32) { return l.Addr, l.RKey }},
 	} {
 		ss := openSession(t, s, "")
 		for i := range ss.mem.Bytes()[:64] {
 			ss.mem.Bytes()[i] = 0xee
 		}
-		wantRemoteAccessError(t, ss, c.name, ss.post(c.op, 0, c.n, c.raddr, c.rkey))
+		l := ownerLease
+		if c.own {
+			l = ss.lease()
+		}
+		before := edges(l)
+		raddr, rkey := c.at(l, arenaOf(l))
+		wantRemoteAccessErrorOn(t, ss, c.on, c.name, ss.postOn(c.on, c.op, 0, c.n, raddr, rkey))
 		healthy(t, cl, c.name)
-		if after := edges(); !bytes.Equal(after, before) {
+		if after := edges(l); !bytes.Equal(after, before) {
 			t.Fatalf("%s: the bytes at the lease's edges changed from %x to %x", c.name, before, after)
 		}
 	}
-	// The lease's owner, whose QP is another, still writes and commits.
-	n := owner.writeRecord(l, 0, l.VersionBase, []byte("owner"), []byte("still works"), -1)
-	if r, ok := owner.call(&proto.Commit{LeaseID: l.ID, Offset: 0, Length: uint64(n)}).(*proto.CommitReply); !ok {
+	// The lease's owner, whose QPs are others, still writes and commits.
+	n := owner.writeRecord(ownerLease, 0, ownerLease.VersionBase, []byte("owner"), []byte("still works"), -1)
+	if r, ok := owner.call(&proto.Commit{LeaseID: ownerLease.ID, Offset: 0, Length: uint64(n)}).(*proto.CommitReply); !ok {
 		t.Fatalf("the owner's commit after the attacks: %#v", r)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -253,7 +294,7 @@ func TestHostileCommits(t *testing.T) {
 		{name: "a bad CRC", write: func() {
 			n, _ := proto.EncodeRecord(ss.mem.Bytes(), l.VersionBase, 0, key, value)
 			ss.mem.Bytes()[n-8] ^= 0xff // the value's byte
-			ss.mustPost(rdma.OpWrite, 0, n, l.Addr, l.RKey)
+			ss.mustPostOn(writeQP, rdma.OpWrite, 0, n, l.Addr, l.RKey)
 		}, commit: proto.Commit{LeaseID: l.ID, Offset: 0, Length: size}, code: proto.CodeRecordInvalid, want: "CRC"},
 		{name: "a length that disagrees with the record", write: func() { ss.writeRecord(l, 0, l.VersionBase, key, value, -1) },
 			commit: proto.Commit{LeaseID: l.ID, Offset: 0, Length: size + 8}, code: proto.CodeRecordInvalid, want: "commit says 48"},
@@ -267,7 +308,7 @@ func TestHostileCommits(t *testing.T) {
 			commit: proto.Commit{LeaseID: l.ID, Offset: 0, Length: size}, code: proto.CodeRecordInvalid, want: "outside the lease's remaining range"},
 		{name: "a tombstone", write: func() {
 			n, _ := proto.EncodeRecord(ss.mem.Bytes(), l.VersionBase, proto.RecordTombstone, key, nil)
-			ss.mustPost(rdma.OpWrite, 0, n, l.Addr, l.RKey)
+			ss.mustPostOn(writeQP, rdma.OpWrite, 0, n, l.Addr, l.RKey)
 		}, commit: proto.Commit{LeaseID: l.ID, Offset: 0, Length: uint64(proto.RecordSize(1, 0))}, code: proto.CodeRecordInvalid, want: "deletes are committed with Delete"},
 	} {
 		if c.write != nil {
@@ -334,14 +375,15 @@ func TestHostileCommits(t *testing.T) {
 
 // TestDisconnectMidCommit: clients that write into a lease, send the
 // commit and hang up at once. A whole record is committed entirely or not
-// at all, a torn one never; both leases are revoked, and their write rkeys
-// then fail from another QP.
+// at all, a torn one never; both leases are revoked: their connections'
+// PDs are closed, which the device refuses while an MR is registered in
+// one. (From any other QP their rkeys never worked.)
 func TestDisconnectMidCommit(t *testing.T) {
 	noLeaks(t)
 	s := startServer(t, nil)
 	cl := newClient(t, s, "", nil)
 	healthy(t, cl, "start")
-	conns := s.Stats().Connections
+	conns, pds := s.Stats().Connections, s.leasePDs.Load()
 
 	value := bytes.Repeat([]byte("0123456789abcdef"), 64)
 	var leases []*proto.LeaseReply
@@ -376,9 +418,13 @@ func TestDisconnectMidCommit(t *testing.T) {
 	if kvs, err := cl.Scan(ctx, []byte("torn"), []byte("torn\x00")); err != nil || len(kvs) != 0 {
 		t.Fatalf("scan of the torn key: %v, %v", kvs, err)
 	}
+	// A connection's PD is closed before the connection is counted closed.
+	if n := s.leasePDs.Load(); n != pds {
+		t.Fatalf("%d connection PDs open after the hung-up clients' connections closed, want %d", n, pds)
+	}
 	for i, l := range leases {
 		ss := openSession(t, s, "")
-		wantRemoteAccessError(t, ss, "WRITE with the rkey of a hung-up client's lease", ss.post(rdma.OpWrite, 0, 64, l.Addr, l.RKey))
+		wantRemoteAccessErrorOn(t, ss, writeQP, "WRITE with the rkey of a hung-up client's lease", ss.postOn(writeQP, rdma.OpWrite, 0, 64, l.Addr, l.RKey))
 		healthy(t, cl, "revoked lease "+string(rune('a'+i)))
 	}
 }
@@ -409,7 +455,7 @@ func TestExpiredLeaseIsRevoked(t *testing.T) {
 		e.Code != proto.CodeLeaseInvalid || !strings.Contains(e.Message, "not active") {
 		t.Fatalf("commit on an expired lease: %#v", e)
 	}
-	wantRemoteAccessError(t, ss, "WRITE with an expired lease's rkey", ss.post(rdma.OpWrite, 0, 64, l.Addr, l.RKey))
+	wantRemoteAccessErrorOn(t, ss, writeQP, "WRITE with an expired lease's rkey", ss.postOn(writeQP, rdma.OpWrite, 0, 64, l.Addr, l.RKey))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if _, err := cl.Get(ctx, []byte("late")); !errors.Is(err, client.ErrNotFound) {

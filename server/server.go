@@ -238,6 +238,7 @@ type Server struct {
 	refused     [proto.NumErrorCodes]atomic.Uint64 // requests answered with an Error, by code
 	refusals    *refusalLog
 	connections atomic.Int64
+	leasePDs    atomic.Int64 // connections' own PDs open (tests)
 
 	// dropReply, set by tests, closes a connection instead of sending the
 	// reply to a request it reports true for.

@@ -1,5 +1,5 @@
 // Package session is one control connection to an rkv server: the dial
-// (TCP or TLS), the Hello, a QP connected over it, and request/reply RPCs.
+// (TCP or TLS), the Hello, QPs connected over it, and request/reply RPCs.
 // The client library and the servers' own peer connections (migration,
 // map changes, Raft) all open sessions this way.
 package session
@@ -29,9 +29,10 @@ type Config struct {
 	// before the Hello, so a server that fails verification never sees
 	// the token.
 	TLS *tls.Config
-	// PD and Device, when set, get a QP connected over the connection
-	// after the Hello (rdma.ConnectQP); QP gives its AckTimeout and
-	// RetryCount, CQSize the depth of its CQ (default 128). Without them
+	// PD and Device, when set, get two QPs connected over the connection
+	// after the Hello (rdma.ConnectQP): the read QP and the write QP
+	// (Conn.QP, Conn.WriteQP); QP gives their AckTimeout and RetryCount,
+	// CQSize the depth of the read QP's CQ (default 128). Without them
 	// the session carries control requests only (Hello.NoQP).
 	Device rdma.Device
 	PD     rdma.PD
@@ -53,13 +54,21 @@ var (
 )
 
 // Conn is one session. It carries one request at a time: Call is not safe
-// for concurrent use, and neither are the QP and CQ (the caller owns
+// for concurrent use, and neither are the QPs and CQs (the caller owns
 // them). Close is safe to call once the caller is done.
 type Conn struct {
-	NC    net.Conn
-	QP    rdma.QP // nil without Config.PD
-	CQ    rdma.CQ
-	Hello proto.HelloReply
+	NC net.Conn
+	// QP reaches the server's arenas and index (READ); its PD there
+	// holds no lease. nil without Config.PD.
+	QP rdma.QP
+	CQ rdma.CQ
+	// WriteQP reaches the session's leases (WRITE), and nothing else: the
+	// server's end is in a PD of this session's own. It has a CQ of its
+	// own, so a WRITE's wait does not share a CQ with READs (soft reads
+	// a lone QP's responses in the waiter's goroutine).
+	WriteQP rdma.QP
+	WriteCQ rdma.CQ
+	Hello   proto.HelloReply
 
 	addr   string
 	nextID uint64
@@ -122,8 +131,22 @@ func Dial(ctx context.Context, addr, target string, cfg Config) (_ *Conn, err er
 	if _, err := rdma.ConnectQP(ctx, nc, c.QP); err != nil {
 		return nil, fmt.Errorf("%w: connecting a QP to %s: %w", ErrBroken, addr, err)
 	}
+	// One WRITE at a time is in flight on it (the caller waits for each).
+	if c.WriteCQ, err = cfg.Device.CreateCQ(writeCQSize); err != nil {
+		return nil, err
+	}
+	qcfg.SendCQ, qcfg.RecvCQ = c.WriteCQ, c.WriteCQ
+	if c.WriteQP, err = cfg.PD.CreateQP(qcfg); err != nil {
+		return nil, err
+	}
+	if _, err := rdma.ConnectQP(ctx, nc, c.WriteQP); err != nil {
+		return nil, fmt.Errorf("%w: connecting the write QP to %s: %w", ErrBroken, addr, err)
+	}
 	return c, nil
 }
+
+// writeCQSize is the depth of the write QP's CQ.
+const writeCQSize = 16
 
 // refusal marks a TLS failure that no retry can fix (a certificate one
 // side refused) as ErrRefused; any other error is returned as it is.
@@ -201,16 +224,20 @@ func (c *Conn) Call(ctx context.Context, req proto.Message) (proto.Message, erro
 // unusable.
 func (c *Conn) Broken() bool { return c.broken }
 
-// Close closes the connection (the server then ends the session's leases)
-// and the QP and CQ.
+// Close closes the connection (the server then ends the session's leases
+// and releases its PD) and the QPs and CQs.
 func (c *Conn) Close() error {
 	c.broken = true
 	errs := []error{c.NC.Close()}
-	if c.QP != nil {
-		errs = append(errs, c.QP.Close())
+	for _, qp := range []rdma.QP{c.QP, c.WriteQP} {
+		if qp != nil {
+			errs = append(errs, qp.Close())
+		}
 	}
-	if c.CQ != nil {
-		errs = append(errs, c.CQ.Close())
+	for _, cq := range []rdma.CQ{c.CQ, c.WriteCQ} {
+		if cq != nil {
+			errs = append(errs, cq.Close())
+		}
 	}
 	return errors.Join(errs...)
 }
