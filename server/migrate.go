@@ -42,6 +42,11 @@ import (
 //     shards (records live, indexed, shard words set), and A's drops its
 //     copy.
 //
+// A move that adds a replica, or replaces a backup, copies from the shard's
+// primary the same way but skips step 5: the primary keeps serving, and
+// unfreezes when its map shows the move finished; B's reconcile then makes
+// its copy a backup.
+//
 // Until step 6 commits, the moves can be aborted (a server down longer
 // than MoveTimeout): A serves its data again, B drops its copy. Writes to
 // a shard are refused only between steps 3 and 6, reads only between 5
