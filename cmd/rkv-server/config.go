@@ -401,47 +401,19 @@ func (o *options) validate() error {
 	default:
 		return fmt.Errorf("--gossip-profile %q: want local, lan or wan", o.GossipProfile)
 	}
-	if o.GossipKey != "" && o.GossipKeyFile != "" {
-		return errors.New("--gossip-key and --gossip-key-file: give one")
-	}
-	if o.GossipKeyFile != "" {
-		b, err := os.ReadFile(o.GossipKeyFile)
-		if err != nil {
-			return fmt.Errorf("--gossip-key-file: %w", err)
-		}
-		o.GossipKey = strings.TrimSpace(string(b))
-		if o.GossipKey == "" {
-			return fmt.Errorf("--gossip-key-file %s is empty", o.GossipKeyFile)
-		}
+	if err := secretFlag("gossip-key", &o.GossipKey, o.GossipKeyFile); err != nil {
+		return err
 	}
 	if o.GossipKey != "" {
 		if o.gossipKey, err = membership.ParseKey(o.GossipKey); err != nil {
 			return fmt.Errorf("gossip key: %w", err)
 		}
 	}
-	if o.AuthToken != "" && o.AuthTokenFile != "" {
-		return errors.New("--auth-token and --auth-token-file: give one")
+	if err := secretFlag("auth-token", &o.AuthToken, o.AuthTokenFile); err != nil {
+		return err
 	}
-	if o.AuthTokenFile != "" {
-		b, err := os.ReadFile(o.AuthTokenFile)
-		if err != nil {
-			return fmt.Errorf("--auth-token-file: %w", err)
-		}
-		o.AuthToken = strings.TrimSpace(string(b))
-	}
-	if o.PeerToken != "" && o.PeerTokenFile != "" {
-		return errors.New("--peer-token and --peer-token-file: give one")
-	}
-	if o.PeerTokenFile != "" {
-		b, err := os.ReadFile(o.PeerTokenFile)
-		if err != nil {
-			return fmt.Errorf("--peer-token-file: %w", err)
-		}
-		// Empty would silently mean "no peer token": the clients' token
-		// would go on opening sessions between servers.
-		if o.PeerToken = strings.TrimSpace(string(b)); o.PeerToken == "" {
-			return fmt.Errorf("--peer-token-file %s is empty", o.PeerTokenFile)
-		}
+	if err := secretFlag("peer-token", &o.PeerToken, o.PeerTokenFile); err != nil {
+		return err
 	}
 	if len(o.PeerToken) > proto.MaxControlToken {
 		return fmt.Errorf("--peer-token: %d bytes, more than a Hello carries (%d)", len(o.PeerToken), proto.MaxControlToken)
@@ -580,4 +552,25 @@ func formatSize(n int64) string {
 		}
 	}
 	return strconv.FormatInt(n, 10)
+}
+
+// secretFlag resolves a secret given either as --NAME or as --NAME-file
+// (its content, trimmed). Both at once is an error, and so is an empty
+// file: it would silently mean no secret (no gossip encryption, a server
+// open to anyone, the clients' token opening sessions between servers).
+func secretFlag(name string, value *string, file string) error {
+	if file == "" {
+		return nil
+	}
+	if *value != "" {
+		return fmt.Errorf("--%s and --%s-file: give one", name, name)
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return fmt.Errorf("--%s-file: %w", name, err)
+	}
+	if *value = strings.TrimSpace(string(b)); *value == "" {
+		return fmt.Errorf("--%s-file %s is empty", name, file)
+	}
+	return nil
 }

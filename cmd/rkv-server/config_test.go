@@ -278,6 +278,10 @@ func TestPeerTokenOptions(t *testing.T) {
 		{[]string{"--peer-token", "a", "--peer-token-file", file}, "--peer-token and --peer-token-file: give one"},
 		{[]string{"--peer-token-file", filepath.Join(dir, "missing")}, "--peer-token-file: open " + filepath.Join(dir, "missing")},
 		{[]string{"--peer-token-file", empty}, "--peer-token-file " + empty + " is empty"},
+		// Empty, the others' files would mean no secret at all.
+		{[]string{"--auth-token-file", empty}, "--auth-token-file " + empty + " is empty"},
+		{[]string{"--gossip-key-file", empty}, "--gossip-key-file " + empty + " is empty"},
+		{[]string{"--auth-token", "a", "--auth-token-file", file}, "--auth-token and --auth-token-file: give one"},
 		{[]string{"--peer-token", "same", "--auth-token", "same"}, "--peer-token is the same as --auth-token"},
 		{[]string{"--peer-token", strings.Repeat("t", 1025)}, "--peer-token: 1025 bytes, more than a Hello carries (1024)"},
 	} {
