@@ -407,10 +407,12 @@ type FenceReply struct{ Generation uint64 }
 // ReleaseShards asks a fenced owner to hand the shards over: it stops
 // serving them (their records dead, their keys out of its index, their
 // shard words cleared) and keeps their data until the map gives them to
-// the new owner.
+// the new owner. With Backup (a promotion of one of the shards' backups)
+// it keeps them as a backup instead, its records in backup state.
 type ReleaseShards struct {
 	Shards     []Shard
 	Generation uint64
+	Backup     bool
 }
 
 // MapChange proposes a map command (EncodeMapCommand) to the map's Raft
@@ -773,9 +775,10 @@ func (m *FenceShards) encode(e *encoder) {
 func (m *FenceReply) encode(e *encoder) { e.uints(m.Generation) }
 
 func (m *ReleaseShards) encode(e *encoder) {
-	e.array(2)
+	e.array(3)
 	e.shards(m.Shards)
 	e.uint(m.Generation)
+	e.bool(m.Backup)
 }
 
 func (m *MapChange) encode(e *encoder) {
@@ -1252,14 +1255,17 @@ func (m *FenceShards) decode(d *decoder) error {
 func (m *FenceReply) decode(d *decoder) error { return d.uints("FenceReply", &m.Generation) }
 
 func (m *ReleaseShards) decode(d *decoder) error {
-	if err := d.fields("ReleaseShards", 2); err != nil {
+	if err := d.fields("ReleaseShards", 3); err != nil {
 		return err
 	}
 	var err error
 	if m.Shards, err = d.shards("shards", NumShards); err != nil {
 		return err
 	}
-	m.Generation, err = d.u64("generation")
+	if m.Generation, err = d.u64("generation"); err != nil {
+		return err
+	}
+	m.Backup, err = d.bool("backup")
 	return err
 }
 

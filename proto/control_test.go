@@ -47,7 +47,7 @@ func controlSamples() []Message {
 		&ShardScanReply{},
 		&FenceShards{Shards: []Shard{1, 2}, Epoch: 8},
 		&FenceReply{Generation: 3},
-		&ReleaseShards{Shards: []Shard{3}, Generation: 3},
+		&ReleaseShards{Shards: []Shard{3}, Generation: 3, Backup: true},
 		&MapChange{Command: []byte("cmd")},
 		&MapChangeReply{Epoch: 9},
 		&Forget{Node: "node2", Force: true},

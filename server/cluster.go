@@ -256,8 +256,11 @@ func (s *Server) ownShard(a *shardActions, sh proto.Shard, info clustermap.Shard
 		}
 		a.dropFirst(sh, st)
 	case store.ShardBackup:
-		// Promoted: its replica is the shard's data now (a promotion, or
-		// a forced removal of the primary).
+		if frozen {
+			return // made a backup for a promotion of another replica, which is finishing
+		}
+		// Promoted (its replica is the shard's data now: a promotion, a
+		// forced removal of the primary), or a promotion away aborted.
 		a.activate[info.Since] = append(a.activate[info.Since], sh)
 		return
 	}

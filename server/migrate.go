@@ -65,28 +65,45 @@ type mover struct {
 	done    moveStats
 }
 
-// moveGroup names the moves one worker runs: those started together that
-// copy from one source, the shards' primary, and whether it keeps serving
-// them after (keep: a replica added, a backup replaced) or hands them over.
+// moveGroup names the moves one worker runs: those started together whose
+// source is one server, the shards' primary, and what the source does
+// with the shards at the end.
 type moveGroup struct {
 	from    string
 	started uint64
-	keep    bool
+	mode    moveMode
 }
 
-// groupOf is the group move x of map m runs in; false for a move no
-// worker runs: a promotion moves no data, and is not built yet (stage 3
-// of replication, docs/ARCHITECTURE.md).
-func groupOf(m *clustermap.Map, x clustermap.Move) (moveGroup, bool) {
+type moveMode uint8
+
+const (
+	// handOver: the target copies the shards and the source releases
+	// them (a primary replaced).
+	handOver moveMode = iota
+	// keepServing: the target copies the shards and the source keeps
+	// serving them (a replica added, a backup replaced).
+	keepServing
+	// promote: the target, a backup, already holds a copy; the source
+	// becomes a backup of the shards, and the target their primary.
+	promote
+)
+
+// groupOf is the group move x of map m runs in.
+func groupOf(m *clustermap.Map, x clustermap.Move) moveGroup {
+	g := moveGroup{from: x.From, started: x.Started}
 	switch owner := m.Shard(x.Shard).Owner(); {
 	case x.Kind == proto.MovePromote:
-		return moveGroup{}, false
+		g.mode = promote
 	case x.Kind == proto.MoveAddReplica:
-		return moveGroup{from: x.From, started: x.Started, keep: true}, true
+		g.mode = keepServing
 	case owner != x.From: // a backup replaced: the copy comes from the primary
-		return moveGroup{from: owner, started: x.Started, keep: true}, true
+		g.from, g.mode = owner, keepServing
 	}
-	return moveGroup{from: x.From, started: x.Started}, true
+	return g
+}
+
+func (m moveMode) String() string {
+	return [...]string{handOver: "hand-over", keepServing: "keep-serving", promote: "promote"}[m]
 }
 
 // moveStats is what the moves into this server copied.
@@ -102,8 +119,8 @@ func newMover(s *Server) *mover { return &mover{s: s, running: map[moveGroup]con
 func (mv *mover) sync(m *clustermap.Map) {
 	want := map[moveGroup]bool{}
 	for _, x := range m.Moves() {
-		if g, ok := groupOf(m, x); ok && x.To == mv.s.cfg.Name {
-			want[g] = true
+		if x.To == mv.s.cfg.Name {
+			want[groupOf(m, x)] = true
 		}
 	}
 	mv.mu.Lock()
@@ -189,7 +206,7 @@ func (mv *mover) run(ctx context.Context, g moveGroup) {
 func (mv *mover) groupMoves(m *clustermap.Map, g moveGroup) []clustermap.Move {
 	var out []clustermap.Move
 	for _, x := range m.Moves() {
-		if xg, ok := groupOf(m, x); ok && x.To == mv.s.cfg.Name && xg == g {
+		if x.To == mv.s.cfg.Name && groupOf(m, x) == g {
 			out = append(out, x)
 		}
 	}
@@ -221,7 +238,12 @@ func (mv *mover) attempt(ctx context.Context, g moveGroup) error {
 		return errMoveGone
 	}
 	shards := shardsOf(moves)
-	if err := mv.waitIncoming(ctx, shards, g.started); err != nil {
+	copying := g.mode != promote
+	if !copying {
+		if err := mv.backsUp(shards); err != nil {
+			return err
+		}
+	} else if err := mv.waitIncoming(ctx, shards, g.started); err != nil {
 		return err
 	}
 	src, err := s.dialPuller(ctx, m, g.from)
@@ -229,13 +251,13 @@ func (mv *mover) attempt(ctx context.Context, g moveGroup) error {
 		return err
 	}
 	defer src.close()
-	log := s.log.With("from", g.from, "shards", len(shards), "source_keeps_them", g.keep)
+	log := s.log.With("from", g.from, "shards", len(shards), "mode", g.mode)
 	start := time.Now()
 	var total moveStats
 	frozen := moves[0].Phase == proto.MoveFrozen
 	if !frozen {
 		log.Info("shard move: copying", "list", shardList(shards))
-		for pass := 1; pass <= 2; pass++ {
+		for pass := 1; copying && pass <= 2; pass++ {
 			st, err := src.copyShards(ctx, shards, false)
 			if err != nil {
 				return err
@@ -256,13 +278,15 @@ func (mv *mover) attempt(ctx context.Context, g moveGroup) error {
 	if err != nil {
 		return mv.gone(g, err)
 	}
-	st, err := src.copyShards(ctx, shards, true)
-	if err != nil {
-		return err
+	if copying {
+		st, err := src.copyShards(ctx, shards, true)
+		if err != nil {
+			return err
+		}
+		total.keys, total.bytes = total.keys+st.keys, total.bytes+st.bytes
 	}
-	total.keys, total.bytes = total.keys+st.keys, total.bytes+st.bytes
-	if !g.keep {
-		if err := src.release(ctx, shards, gen); err != nil {
+	if g.mode != keepServing {
+		if err := src.release(ctx, shards, gen, g.mode == promote); err != nil {
 			return mv.gone(g, err)
 		}
 	}
@@ -283,6 +307,17 @@ func (mv *mover) gone(g moveGroup, err error) error {
 		return errMoveGone
 	}
 	return err
+}
+
+// backsUp checks that this server backs up the shards a promotion gives
+// it, from a copy of its own.
+func (mv *mover) backsUp(shards []proto.Shard) error {
+	for _, sh := range shards {
+		if st := mv.s.st.ShardState(sh); st.State != store.ShardBackup {
+			return fmt.Errorf("server: promoting %v here, which is %v here, not a backup", sh, st.State)
+		}
+	}
+	return nil
 }
 
 // waitIncoming waits until reconcile has made the shards Incoming for this
@@ -543,8 +578,8 @@ func (p *puller) fence(ctx context.Context, shards []proto.Shard, epoch uint64) 
 	return r.(*proto.FenceReply).Generation, nil
 }
 
-func (p *puller) release(ctx context.Context, shards []proto.Shard, gen uint64) error {
-	if _, err := p.c.Call(ctx, &proto.ReleaseShards{Shards: shards, Generation: gen}); err != nil {
+func (p *puller) release(ctx context.Context, shards []proto.Shard, gen uint64, asBackup bool) error {
+	if _, err := p.c.Call(ctx, &proto.ReleaseShards{Shards: shards, Generation: gen, Backup: asBackup}); err != nil {
 		return fmt.Errorf("server: releasing the shards at the source: %w", err)
 	}
 	return nil
@@ -617,6 +652,20 @@ func (s *Server) releaseShards(req *proto.ReleaseShards) proto.Message {
 		if st := s.st.ShardState(sh); st.State == store.ShardOwned && !st.Frozen {
 			return &proto.Error{Code: proto.CodeBadRequest, Message: fmt.Sprintf("shard %d is not fenced here: fence again", sh)}
 		}
+	}
+	if req.Backup {
+		// A promotion of a backup: keep the data as a backup, under the
+		// since the shards have until the promotion finishes (the next
+		// map's reconcile gives them the new primary's).
+		m := s.Map()
+		for _, sh := range req.Shards {
+			since := m.Shard(sh).Since
+			if err := s.st.BeginBackup([]proto.Shard{sh}, since); err != nil {
+				return errorReply(err)
+			}
+		}
+		s.log.Info("shards made backups for a promotion", "shards", len(req.Shards), "list", shardList(req.Shards))
+		return &proto.Ack{}
 	}
 	if err := s.st.ReleaseShards(req.Shards); err != nil {
 		return errorReply(err)
