@@ -36,9 +36,11 @@ import (
 // number, so that a retry whose first attempt was applied is answered with
 // the first result instead of being applied again.
 const (
-	// ControlVersion 5: a session connects a write QP after its read QP
+	// ControlVersion 6: a Commit names its replica copies, and primaries
+	// forward commits and deletes to backups (ReplicaCommit,
+	// ReplicaDelete). 5: a session connects a write QP after its read QP
 	// (Hello.NoQP).
-	ControlVersion = 5
+	ControlVersion = 6
 
 	// MaxFrame bounds a frame's body. Scan replies are cut to fit.
 	MaxFrame = 1 << 20
@@ -98,6 +100,8 @@ const (
 	MsgForget
 	MsgGetView
 	MsgViewReply
+	MsgReplicaCommit
+	MsgReplicaDelete
 	msgTypeEnd
 )
 
@@ -134,6 +138,8 @@ var msgTable = [msgTypeEnd]struct {
 	MsgForget:         {"Forget", func() Message { return &Forget{} }, MsgMapChangeReply},
 	MsgGetView:        {"GetView", func() Message { return &GetView{} }, MsgViewReply},
 	MsgViewReply:      {"ViewReply", func() Message { return &ViewReply{} }, 0},
+	MsgReplicaCommit:  {"ReplicaCommit", func() Message { return &ReplicaCommit{} }, MsgCommitReply},
+	MsgReplicaDelete:  {"ReplicaDelete", func() Message { return &ReplicaDelete{} }, MsgAck},
 }
 
 func (t MsgType) String() string {
@@ -253,10 +259,39 @@ type Write struct {
 }
 
 // Commit commits the record written at Offset of lease LeaseID's region,
-// Length bytes long.
+// Length bytes long. Of a key whose shard has backups it names, in Copies,
+// where the client wrote the same record on each of them, for the
+// primary to forward.
 type Commit struct {
 	LeaseID, Offset, Length uint64
 	Epoch                   uint64
+	Write
+	Copies []ReplicaCopy
+}
+
+// ReplicaCopy is the copy of a record a client wrote for one backup: in
+// lease LeaseID (granted by the server named Server), Length bytes at
+// Offset.
+type ReplicaCopy struct {
+	Server                  string
+	LeaseID, Offset, Length uint64
+}
+
+// ReplicaCommit is a primary's forward of a commit to a backup of the
+// key's shard (between servers only): apply the record the client wrote
+// at Offset of lease LeaseID, Length bytes, at the primary's Version,
+// under the client's idempotency session. Epoch is the primary's map.
+type ReplicaCommit struct {
+	Epoch                   uint64
+	LeaseID, Offset, Length uint64
+	Version                 uint64
+	Write
+}
+
+// ReplicaDelete is a primary's forward of a delete to a backup.
+type ReplicaDelete struct {
+	Epoch uint64
+	Key   []byte
 	Write
 }
 
@@ -547,6 +582,8 @@ func (*MapChange) Type() MsgType      { return MsgMapChange }
 func (*MapChangeReply) Type() MsgType { return MsgMapChangeReply }
 func (*Forget) Type() MsgType         { return MsgForget }
 func (*GetView) Type() MsgType        { return MsgGetView }
+func (*ReplicaCommit) Type() MsgType  { return MsgReplicaCommit }
+func (*ReplicaDelete) Type() MsgType  { return MsgReplicaDelete }
 func (*ViewReply) Type() MsgType      { return MsgViewReply }
 
 // ---- encoding ----
@@ -645,7 +682,35 @@ func (m *LeaseReply) encode(e *encoder) {
 }
 
 func (m *Commit) encode(e *encoder) {
-	e.uints(m.LeaseID, m.Offset, m.Length, m.Epoch, m.Session, m.Seq)
+	if len(m.Copies) > MaxShardOwners-1 {
+		e.fail("%d replica copies, limit %d", len(m.Copies), MaxShardOwners-1)
+	}
+	e.array(7)
+	for _, v := range []uint64{m.LeaseID, m.Offset, m.Length, m.Epoch, m.Session, m.Seq} {
+		e.uint(v)
+	}
+	e.array(len(m.Copies))
+	for _, c := range m.Copies {
+		e.limit("replica copy's server name", len(c.Server), MaxMetaNodeNameLen)
+		e.array(4)
+		e.str(c.Server)
+		e.uint(c.LeaseID)
+		e.uint(c.Offset)
+		e.uint(c.Length)
+	}
+}
+
+func (m *ReplicaCommit) encode(e *encoder) {
+	e.uints(m.Epoch, m.LeaseID, m.Offset, m.Length, m.Version, m.Session, m.Seq)
+}
+
+func (m *ReplicaDelete) encode(e *encoder) {
+	e.key("key", m.Key)
+	e.array(4)
+	e.uint(m.Epoch)
+	e.bytes(m.Key)
+	e.uint(m.Session)
+	e.uint(m.Seq)
 }
 
 func (m *CommitReply) encode(e *encoder) {
@@ -1010,7 +1075,63 @@ func (m *LeaseReply) decode(d *decoder) error {
 }
 
 func (m *Commit) decode(d *decoder) error {
-	return d.uints("Commit", &m.LeaseID, &m.Offset, &m.Length, &m.Epoch, &m.Session, &m.Seq)
+	if err := d.fields("Commit", 7); err != nil {
+		return err
+	}
+	for _, f := range []struct {
+		name string
+		v    *uint64
+	}{{"lease", &m.LeaseID}, {"offset", &m.Offset}, {"length", &m.Length}, {"epoch", &m.Epoch}, {"session", &m.Session}, {"seq", &m.Seq}} {
+		var err error
+		if *f.v, err = d.u64(f.name); err != nil {
+			return err
+		}
+	}
+	n, err := d.list("replica copies", MaxShardOwners-1)
+	if err != nil || n == 0 {
+		return err
+	}
+	m.Copies = make([]ReplicaCopy, n)
+	for i := range m.Copies {
+		c := &m.Copies[i]
+		if err := d.fields("replica copy", 4); err != nil {
+			return err
+		}
+		if c.Server, err = d.str("replica copy's server name", MaxMetaNodeNameLen); err != nil {
+			return err
+		}
+		if c.Server == "" {
+			return d.fail("replica copy %d names no server", i)
+		}
+		for _, p := range []*uint64{&c.LeaseID, &c.Offset, &c.Length} {
+			if *p, err = d.u64("replica copy"); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (m *ReplicaCommit) decode(d *decoder) error {
+	return d.uints("ReplicaCommit", &m.Epoch, &m.LeaseID, &m.Offset, &m.Length, &m.Version, &m.Session, &m.Seq)
+}
+
+func (m *ReplicaDelete) decode(d *decoder) error {
+	if err := d.fields("ReplicaDelete", 4); err != nil {
+		return err
+	}
+	var err error
+	if m.Epoch, err = d.u64("epoch"); err != nil {
+		return err
+	}
+	if m.Key, err = d.key("key"); err != nil {
+		return err
+	}
+	if m.Session, err = d.u64("session"); err != nil {
+		return err
+	}
+	m.Seq, err = d.u64("seq")
+	return err
 }
 
 func (m *CommitReply) decode(d *decoder) error {

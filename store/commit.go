@@ -74,20 +74,21 @@ type pendingCommit struct {
 // A retry is only recognised within Options.SessionTTL of the first
 // attempt, which is far longer than a writer retries.
 func (s *Store) Commit(ctx context.Context, id uint64, off, length int64, w proto.Write) (Committed, error) {
-	return s.commit(ctx, id, off, length, w, 0)
+	return s.commit(ctx, id, off, length, w, 0, nil)
 }
 
-// commit is Commit, or ApplyReplica when version is not 0.
-func (s *Store) commit(ctx context.Context, id uint64, off, length int64, w proto.Write, version uint64) (Committed, error) {
+// commit is Commit, CommitForwarded with f, or ApplyReplica when version
+// is not 0.
+func (s *Store) commit(ctx context.Context, id uint64, off, length int64, w proto.Write, version uint64, f Forwarder) (Committed, error) {
 	c, v, err := s.prepareCommit(id, off, length, w, version)
 	if err != nil {
 		s.stats.commitsRejected.Add(1)
 		return Committed{}, err
 	}
 	if v.dup != nil || v.wait != nil {
-		return s.answer(ctx, c.key, v)
+		return s.answer(ctx, c.key, v) // a forwarded first attempt was forwarded before it applied
 	}
-	if err := s.submit(ctx, c); err != nil {
+	if err := s.forward(ctx, c, f); err != nil {
 		return Committed{}, err
 	}
 	return Committed{Location: c.entry.loc, Version: c.entry.version}, nil
@@ -240,29 +241,12 @@ func (s *Store) finishLocked(c *pendingCommit, applied bool, now int64) {
 // w makes it idempotent as for Commit (a retry of an applied delete
 // returns nil).
 func (s *Store) Delete(ctx context.Context, key []byte, w proto.Write) error {
-	return s.delete(ctx, key, w, false)
+	return s.delete(ctx, key, w, false, nil)
 }
 
-// delete is Delete, or DeleteReplica.
-func (s *Store) delete(ctx context.Context, key []byte, w proto.Write, replica bool) error {
-	if len(key) == 0 || len(key) > s.opts.MaxKeyLen {
-		return fmt.Errorf("%w: key of %d bytes (1 to %d)", ErrRecord, len(key), s.opts.MaxKeyLen)
-	}
-	c := &pendingCommit{key: append([]byte(nil), key...), shard: proto.ShardOf(key), write: w, delete: true, replica: replica, done: make(chan struct{})}
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return ErrClosed
-	}
-	if err := s.brokenErr(); err != nil {
-		s.mu.Unlock()
-		return err
-	}
-	v, err := s.admissibleLocked(c)
-	if err == nil && v.dup == nil && v.wait == nil {
-		s.admitLocked(c)
-	}
-	s.mu.Unlock()
+// delete is Delete, DeleteForwarded with f, or DeleteReplica.
+func (s *Store) delete(ctx context.Context, key []byte, w proto.Write, replica bool, f Forwarder) error {
+	c, v, err := s.prepareDelete(key, w, replica)
 	switch {
 	case err != nil:
 		return err
@@ -270,21 +254,48 @@ func (s *Store) delete(ctx context.Context, key []byte, w proto.Write, replica b
 		_, err := s.answer(ctx, c.key, v)
 		return err
 	}
-	return s.submit(ctx, c)
+	return s.forward(ctx, c, f)
+}
+
+// prepareDelete checks and admits a delete of key, as prepareCommit does a
+// commit.
+func (s *Store) prepareDelete(key []byte, w proto.Write, replica bool) (*pendingCommit, sessionVerdict, error) {
+	if len(key) == 0 || len(key) > s.opts.MaxKeyLen {
+		return nil, sessionVerdict{}, fmt.Errorf("%w: key of %d bytes (1 to %d)", ErrRecord, len(key), s.opts.MaxKeyLen)
+	}
+	c := &pendingCommit{key: append([]byte(nil), key...), shard: proto.ShardOf(key), write: w, delete: true, replica: replica, done: make(chan struct{})}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, sessionVerdict{}, ErrClosed
+	}
+	if err := s.brokenErr(); err != nil {
+		return nil, sessionVerdict{}, err
+	}
+	v, err := s.admissibleLocked(c)
+	if err == nil && v.dup == nil && v.wait == nil {
+		s.admitLocked(c)
+	}
+	return c, v, err
+}
+
+// abandon undoes the admission of c, which will not be applied.
+func (s *Store) abandon(c *pendingCommit) {
+	s.mu.Lock()
+	s.finishLocked(c, false, 0)
+	if c.arena != nil {
+		s.settleLocked(c.entry.loc, false) // never committed
+	}
+	s.mu.Unlock()
+	close(c.done)
+	s.inflight.Done()
 }
 
 func (s *Store) submit(ctx context.Context, c *pendingCommit) error {
 	select {
 	case s.commits <- c:
 	case <-ctx.Done():
-		s.mu.Lock()
-		s.finishLocked(c, false, 0)
-		if c.arena != nil {
-			s.settleLocked(c.entry.loc, false) // never committed
-		}
-		s.mu.Unlock()
-		close(c.done)
-		s.inflight.Done()
+		s.abandon(c)
 		return ctx.Err()
 	}
 	// Once queued the commit happens; ctx only stops the wait for it.

@@ -35,13 +35,13 @@ func (s *Store) ApplyReplica(ctx context.Context, id uint64, off, length int64, 
 	if version == 0 {
 		return Committed{}, fmt.Errorf("%w: a replica's write of version 0 (versions start at 1)", ErrRecord)
 	}
-	return s.commit(ctx, id, off, length, w, version)
+	return s.commit(ctx, id, off, length, w, version, nil)
 }
 
 // DeleteReplica deletes key from a shard this store backs up, as its
 // primary did; as Delete otherwise.
 func (s *Store) DeleteReplica(ctx context.Context, key []byte, w proto.Write) error {
-	return s.delete(ctx, key, w, true)
+	return s.delete(ctx, key, w, true, nil)
 }
 
 // BeginBackup makes shards backups, held for their primary elsewhere since

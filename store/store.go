@@ -93,6 +93,7 @@ type Store struct {
 	freed       chan struct{} // closed (and replaced) when segments come free
 	shards      [proto.NumShards]shardInfo
 	sess        sessionTable
+	turns       keyTurns   // the keys whose writes are being forwarded
 	ingest      fillRegion // where Ingest copies records
 	cleaner     cleanerState
 

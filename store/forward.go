@@ -1,0 +1,102 @@
+// Forwarding: a primary's commits and deletes go to the shard's backups before the store applies them, one at a time per key.
+
+package store
+
+import (
+	"context"
+	"sync"
+
+	"github.com/rkv-io/rkv/proto"
+)
+
+// Forwarder sends a primary's admitted writes to the backups of their
+// shard (docs/ARCHITECTURE.md, "Replication").
+type Forwarder interface {
+	// Forwards reports whether writes to shard sh go to backups first.
+	// It is called for every write given a Forwarder, concurrently, and
+	// must not block.
+	Forwards(sh proto.Shard) bool
+	// Forward sends w to every backup of its shard and returns once each
+	// applied it, or with the error that stopped one. A key's writes are
+	// forwarded one at a time, in the order the store then applies them
+	// here: the next is forwarded only once this one is applied (or
+	// failed). Forward may block; it is called concurrently for different
+	// keys. w.Key is the store's: read it only during the call.
+	Forward(ctx context.Context, w Forwarded) error
+}
+
+// Forwarded is a write a Forwarder sends on.
+type Forwarded struct {
+	Shard proto.Shard
+	Key   []byte
+	// Version is the record's, which the backups apply it at; 0 for a
+	// delete.
+	Version uint64
+	Delete  bool
+}
+
+// CommitForwarded is Commit for a primary whose shard may have backups:
+// when f says so, the admitted commit is forwarded (f.Forward) before it is
+// applied here, and fails if the forward does.
+func (s *Store) CommitForwarded(ctx context.Context, id uint64, off, length int64, w proto.Write, f Forwarder) (Committed, error) {
+	return s.commit(ctx, id, off, length, w, 0, f)
+}
+
+// DeleteForwarded is Delete with forwarding, as CommitForwarded is Commit.
+func (s *Store) DeleteForwarded(ctx context.Context, key []byte, w proto.Write, f Forwarder) error {
+	return s.delete(ctx, key, w, false, f)
+}
+
+// forward forwards admitted write c if f asks for it, in its key's turn,
+// then applies it.
+func (s *Store) forward(ctx context.Context, c *pendingCommit, f Forwarder) error {
+	if f == nil || !f.Forwards(c.shard) {
+		return s.submit(ctx, c)
+	}
+	release, err := s.turns.take(ctx, c.key)
+	if err != nil {
+		s.abandon(c)
+		return err
+	}
+	defer release()
+	if err := f.Forward(ctx, Forwarded{Shard: c.shard, Key: c.key, Version: c.entry.version, Delete: c.delete}); err != nil {
+		s.abandon(c)
+		return err
+	}
+	// Applied here whatever ctx says now: every backup has it.
+	return s.submit(context.WithoutCancel(ctx), c)
+}
+
+// keyTurns orders the forwarded writes of each key: one at a time.
+type keyTurns struct {
+	mu   sync.Mutex
+	busy map[string]chan struct{} // closed when the key's turn ends
+}
+
+// take waits for key's turn, and returns what ends it.
+func (t *keyTurns) take(ctx context.Context, key []byte) (release func(), err error) {
+	for {
+		t.mu.Lock()
+		if t.busy == nil {
+			t.busy = map[string]chan struct{}{}
+		}
+		wait, held := t.busy[string(key)]
+		if !held {
+			done := make(chan struct{})
+			t.busy[string(key)] = done
+			t.mu.Unlock()
+			return func() {
+				t.mu.Lock()
+				delete(t.busy, string(key))
+				t.mu.Unlock()
+				close(done)
+			}, nil
+		}
+		t.mu.Unlock()
+		select {
+		case <-wait:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}

@@ -1,0 +1,116 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rkv-io/rkv/proto"
+)
+
+// fakeForwarder records what it is asked to forward; block, when set,
+// holds each Forward until it is closed; fail makes them fail.
+type fakeForwarder struct {
+	mu    sync.Mutex
+	sent  []Forwarded
+	block chan struct{}
+	fail  error
+	calls chan struct{}
+}
+
+func (f *fakeForwarder) Forwards(proto.Shard) bool { return true }
+
+func (f *fakeForwarder) Forward(ctx context.Context, w Forwarded) error {
+	f.mu.Lock()
+	w.Key = append([]byte(nil), w.Key...)
+	f.sent = append(f.sent, w)
+	block, fail := f.block, f.fail
+	f.mu.Unlock()
+	if f.calls != nil {
+		f.calls <- struct{}{}
+	}
+	if block != nil {
+		<-block
+	}
+	return fail
+}
+
+func TestForwardedWrites(t *testing.T) {
+	sv := newServer(t, smallOptions())
+	waitArenas(t, sv.s, 1)
+	c := newClient(t, sv)
+	ctx := context.Background()
+
+	// A forwarded commit is applied here once forwarded, at the version
+	// it was forwarded with.
+	f := &fakeForwarder{}
+	w := c.newWriter()
+	off, n := w.write([]byte("k"), []byte("v1"))
+	r, err := sv.s.CommitForwarded(ctx, w.lease.ID, off, n, proto.Write{}, f)
+	if err != nil || len(f.sent) != 1 || f.sent[0].Version != r.Version || string(f.sent[0].Key) != "k" || f.sent[0].Delete {
+		t.Fatalf("CommitForwarded: %+v, %v; forwarded %+v", r, err, f.sent)
+	}
+	if v, found, _ := c.get([]byte("k")); !found || string(v) != "v1" {
+		t.Fatalf("after the forwarded commit: %q, found %v", v, found)
+	}
+
+	// A failed forward applies nothing, and the write may be retried.
+	f.fail = errors.New("a backup is down")
+	off, n = w.write([]byte("k"), []byte("v2"))
+	if _, err := sv.s.CommitForwarded(ctx, w.lease.ID, off, n, proto.Write{Session: 9, Seq: 1}, f); !errors.Is(err, f.fail) {
+		t.Fatalf("commit whose forward failed: %v", err)
+	}
+	if v, _, _ := c.get([]byte("k")); string(v) != "v1" {
+		t.Fatalf("a commit whose forward failed was applied: %q", v)
+	}
+	f.fail = nil
+	off, n = w.write([]byte("k"), []byte("v2"))
+	if _, err := sv.s.CommitForwarded(ctx, w.lease.ID, off, n, proto.Write{Session: 9, Seq: 1}, f); err != nil {
+		t.Fatalf("the retry after a failed forward: %v", err)
+	}
+
+	// One key's writes are forwarded one at a time: the second waits
+	// until the first is applied; another key's does not.
+	f.block, f.calls = make(chan struct{}), make(chan struct{}, 4)
+	first, second, other := c.newWriter(), c.newWriter(), c.newWriter()
+	errs := make(chan error, 3)
+	commit := func(w *writer, key, value string) {
+		off, n := w.write([]byte(key), []byte(value))
+		_, err := sv.s.CommitForwarded(ctx, w.lease.ID, off, n, proto.Write{}, f)
+		errs <- err
+	}
+	go commit(first, "k", "v3")
+	<-f.calls
+	go commit(second, "k", "v4")
+	go commit(other, "j", "w1")
+	<-f.calls // the other key's
+	select {
+	case <-f.calls:
+		t.Fatal("a key's second write was forwarded while its first was")
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(f.block)
+	<-f.calls // the second, once the first is applied
+	for range 3 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if v, _, _ := c.get([]byte("k")); string(v) != "v4" {
+		t.Fatalf("k after its two writes in order: %q", v)
+	}
+
+	// Deletes too.
+	f.block, f.calls = nil, nil
+	if err := sv.s.DeleteForwarded(ctx, []byte("k"), proto.Write{}, f); err != nil {
+		t.Fatal(err)
+	}
+	if last := f.sent[len(f.sent)-1]; !last.Delete || string(last.Key) != "k" {
+		t.Fatalf("the delete forwarded as %+v", last)
+	}
+	if _, found, _ := c.get([]byte("k")); found {
+		t.Fatal("k found after its forwarded delete")
+	}
+}
