@@ -196,7 +196,7 @@ type Client struct {
 
 	mu      sync.Mutex
 	closed  bool
-	servers map[string]*serverPool
+	servers map[poolKey]*serverPool
 
 	cacheMu sync.Mutex
 	cache   map[string]cachedLoc
@@ -261,7 +261,7 @@ func New(ctx context.Context, cfg Config) (_ *Client, err error) {
 	if cfg.Name == "" {
 		cfg.Name = defaultName()
 	}
-	c := &Client{name: cfg.Name, cfg: cfg, log: cfg.Logger, dev: cfg.Device, servers: map[string]*serverPool{}, cache: map[string]cachedLoc{},
+	c := &Client{name: cfg.Name, cfg: cfg, log: cfg.Logger, dev: cfg.Device, servers: map[poolKey]*serverPool{}, cache: map[string]cachedLoc{},
 		deadlines: sharedDeadlines{timeout: cfg.RetryTimeout}}
 	c.maps.init()
 	if c.pd, err = c.dev.AllocPD(); err != nil {

@@ -211,7 +211,9 @@ func serverError(node string, req proto.MsgType, e *proto.Error) error {
 	return fmt.Errorf("%w: %v on %s: %w", kind, req, node, e)
 }
 
-// put writes the record into the lease and commits it.
+// put writes the record into the lease and commits it; of a key whose
+// shard has backups, it writes the same record into a lease on each (a
+// copy) and names them in the commit, for the primary to forward.
 func (sc *serverConn) put(ctx context.Context, t *target, key, value []byte, w proto.Write) error {
 	if err := sc.lock(ctx); err != nil {
 		return err
@@ -224,33 +226,9 @@ func (sc *serverConn) put(ctx context.Context, t *target, key, value []byte, w p
 		return err
 	}
 	size := uint64(proto.RecordSize(len(key), len(value)))
-	if size > uint64(len(sc.mem.Bytes())) {
-		return fmt.Errorf("%w: a record of %d bytes exceeds the client buffer (%d)", ErrTooLarge, size, len(sc.mem.Bytes()))
-	}
-	l := sc.lease
-	if l != nil && (time.Now().After(l.expires) || l.off+size > l.Size || l.version >= l.VersionBase+l.VersionCount) {
-		if time.Now().After(l.expires) {
-			sc.leaseAsk = max(firstLeaseAsk, 2*l.off) // what this writer writes in a lease's life
-		} else {
-			sc.leaseAsk = min(2*l.Size, maxLeaseAsk)
-		}
-		_, _ = sc.rpc(ctx, &proto.EndLease{ID: l.ID})
-		sc.lease, l = nil, nil
-		if sc.s == nil {
-			return retry(sc.name, "ending a lease on %s: connection lost", sc.name)
-		}
-	}
-	if l == nil {
-		r, err := sc.rpc(ctx, &proto.GrantLease{Epoch: t.epoch, Size: max(size, sc.leaseAsk, firstLeaseAsk), Min: size})
-		if err != nil {
-			return err
-		}
-		lr := r.(*proto.LeaseReply)
-		l = &clientLease{LeaseReply: *lr, expires: time.Now().Add(lr.TTL * 9 / 10), version: lr.VersionBase}
-		sc.lease = l
-		if size > l.Size {
-			return fmt.Errorf("%w: a record of %d bytes exceeds %s's largest lease (%d bytes)", ErrTooLarge, size, sc.name, l.Size)
-		}
+	l, err := sc.leaseFor(ctx, t, size)
+	if err != nil {
+		return err
 	}
 	n, err := proto.EncodeRecord(sc.mem.Bytes(), l.version, 0, key, value)
 	if err != nil {
@@ -262,7 +240,13 @@ func (sc *serverConn) put(ctx context.Context, t *target, key, value []byte, w p
 	off := l.off
 	l.off += uint64(n)
 	l.version++
-	r, err := sc.rpc(ctx, &proto.Commit{LeaseID: l.ID, Offset: off, Length: uint64(n), Epoch: t.epoch, Write: w})
+	commit := &proto.Commit{LeaseID: l.ID, Offset: off, Length: uint64(n), Epoch: t.epoch, Write: w}
+	if sh := proto.ShardOf(key); t.m.Holders(sh) > 1 {
+		if commit.Copies, err = sc.c.writeCopies(ctx, t, sh, sc.mem.Bytes()[:n]); err != nil {
+			return err
+		}
+	}
+	r, err := sc.rpc(ctx, commit)
 	if err != nil {
 		var pe *proto.Error
 		if errors.As(err, &pe) && (pe.Code == proto.CodeShardMoving || pe.Code == proto.CodeNotOwner) {
@@ -281,6 +265,86 @@ func (sc *serverConn) put(ctx context.Context, t *target, key, value []byte, w p
 		sc.c.cacheDrop(key) // a retry answered from the first attempt, since superseded
 	}
 	return nil
+}
+
+// leaseFor returns the connection's lease with room for a record of size
+// bytes (and a version), ending the current one and taking a new one when
+// it has none.
+func (sc *serverConn) leaseFor(ctx context.Context, t *target, size uint64) (*clientLease, error) {
+	if size > uint64(len(sc.mem.Bytes())) {
+		return nil, fmt.Errorf("%w: a record of %d bytes exceeds the client buffer (%d)", ErrTooLarge, size, len(sc.mem.Bytes()))
+	}
+	l := sc.lease
+	if l != nil && (time.Now().After(l.expires) || l.off+size > l.Size || l.version >= l.VersionBase+l.VersionCount) {
+		if time.Now().After(l.expires) {
+			sc.leaseAsk = max(firstLeaseAsk, 2*l.off) // what this writer writes in a lease's life
+		} else {
+			sc.leaseAsk = min(2*l.Size, maxLeaseAsk)
+		}
+		_, _ = sc.rpc(ctx, &proto.EndLease{ID: l.ID})
+		sc.lease, l = nil, nil
+		if sc.s == nil {
+			return nil, retry(sc.name, "ending a lease on %s: connection lost", sc.name)
+		}
+	}
+	if l == nil {
+		r, err := sc.rpc(ctx, &proto.GrantLease{Epoch: t.epoch, Size: max(size, sc.leaseAsk, firstLeaseAsk), Min: size})
+		if err != nil {
+			return nil, err
+		}
+		lr := r.(*proto.LeaseReply)
+		l = &clientLease{LeaseReply: *lr, expires: time.Now().Add(lr.TTL * 9 / 10), version: lr.VersionBase}
+		sc.lease = l
+		if size > l.Size {
+			return nil, fmt.Errorf("%w: a record of %d bytes exceeds %s's largest lease (%d bytes)", ErrTooLarge, size, sc.name, l.Size)
+		}
+	}
+	return l, nil
+}
+
+// writeCopies writes record rec, of a key of shard sh whose primary is t,
+// into a lease on each of the shard's backups, and returns where.
+func (c *Client) writeCopies(ctx context.Context, t *target, sh proto.Shard, rec []byte) ([]proto.ReplicaCopy, error) {
+	r := c.routes()
+	owners := t.m.Shard(sh).Owners
+	copies := make([]proto.ReplicaCopy, 0, len(owners)-1)
+	for _, name := range owners[1:] {
+		bt := r.server(name)
+		if err := c.use(bt); err != nil {
+			return nil, err // a backup down: the write waits until the map drops it
+		}
+		err := c.withCopyConn(ctx, name, func(bsc *serverConn) error {
+			cp, err := bsc.writeCopy(ctx, bt, rec)
+			copies = append(copies, cp)
+			return err
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
+	return copies, nil
+}
+
+// writeCopy writes a record's copy into the connection's lease.
+func (sc *serverConn) writeCopy(ctx context.Context, t *target, rec []byte) (proto.ReplicaCopy, error) {
+	if err := sc.lock(ctx); err != nil {
+		return proto.ReplicaCopy{}, err
+	}
+	defer sc.unlock()
+	if err := sc.ready(ctx, t.member); err != nil {
+		return proto.ReplicaCopy{}, err
+	}
+	l, err := sc.leaseFor(ctx, t, uint64(len(rec)))
+	if err != nil {
+		return proto.ReplicaCopy{}, err
+	}
+	n := copy(sc.mem.Bytes(), rec)
+	if err := sc.post(ctx, rdma.OpWrite, 0, n, l.Addr+l.off, l.RKey); err != nil {
+		return proto.ReplicaCopy{}, err
+	}
+	cp := proto.ReplicaCopy{Server: sc.name, LeaseID: l.ID, Offset: l.off, Length: uint64(n)}
+	l.off += uint64(n)
+	return cp, nil
 }
 
 // checkLimits checks key and value against the limits server advertises

@@ -182,6 +182,15 @@ type routes struct {
 	m       *clustermap.Map
 	v       *membership.View
 	byShard [proto.NumShards]*target
+	byName  map[string]*target // every server of the map's
+}
+
+// server is the target of the map's server name (a shard's backup).
+func (r *routes) server(name string) *target {
+	if t := r.byName[name]; t != nil {
+		return t
+	}
+	return &target{m: r.m, name: name, err: &UnavailableError{Node: name, Reason: fmt.Sprintf("not in the cluster map (epoch %d)", r.m.Epoch())}}
 }
 
 var notBootstrapped = &target{err: &UnavailableError{Node: "(none)", Reason: "the cluster map is not bootstrapped"}}
@@ -194,15 +203,13 @@ func newRoutes(m *clustermap.Map, v *membership.View) *routes {
 		}
 		return r
 	}
-	byName := map[string]*target{}
+	r.byName = map[string]*target{}
+	for _, srv := range m.Servers() {
+		r.byName[srv.Name] = newTarget(m, v, srv.Name)
+	}
 	for s := range r.byShard {
 		name, _ := m.Owner(proto.Shard(s))
-		t := byName[name]
-		if t == nil {
-			t = newTarget(m, v, name)
-			byName[name] = t
-		}
-		r.byShard[s] = t
+		r.byShard[s] = r.server(name)
 	}
 	return r
 }

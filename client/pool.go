@@ -71,17 +71,37 @@ func (p *serverPool) close() error {
 	return errors.Join(errs...)
 }
 
+// poolKey names a pool: a server's connections for requests, or those
+// for the copies of records written for its backups (copies), which are
+// taken while holding a request's connection to the primary: in pools of
+// their own, never held while waiting for another, they cannot deadlock
+// two writers whose keys' primaries back up each other.
+type poolKey struct {
+	name   string
+	copies bool
+}
+
 // withConn runs op on a connection to the named server.
 func (c *Client) withConn(ctx context.Context, name string, op func(*serverConn) error) error {
+	return c.withPoolConn(ctx, poolKey{name: name}, op)
+}
+
+// withCopyConn runs op on a connection to the named server for writing a
+// record's copy.
+func (c *Client) withCopyConn(ctx context.Context, name string, op func(*serverConn) error) error {
+	return c.withPoolConn(ctx, poolKey{name: name, copies: true}, op)
+}
+
+func (c *Client) withPoolConn(ctx context.Context, k poolKey, op func(*serverConn) error) error {
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
 		return ErrClosed
 	}
-	p, ok := c.servers[name]
+	p, ok := c.servers[k]
 	if !ok {
-		p = newServerPool(c, name, c.cfg.ConnsPerServer)
-		c.servers[name] = p
+		p = newServerPool(c, k.name, c.cfg.ConnsPerServer)
+		c.servers[k] = p
 	}
 	c.mu.Unlock()
 	sc, err := p.acquire(ctx)

@@ -129,6 +129,10 @@ func (m *Map) Shard(s proto.Shard) Shard {
 	return out
 }
 
+// Holders is the number of servers shard s has a replica on: 1 without
+// backups. Unlike Shard, it allocates nothing.
+func (m *Map) Holders(s proto.Shard) int { return len(m.pm.Shards[s].Owners) }
+
 // move is shard s's move, nil when none.
 func (m *Map) move(s proto.Shard) *Move {
 	mv := m.pm.Shards[s].Move

@@ -283,6 +283,7 @@ type ReplicaCopy struct {
 // under the client's idempotency session. Epoch is the primary's map.
 type ReplicaCommit struct {
 	Epoch                   uint64
+	Shard                   Shard // the record's key's
 	LeaseID, Offset, Length uint64
 	Version                 uint64
 	Write
@@ -701,7 +702,7 @@ func (m *Commit) encode(e *encoder) {
 }
 
 func (m *ReplicaCommit) encode(e *encoder) {
-	e.uints(m.Epoch, m.LeaseID, m.Offset, m.Length, m.Version, m.Session, m.Seq)
+	e.uints(m.Epoch, uint64(m.Shard), m.LeaseID, m.Offset, m.Length, m.Version, m.Session, m.Seq)
 }
 
 func (m *ReplicaDelete) encode(e *encoder) {
@@ -1113,7 +1114,15 @@ func (m *Commit) decode(d *decoder) error {
 }
 
 func (m *ReplicaCommit) decode(d *decoder) error {
-	return d.uints("ReplicaCommit", &m.Epoch, &m.LeaseID, &m.Offset, &m.Length, &m.Version, &m.Session, &m.Seq)
+	var sh uint64
+	if err := d.uints("ReplicaCommit", &m.Epoch, &sh, &m.LeaseID, &m.Offset, &m.Length, &m.Version, &m.Session, &m.Seq); err != nil {
+		return err
+	}
+	if sh >= NumShards {
+		return d.fail("replica commit of shard %d (there are %d)", sh, NumShards)
+	}
+	m.Shard = Shard(sh)
+	return nil
 }
 
 func (m *ReplicaDelete) decode(d *decoder) error {

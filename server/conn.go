@@ -336,7 +336,13 @@ func on[M proto.Message](f func(c *conn, m M) proto.Message) handler {
 // peer makes the handler of a request of type M that only other servers
 // may make, from a method of the Server.
 func peer[M proto.Message](f func(s *Server, m M) proto.Message) handler {
-	h := on(func(c *conn, m M) proto.Message { return f(c.s, m) })
+	return peerSession(func(c *conn, m M) proto.Message { return f(c.s, m) })
+}
+
+// peerSession is peer for a handler that needs the session (its peer's
+// name).
+func peerSession[M proto.Message](f func(c *conn, m M) proto.Message) handler {
+	h := on(f)
 	h.peerOnly = true
 	return h
 }
@@ -359,6 +365,8 @@ var handlers = [proto.NumMsgTypes]handler{
 	proto.MsgShardScan:     peer((*Server).shardScan),
 	proto.MsgFenceShards:   peer((*Server).fenceShards),
 	proto.MsgReleaseShards: peer((*Server).releaseShards),
+	proto.MsgReplicaCommit: peerSession((*conn).replicaCommit),
+	proto.MsgReplicaDelete: peerSession((*conn).replicaDelete),
 }
 
 // handle answers one request of the session.
@@ -399,7 +407,14 @@ func (c *conn) commit(m *proto.Commit) proto.Message {
 	if m.Offset > 1<<62 || m.Length > 1<<62 {
 		return &proto.Error{Code: proto.CodeLeaseInvalid, Message: fmt.Sprintf("commit of %d bytes at offset %d in lease %d: out of range", m.Length, m.Offset, m.LeaseID)}
 	}
-	r, err := c.s.st.Commit(context.Background(), m.LeaseID, int64(m.Offset), int64(m.Length), m.Write)
+	var r store.Committed
+	var err error
+	if c.s.Map().Replicas() > 1 {
+		f := &forwarder{s: c.s, epoch: m.Epoch, write: m.Write, copies: m.Copies}
+		r, err = c.s.st.CommitForwarded(context.Background(), m.LeaseID, int64(m.Offset), int64(m.Length), m.Write, f)
+	} else {
+		r, err = c.s.st.Commit(context.Background(), m.LeaseID, int64(m.Offset), int64(m.Length), m.Write)
+	}
 	if err != nil {
 		return c.s.fenceReply(m.Epoch, err)
 	}
@@ -407,7 +422,13 @@ func (c *conn) commit(m *proto.Commit) proto.Message {
 }
 
 func (c *conn) delete(m *proto.Delete) proto.Message {
-	if err := c.s.st.Delete(context.Background(), m.Key, m.Write); err != nil {
+	var err error
+	if c.s.Map().Replicas() > 1 {
+		err = c.s.st.DeleteForwarded(context.Background(), m.Key, m.Write, &forwarder{s: c.s, epoch: m.Epoch, write: m.Write})
+	} else {
+		err = c.s.st.Delete(context.Background(), m.Key, m.Write)
+	}
+	if err != nil {
 		return c.s.fenceReply(m.Epoch, err)
 	}
 	return &proto.Ack{}
@@ -432,7 +453,10 @@ func notTaken(m proto.Message) *proto.Error {
 // server does not own (or that is moving) names the server's map epoch, so
 // that a client holding an older map knows to fetch this one.
 func (s *Server) fenceReply(clientEpoch uint64, err error) *proto.Error {
-	e := errorReply(err)
+	var e *proto.Error
+	if !errors.As(err, &e) { // a forward's refusal is one already
+		e = errorReply(err)
+	}
 	if e.Code == proto.CodeNotOwner || e.Code == proto.CodeShardMoving {
 		e.Message = fmt.Sprintf("%s (this server's map epoch %d, the request's %d)", e.Message, s.Map().Epoch(), clientEpoch)
 	}

@@ -13,6 +13,8 @@ var peerRequests = map[proto.MsgType]proto.Message{
 	proto.MsgShardScan:     &proto.ShardScan{},
 	proto.MsgFenceShards:   &proto.FenceShards{},
 	proto.MsgReleaseShards: &proto.ReleaseShards{},
+	proto.MsgReplicaCommit: &proto.ReplicaCommit{},
+	proto.MsgReplicaDelete: &proto.ReplicaDelete{Key: []byte("k")},
 }
 
 // TestHandlers: every request in proto's table but Hello (the handshake's)

@@ -4,9 +4,11 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/rkv-io/rkv/client"
 	"github.com/rkv-io/rkv/clustermap"
 	"github.com/rkv-io/rkv/internal/testcluster"
 	"github.com/rkv-io/rkv/proto"
@@ -16,11 +18,11 @@ import (
 
 // Raising the replica count copies every shard to the other server as a
 // backup (add-replica moves: copy, freeze, fence, final copy, finish, the
-// primary keeping its shards), while the primaries go on serving; then two
-// backups are promoted. Forwarding writes to the backups is not built yet
-// (docs/ARCHITECTURE.md, "Replication"), so the backups are compared with
-// their primaries before anything else is written.
-func TestReplicasAddedAndPromoted(t *testing.T) {
+// primary keeping its shards) while a writer goes on; from the finish the
+// primaries forward every write, so the backups hold what the primaries
+// do. Then two backups are promoted, and writes and deletes go on through
+// the new primaries.
+func TestReplicasAddedForwardedAndPromoted(t *testing.T) {
 	if testing.Short() {
 		t.Skip("two servers and 1024 shard copies")
 	}
@@ -29,64 +31,46 @@ func TestReplicasAddedAndPromoted(t *testing.T) {
 	cl := c.Client(t, nil)
 	ctx := context.Background()
 	const nkeys = 400
-	key := func(i int) []byte { return fmt.Appendf(nil, "key-%03d", i) }
-	for i := range nkeys {
-		if err := cl.Put(ctx, key(i), value(string(key(i)), 1)); err != nil {
-			t.Fatal(err)
+	a := newAcked()
+	keys := make([]string, nkeys)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("key-%03d", i)
+		put(t, cl, a, keys[i])
+	}
+	leader := mapLeader(t, c)
+
+	// A writer through the whole copy.
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			put(t, cl, a, keys[i%nkeys])
 		}
-	}
-	var leader *server.Server
-	for _, s := range c.Running() {
-		if s.MapNode().IsLeader() {
-			leader = s
-		}
-	}
-	if leader == nil {
-		t.Fatal("no leader")
-	}
+	})
 	if _, err := leader.MapNode().Propose(ctx, &proto.MapCommand{Op: proto.MapSetReplicas, Replicas: 2}); err != nil {
 		t.Fatal(err)
 	}
 	c.WaitSettled(60 * time.Second)
-
 	m := c.Map()
 	if m.Replicas() != 2 {
 		t.Fatalf("replicas %d after setting 2", m.Replicas())
 	}
-	// Each server applies the finished map on its own (reconcile): wait
-	// for the stores to say what the map does.
 	waitRoles(t, c, m)
-	copied := 0
-	for i := range proto.NumShards {
-		sh := proto.Shard(i)
-		info := m.Shard(sh)
-		primary, backup := c.Server(info.Owners[0]).Store(), c.Server(info.Owners[1]).Store()
-		pe, _, err := primary.ShardEntries(sh, nil, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		be, _, err := backup.ShardEntries(sh, nil, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		same := slices.EqualFunc(pe, be, func(a, b store.ScanEntry) bool { return string(a.Key) == string(b.Key) && a.Version == b.Version })
-		if !same {
-			t.Fatalf("shard %d: the primary's entries %v, the backup's %v", i, pe, be)
-		}
-		copied += len(be)
+	time.Sleep(200 * time.Millisecond) // forwarded writes too
+	close(stop)
+	wg.Wait()
+	if t.Failed() {
+		return
 	}
-	if copied != nkeys {
-		t.Fatalf("%d keys backed up, want %d", copied, nkeys)
+	if n := sameReplicas(t, c, m); n != nkeys {
+		t.Fatalf("%d keys on the replicas, want %d", n, nkeys)
 	}
-	for i := range nkeys {
-		got, err := cl.Get(ctx, key(i))
-		if err == nil {
-			err = check(string(key(i)), 1, got)
-		}
-		if err != nil {
-			t.Fatalf("after the copies: %s: %v", key(i), err)
-		}
-	}
+	readAll(t, cl, a, keys, "after the copies")
 
 	// Promote the backup of one shard of each primary (the primaries stay
 	// balanced, so the planner leaves them): no copy, the primary fenced and
@@ -111,22 +95,78 @@ func TestReplicasAddedAndPromoted(t *testing.T) {
 		}
 	}
 	waitRoles(t, c, after)
-	for i := range nkeys {
-		k := key(i)
-		got, err := cl.Get(ctx, k)
-		if err == nil {
-			err = check(string(k), 1, got)
-		}
-		if err != nil {
-			t.Fatalf("after the promotions: %s: %v", k, err)
-		}
-		if err := cl.Put(ctx, k, value(string(k), 2)); err != nil {
-			t.Fatalf("after the promotions: put %s: %v", k, err)
-		}
-		if got, err := cl.Get(ctx, k); err != nil || check(string(k), 2, got) != nil {
-			t.Fatalf("after the promotions: %s read %q, %v after its put", k, got, err)
+	readAll(t, cl, a, keys, "after the promotions")
+	for _, k := range keys {
+		put(t, cl, a, k)
+	}
+	for _, k := range keys[:nkeys/4] {
+		if err := cl.Delete(ctx, []byte(k)); err != nil {
+			t.Fatalf("delete %s: %v", k, err)
 		}
 	}
+	if n := sameReplicas(t, c, after); n != nkeys-nkeys/4 {
+		t.Fatalf("%d keys on the replicas after deleting a quarter, want %d", n, nkeys-nkeys/4)
+	}
+	readAll(t, cl, a, keys[nkeys/4:], "after the writes")
+}
+
+func put(t *testing.T, cl *client.Client, a *acked, k string) {
+	t.Helper()
+	v := a.next(k)
+	if err := cl.Put(context.Background(), []byte(k), value(k, v)); err != nil {
+		t.Errorf("put %s: %v", k, err)
+		return
+	}
+	a.ack(k, v)
+}
+
+func readAll(t *testing.T, cl *client.Client, a *acked, keys []string, when string) {
+	t.Helper()
+	floor := a.floor()
+	for _, k := range keys {
+		got, err := cl.Get(context.Background(), []byte(k))
+		if err == nil {
+			err = check(k, floor[k], got)
+		}
+		if err != nil {
+			t.Fatalf("%s: %s: %v", when, k, err)
+		}
+	}
+}
+
+func mapLeader(t *testing.T, c *testcluster.Cluster) *server.Server {
+	for _, s := range c.Running() {
+		if s.MapNode().IsLeader() {
+			return s
+		}
+	}
+	t.Fatal("no map leader")
+	return nil
+}
+
+// sameReplicas checks that every shard's backup holds the keys its
+// primary does, at the same versions, and returns how many keys there are.
+func sameReplicas(t *testing.T, c *testcluster.Cluster, m *clustermap.Map) int {
+	t.Helper()
+	n := 0
+	for i := range proto.NumShards {
+		sh := proto.Shard(i)
+		info := m.Shard(sh)
+		primary, backup := c.Server(info.Owners[0]).Store(), c.Server(info.Owners[1]).Store()
+		pe, _, err := primary.ShardEntries(sh, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		be, _, err := backup.ShardEntries(sh, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.EqualFunc(pe, be, func(a, b store.ScanEntry) bool { return string(a.Key) == string(b.Key) && a.Version == b.Version }) {
+			t.Fatalf("shard %d: the primary %s holds %v, the backup %s %v", i, info.Owners[0], pe, info.Owners[1], be)
+		}
+		n += len(pe)
+	}
+	return n
 }
 
 // waitRoles waits until every shard is owned, unfrozen, by its primary in

@@ -1,0 +1,143 @@
+// Replication on the server: a primary forwards each commit and delete to the shard's backups; a backup applies what its primary forwards.
+
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/rkv-io/rkv/clustermap"
+	"github.com/rkv-io/rkv/proto"
+	"github.com/rkv-io/rkv/store"
+)
+
+// forwarder forwards one client write (store.Forwarder) to the backups of
+// its shard in this server's map, in parallel, over the peer sessions.
+type forwarder struct {
+	s      *Server
+	epoch  uint64 // the client's map's
+	write  proto.Write
+	copies []proto.ReplicaCopy // where the client wrote the record for each backup; none for a delete
+}
+
+// Forwards reports whether shard sh has backups.
+func (f *forwarder) Forwards(sh proto.Shard) bool { return f.s.Map().Holders(sh) > 1 }
+
+// Forward sends w to every backup and waits for each to apply it. An
+// error is a *proto.Error: CodeBadRequest for a commit that names no copy
+// for a backup, CodeUnavailable when a backup did not apply it (the
+// client retries; the write is applied nowhere it was not already, and a
+// retry is answered once per replica by the sessions).
+func (f *forwarder) Forward(ctx context.Context, w store.Forwarded) error {
+	m := f.s.Map()
+	info := m.Shard(w.Shard)
+	if info.Owner() != f.s.cfg.Name {
+		return &proto.Error{Code: proto.CodeNotOwner, Message: fmt.Sprintf("%v is %s's at map epoch %d", w.Shard, info.Owner(), m.Epoch())}
+	}
+	backups := info.Owners[1:]
+	reqs := make([]proto.Message, len(backups))
+	for i, b := range backups {
+		if w.Delete {
+			reqs[i] = &proto.ReplicaDelete{Epoch: m.Epoch(), Key: w.Key, Write: f.write}
+			continue
+		}
+		j := slices.IndexFunc(f.copies, func(c proto.ReplicaCopy) bool { return c.Server == b })
+		if j < 0 && f.epoch < m.Epoch() {
+			// The client's map predates this backup (a replica added):
+			// refused as for a moving shard, so it fetches the map.
+			return &proto.Error{Code: proto.CodeShardMoving, Message: fmt.Sprintf("%v has a backup on %s at map epoch %d, which the commit's map (epoch %d) does not know: fetch the map",
+				w.Shard, b, m.Epoch(), f.epoch)}
+		}
+		if j < 0 {
+			return &proto.Error{Code: proto.CodeBadRequest, Message: fmt.Sprintf("the commit names no copy of its record for %s, a backup of %v at map epoch %d (it names %d): a client of a replicated cluster writes every replica",
+				b, w.Shard, m.Epoch(), len(f.copies))}
+		}
+		c := f.copies[j]
+		reqs[i] = &proto.ReplicaCommit{Epoch: m.Epoch(), Shard: w.Shard, LeaseID: c.LeaseID, Offset: c.Offset, Length: c.Length, Version: w.Version, Write: f.write}
+	}
+	errs := make([]error, len(backups))
+	var wg sync.WaitGroup
+	for i := range backups {
+		wg.Go(func() { errs[i] = f.s.sendReplica(ctx, m, backups[i], reqs[i]) })
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return &proto.Error{Code: proto.CodeUnavailable, Message: err.Error()}
+	}
+	return nil
+}
+
+// sendReplica sends a forward to backup name, where the gossip view finds
+// it.
+func (s *Server) sendReplica(ctx context.Context, m *clustermap.Map, name string, req proto.Message) error {
+	srv, ok := m.Server(name)
+	mb, in := s.ml.View().Member(name)
+	if !ok || !in || !mb.IsServer() || mb.Meta.ServerID != srv.ID || mb.Meta.ControlAddr == "" {
+		return fmt.Errorf("backup %s is not alive in the gossip view", name)
+	}
+	if _, err := s.peers.call(ctx, srv.ID, mb.Meta.ControlAddr, req); err != nil {
+		return fmt.Errorf("backup %s: %w", name, err)
+	}
+	return nil
+}
+
+// backupWait bounds how long a backup waits for its map and store to
+// catch up with a primary's forward (a move that added it finishing).
+const backupWait = 5 * time.Second
+
+// forwardedFrom checks that this server backs up shard sh for the
+// primary named from, waiting for its map to reach epoch and its store to
+// hold the shard as a backup.
+func (s *Server) forwardedFrom(ctx context.Context, from string, sh proto.Shard, epoch uint64) *proto.Error {
+	ctx, cancel := context.WithTimeout(ctx, backupWait)
+	defer cancel()
+	m, err := s.waitEpoch(ctx, epoch)
+	for err == nil {
+		info := m.Shard(sh)
+		switch {
+		case info.Owner() != from:
+			return &proto.Error{Code: proto.CodeNotOwner, Message: fmt.Sprintf("a forward from %s of %v, which is %s's at map epoch %d here", from, sh, info.Owner(), m.Epoch())}
+		case !slices.Contains(info.Owners[1:], s.cfg.Name):
+			return &proto.Error{Code: proto.CodeNotOwner, Message: fmt.Sprintf("a forward of %v, which %s does not back up at map epoch %d", sh, s.cfg.Name, m.Epoch())}
+		case s.st.ShardState(sh).State == store.ShardBackup:
+			return nil
+		}
+		select { // reconcile is making it a backup
+		case <-ctx.Done():
+			err = ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+			m = s.Map()
+		}
+	}
+	return &proto.Error{Code: proto.CodeUnavailable, Message: fmt.Sprintf("a forward of %v from %s: %v", sh, from, err)}
+}
+
+// replicaCommit applies a commit its primary forwarded.
+func (c *conn) replicaCommit(m *proto.ReplicaCommit) proto.Message {
+	if m.Offset > 1<<62 || m.Length > 1<<62 || m.Version == 0 {
+		return &proto.Error{Code: proto.CodeBadRequest, Message: fmt.Sprintf("replica commit of %d bytes at offset %d, version %d: out of range", m.Length, m.Offset, m.Version)}
+	}
+	if e := c.s.forwardedFrom(context.Background(), c.client, m.Shard, m.Epoch); e != nil {
+		return e
+	}
+	r, err := c.s.st.ApplyReplica(context.Background(), m.LeaseID, int64(m.Offset), int64(m.Length), m.Version, m.Write)
+	if err != nil {
+		return errorReply(err)
+	}
+	return &proto.CommitReply{Arena: r.Location.Arena, Offset: r.Location.Offset, Length: r.Location.Length, Version: r.Version}
+}
+
+// replicaDelete applies a delete its primary forwarded.
+func (c *conn) replicaDelete(m *proto.ReplicaDelete) proto.Message {
+	if e := c.s.forwardedFrom(context.Background(), c.client, proto.ShardOf(m.Key), m.Epoch); e != nil {
+		return e
+	}
+	if err := c.s.st.DeleteReplica(context.Background(), m.Key, m.Write); err != nil {
+		return errorReply(err)
+	}
+	return &proto.Ack{}
+}
