@@ -59,6 +59,8 @@ func (f *forwarder) Forward(ctx context.Context, w store.Forwarded) error {
 		c := f.copies[j]
 		reqs[i] = &proto.ReplicaCommit{Epoch: m.Epoch(), Shard: w.Shard, LeaseID: c.LeaseID, Offset: c.Offset, Length: c.Length, Version: w.Version, Write: f.write}
 	}
+	ctx, cancel := context.WithTimeout(ctx, forwardTimeout)
+	defer cancel()
 	errs := make([]error, len(backups))
 	var wg sync.WaitGroup
 	for i := range backups {
@@ -84,6 +86,11 @@ func (s *Server) sendReplica(ctx context.Context, m *clustermap.Map, name string
 	}
 	return nil
 }
+
+// forwardTimeout bounds a forward to the backups: a commit fails
+// (CodeUnavailable, and the client retries) rather than wait longer for a
+// backup that does not answer.
+const forwardTimeout = 5 * time.Second
 
 // backupWait bounds how long a backup waits for its map and store to
 // catch up with a primary's forward (a move that added it finishing).
