@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -453,6 +454,7 @@ func (l *leader) duties(ctx context.Context) {
 	}
 	l.voters(ctx, m, alive)
 	m = l.abortStalled(ctx, s.node.Map())
+	m = l.dropDeadBackups(ctx, m)
 	if budget := s.cfg.MaxMoves - len(m.Moves()); budget > 0 {
 		if plan := clustermap.Plan(m, alive, budget); len(plan) > 0 {
 			if next := l.propose(ctx, &proto.MapCommand{Op: proto.MapStartMoves, Moves: plan}); next != nil {
@@ -549,6 +551,42 @@ func (l *leader) abortStalled(ctx context.Context, m *clustermap.Map) *clusterma
 		return m
 	}
 	l.s.log.Warn("shard moves aborted: a server they need is down or draining", "moves", len(stalled), "epoch", next.Epoch())
+	return next
+}
+
+// dropDeadBackups drops from their shards' owners the backups that have
+// been down longer than BackupTimeout (and take part in no move of the
+// shard): a write waits for every backup, and would wait for them.
+func (l *leader) dropDeadBackups(ctx context.Context, m *clustermap.Map) *clustermap.Map {
+	if m.Replicas() < 2 {
+		return m
+	}
+	var drops []proto.MoveCommand
+	dead := map[string]bool{}
+	for i := range proto.NumShards {
+		sh := proto.Shard(i)
+		if m.Holders(sh) < 2 {
+			continue
+		}
+		info := m.Shard(sh)
+		for _, b := range info.Owners[1:] {
+			if info.Move != nil && (info.Move.From == b || info.Move.To == b) {
+				continue
+			}
+			if l.downFor(b) > l.s.cfg.BackupTimeout {
+				drops = append(drops, proto.MoveCommand{Shard: sh, From: b})
+				dead[b] = true
+			}
+		}
+	}
+	if len(drops) == 0 {
+		return m
+	}
+	next := l.propose(ctx, &proto.MapCommand{Op: proto.MapDropReplicas, Moves: drops})
+	if next == nil {
+		return m
+	}
+	l.s.log.Warn("backups dropped from their shards: their servers are down", "servers", slices.Sorted(maps.Keys(dead)), "replicas", len(drops), "epoch", next.Epoch())
 	return next
 }
 

@@ -190,3 +190,63 @@ func waitRoles(t *testing.T, c *testcluster.Cluster, m *clustermap.Map) {
 		return nil
 	})
 }
+
+// A backup that is down is dropped from its shards after BackupTimeout, so
+// that their writes, which wait for every backup, go on; back, it is added
+// again by a copy, and the replicas agree.
+func TestDeadBackupIsDroppedAndAddedBack(t *testing.T) {
+	if testing.Short() {
+		t.Skip("two servers, a stop and 1024 shard copies twice")
+	}
+	c := testcluster.Start(t, 2, testcluster.Options{
+		Store:  store.Options{ArenaSize: 16 << 20, ArenaCount: 2, IndexSlots: 1 << 12, LeaseSize: 64 << 10},
+		Server: func(cfg *server.Config) { cfg.BackupTimeout = 500 * time.Millisecond },
+	})
+	cl := c.Client(t, nil)
+	ctx := context.Background()
+	leader := mapLeader(t, c)
+	if _, err := leader.MapNode().Propose(ctx, &proto.MapCommand{Op: proto.MapSetReplicas, Replicas: 2}); err != nil {
+		t.Fatal(err)
+	}
+	c.WaitSettled(60 * time.Second)
+	waitRoles(t, c, c.Map())
+
+	// The keys the leader is primary of, which stay writable.
+	var keys []string
+	for i := 0; len(keys) < 100; i++ {
+		k := fmt.Sprintf("key-%04d", i)
+		if o, _ := c.Map().Owner(proto.ShardOf([]byte(k))); o == leader.Name() {
+			keys = append(keys, k)
+		}
+	}
+	other := "s1"
+	if leader.Name() == "s1" {
+		other = "s2"
+	}
+	c.Stop(other)
+	a := newAcked()
+	testcluster.WaitFor(t, 30*time.Second, "a write to a shard whose backup is down", func() error {
+		v := a.next(keys[0])
+		if err := cl.Put(ctx, []byte(keys[0]), value(keys[0], v)); err != nil {
+			return err
+		}
+		a.ack(keys[0], v)
+		return nil
+	})
+	for _, k := range keys {
+		put(t, cl, a, k)
+	}
+	if t.Failed() {
+		return
+	}
+	if info := leader.Map().Shard(proto.ShardOf([]byte(keys[0]))); len(info.Owners) != 1 {
+		t.Fatalf("owners %v with the backup down, want the primary alone", info.Owners)
+	}
+
+	c.Restart(other)
+	c.WaitSettled(60 * time.Second)
+	m := c.Map()
+	waitRoles(t, c, m)
+	sameReplicas(t, c, m)
+	readAll(t, cl, a, keys, "with the backup back")
+}

@@ -82,6 +82,11 @@ type Config struct {
 	// MoveTimeout: a move whose source or target has been out of the
 	// gossip view (dead or left) this long is aborted. Default 30s.
 	MoveTimeout time.Duration
+	// BackupTimeout: a backup out of the gossip view this long is dropped
+	// from its shards' owners, so that their writes, which wait for every
+	// backup, go on without it; the planner adds a replica elsewhere, or
+	// on it again once it is back. Default 3s.
+	BackupTimeout time.Duration
 	// DeadServerTimeout, when positive, removes a server that has been
 	// dead this long from the map, its shards given to the others empty:
 	// with one copy of each key, its keys are lost. Default 0: servers
@@ -167,6 +172,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.MoveTimeout <= 0 {
 		c.MoveTimeout = 30 * time.Second
+	}
+	if c.BackupTimeout <= 0 {
+		c.BackupTimeout = 3 * time.Second
 	}
 	if c.HandshakeTimeout <= 0 {
 		c.HandshakeTimeout = 10 * time.Second
