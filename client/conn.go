@@ -234,18 +234,31 @@ func (sc *serverConn) put(ctx context.Context, t *target, key, value []byte, w p
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrTooLarge, err)
 	}
-	if err := sc.post(ctx, rdma.OpWrite, 0, n, l.Addr+l.off, l.RKey); err != nil {
+	// The copies for the backups, if the shard has any, are written
+	// while the primary's WRITE is in flight: both only read the record.
+	var copies []proto.ReplicaCopy
+	var copyErr error
+	copied := func() {}
+	if sh := proto.ShardOf(key); t.m.Holders(sh) > 1 {
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			copies, copyErr = sc.c.writeCopies(ctx, t, sh, sc.mem.Bytes()[:n])
+		}()
+		copied = func() { <-done }
+	}
+	err = sc.post(ctx, rdma.OpWrite, 0, n, l.Addr+l.off, l.RKey)
+	copied()
+	if err != nil {
 		return err
+	}
+	if copyErr != nil {
+		return copyErr
 	}
 	off := l.off
 	l.off += uint64(n)
 	l.version++
-	commit := &proto.Commit{LeaseID: l.ID, Offset: off, Length: uint64(n), Epoch: t.epoch, Write: w}
-	if sh := proto.ShardOf(key); t.m.Holders(sh) > 1 {
-		if commit.Copies, err = sc.c.writeCopies(ctx, t, sh, sc.mem.Bytes()[:n]); err != nil {
-			return err
-		}
-	}
+	commit := &proto.Commit{LeaseID: l.ID, Offset: off, Length: uint64(n), Epoch: t.epoch, Write: w, Copies: copies}
 	r, err := sc.rpc(ctx, commit)
 	if err != nil {
 		var pe *proto.Error
