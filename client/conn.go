@@ -324,7 +324,10 @@ func (c *Client) writeCopies(ctx context.Context, t *target, sh proto.Shard, rec
 	for _, name := range owners[1:] {
 		bt := r.server(name)
 		if err := c.use(bt); err != nil {
-			return nil, err // a backup down: the write waits until the map drops it
+			// A backup down: the map's leader drops it from the shard
+			// after BackupTimeout. Retried as for a moving shard, with the
+			// map fetched again, for up to MoveWait.
+			return nil, retryMoving(name, "%v's backup %s is unavailable until the map drops it: %w", sh, name, err)
 		}
 		err := c.withCopyConn(ctx, name, func(bsc *serverConn) error {
 			cp, err := bsc.writeCopy(ctx, bt, rec)
