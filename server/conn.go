@@ -95,6 +95,9 @@ type conn struct {
 	client string
 	kind   proto.SessionKind
 	leases map[uint64]struct{} // granted on this connection, not yet ended
+	// fwd forwards the request being served to the backups of its key's
+	// shard, if it has any (a session serves one request at a time).
+	fwd forwarder
 }
 
 func (c *conn) serve() {
@@ -407,14 +410,8 @@ func (c *conn) commit(m *proto.Commit) proto.Message {
 	if m.Offset > 1<<62 || m.Length > 1<<62 {
 		return &proto.Error{Code: proto.CodeLeaseInvalid, Message: fmt.Sprintf("commit of %d bytes at offset %d in lease %d: out of range", m.Length, m.Offset, m.LeaseID)}
 	}
-	var r store.Committed
-	var err error
-	if c.s.Map().Replicas() > 1 {
-		f := &forwarder{s: c.s, epoch: m.Epoch, write: m.Write, copies: m.Copies}
-		r, err = c.s.st.CommitForwarded(context.Background(), m.LeaseID, int64(m.Offset), int64(m.Length), m.Write, f)
-	} else {
-		r, err = c.s.st.Commit(context.Background(), m.LeaseID, int64(m.Offset), int64(m.Length), m.Write)
-	}
+	c.fwd = forwarder{s: c.s, epoch: m.Epoch, write: m.Write, copies: m.Copies}
+	r, err := c.s.st.CommitForwarded(context.Background(), m.LeaseID, int64(m.Offset), int64(m.Length), m.Write, &c.fwd)
 	if err != nil {
 		return c.s.fenceReply(m.Epoch, err)
 	}
@@ -422,13 +419,8 @@ func (c *conn) commit(m *proto.Commit) proto.Message {
 }
 
 func (c *conn) delete(m *proto.Delete) proto.Message {
-	var err error
-	if c.s.Map().Replicas() > 1 {
-		err = c.s.st.DeleteForwarded(context.Background(), m.Key, m.Write, &forwarder{s: c.s, epoch: m.Epoch, write: m.Write})
-	} else {
-		err = c.s.st.Delete(context.Background(), m.Key, m.Write)
-	}
-	if err != nil {
+	c.fwd = forwarder{s: c.s, epoch: m.Epoch, write: m.Write}
+	if err := c.s.st.DeleteForwarded(context.Background(), m.Key, m.Write, &c.fwd); err != nil {
 		return c.s.fenceReply(m.Epoch, err)
 	}
 	return &proto.Ack{}
