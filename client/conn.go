@@ -142,7 +142,7 @@ func (sc *serverConn) ready(ctx context.Context, mb *membership.Member) error {
 	case errors.Is(err, session.ErrRefused):
 		return fmt.Errorf("%w: %w", ErrUnauthenticated, err)
 	case err != nil:
-		return retry(sc.name, "connecting to %s at %s: %w", sc.name, mb.Meta.ControlAddr, err)
+		return retryLost(sc.name, "connecting to %s at %s: %w", sc.name, mb.Meta.ControlAddr, err)
 	}
 	sc.s, sc.gen = s, s.Hello.Generation
 	c.log.Debug("connected", "server", sc.name, "generation", sc.gen)
@@ -177,7 +177,7 @@ func (sc *serverConn) rpc(ctx context.Context, req proto.Message) (proto.Message
 		if errors.As(err, &pe) {
 			return nil, serverError(sc.name, req.Type(), pe) // the server refused the session, saying why
 		}
-		return nil, retry(sc.name, "%w", err)
+		return nil, retryLost(sc.name, "%w", err)
 	}
 	if errors.As(err, &pe) {
 		return nil, serverError(sc.name, req.Type(), pe)
@@ -412,7 +412,7 @@ func (sc *serverConn) postOn(ctx context.Context, qp rdma.QP, cq rdma.CQ) error 
 	sc.c.reads.Add(uint64(reads))
 	fail := func(what string, err error) error {
 		sc.drop()
-		return retry(sc.name, "%d %v to %s: %s: %w", len(wrs), wrs[0].Op, sc.name, what, err)
+		return retryLost(sc.name, "%d %v to %s: %s: %w", len(wrs), wrs[0].Op, sc.name, what, err)
 	}
 	if err := qp.PostSend(wrs); err != nil {
 		return fail("posting", err)

@@ -207,11 +207,29 @@ func newRoutes(m *clustermap.Map, v *membership.View) *routes {
 	for _, srv := range m.Servers() {
 		r.byName[srv.Name] = newTarget(m, v, srv.Name)
 	}
+	failing := map[string]*target{}
 	for s := range r.byShard {
 		name, _ := m.Owner(proto.Shard(s))
-		r.byShard[s] = r.server(name)
+		t := r.server(name)
+		if t.err != nil && m.Holders(proto.Shard(s)) > 1 {
+			t = failingOver(failing, t)
+		}
+		r.byShard[s] = t
 	}
 	return r
+}
+
+// failingOver is down target t as the primary of shards with backups:
+// the map's leader will hand them to a backup, so operations on them wait
+// for a newer map as for a move, instead of failing at once.
+func failingOver(cache map[string]*target, t *target) *target {
+	if f := cache[t.name]; f != nil {
+		return f
+	}
+	f := *t
+	f.err = retryMoving(t.name, "%s, the primary of shards with backups, is unavailable (%w): waiting for a failover", t.name, t.err)
+	cache[t.name] = &f
+	return &f
 }
 
 // routes returns the routes of the client's map and view, built anew when

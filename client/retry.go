@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/rkv-io/rkv/membership"
+	"github.com/rkv-io/rkv/proto"
 )
 
 // retryable marks an error a fresh attempt may fix: a torn read, a broken
@@ -22,7 +23,11 @@ type retryable struct {
 	// The client first fetches a newer map, and waits for the move to end
 	// up to Config.MoveWait.
 	moving bool
-	err    error
+	// lost: the server could not be reached (dial refused, session or QP
+	// broken). For a shard with backups that may be its primary's death,
+	// which a failover ends: doKey waits for it as for a move.
+	lost bool
+	err  error
 }
 
 func (r *retryable) Error() string { return r.err.Error() }
@@ -30,6 +35,11 @@ func (r *retryable) Unwrap() error { return r.err }
 
 func retry(node, format string, args ...any) error {
 	return &retryable{node: node, err: fmt.Errorf(format, args...)}
+}
+
+// retryLost is retry for a server that could not be reached.
+func retryLost(node, format string, args ...any) error {
+	return &retryable{node: node, lost: true, err: fmt.Errorf(format, args...)}
 }
 
 // retryMoving is retry for a shard between owners.
@@ -149,7 +159,11 @@ func (c *Client) doKey(ctx context.Context, what string, key []byte, op func(ctx
 		if err != nil {
 			return &notSentError{err}
 		}
-		return c.withConn(ctx, t.name, func(sc *serverConn) error { return op(ctx, sc, t) })
+		err = c.withConn(ctx, t.name, func(sc *serverConn) error { return op(ctx, sc, t) })
+		if r, ok := errors.AsType[*retryable](err); ok && r.lost && r.node == t.name && t.m.Holders(proto.ShardOf(key)) > 1 {
+			r.moving = true // its primary may be dead: wait for the failover
+		}
+		return err
 	})
 }
 

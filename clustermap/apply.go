@@ -51,6 +51,8 @@ var (
 // promotion: to the backup named, with its copy) or by a forced
 // RemoveServer of its primary (to its first backup, with that backup's
 // copy; with none, to the least loaded active server, Origin 0: empty).
+// A primary found dead is replaced by FailOver (to a backup named, with
+// its copy, as the shard's only owner until replicas are added again).
 // Replicas are added (an add-replica move's finish) and replaced by
 // moves, dropped by DropReplicas; SetReplicas sets how many there should
 // be (Plan and PlanDrops get there).
@@ -77,6 +79,8 @@ func Apply(m *Map, c *proto.MapCommand) (*Map, error) {
 		changed, err = d.setReplicas(c.Replicas)
 	case proto.MapDropReplicas:
 		changed, err = d.dropReplicas(c.Moves)
+	case proto.MapFailOver:
+		changed, err = d.failOver(c.Moves)
 	default:
 		err = fmt.Errorf("clustermap: unknown map op %v", c.Op)
 	}
@@ -224,6 +228,40 @@ func (d *draft) dropReplicas(drops []proto.MoveCommand) (bool, error) {
 		}
 	}
 	return len(drops) > 0, nil
+}
+
+// failOver makes each move's To, a backup of its shard, the shard's only
+// owner (with its copy, since the new epoch) in place of From, its
+// primary, which the caller found dead. The shard's other backups are
+// dropped with it: the dead primary may have forwarded its last writes to
+// some backups and not others, so they may differ from the new primary by
+// those (unacknowledged) writes, and the planner adds replicas again by
+// copying from it. A move of the shard ends: every move copies from or
+// hands over with the primary.
+func (d *draft) failOver(moves []proto.MoveCommand) (bool, error) {
+	if d.shards == nil {
+		return false, ErrNotBootstrapped
+	}
+	seen := map[proto.Shard]bool{}
+	for _, mc := range moves {
+		sh := &d.shards[mc.Shard]
+		switch {
+		case seen[mc.Shard]:
+			return false, fmt.Errorf("%w: shard %d twice", ErrBadMove, mc.Shard)
+		case sh.owners[0] != mc.From:
+			return false, fmt.Errorf("%w: shard %d's primary is %s, not %s", ErrBadMove, mc.Shard, sh.owners[0], mc.From)
+		case !slices.Contains(sh.owners[1:], mc.To):
+			return false, fmt.Errorf("%w: shard %d: %s is not a backup of it to fail over to (owners %v)", ErrBadMove, mc.Shard, mc.To, sh.owners)
+		}
+		seen[mc.Shard] = true
+	}
+	for _, mc := range moves {
+		sh := &d.shards[mc.Shard]
+		i := slices.Index(sh.owners, mc.To)
+		sh.owners, sh.origins = []string{mc.To}, []uint64{sh.origins[i]}
+		sh.since, sh.move = d.epoch, nil
+	}
+	return len(moves) > 0, nil
 }
 
 func (d *draft) drainServer(name string) (bool, error) {

@@ -252,3 +252,64 @@ func TestReplicaCommandsMustMatch(t *testing.T) {
 		t.Fatalf("after replacing backup %s by d: %+v (was %+v)", backup, got, sh)
 	}
 }
+
+// A failover makes the backup named the only owner of each shard of the
+// dead primary, with its copy, at the new epoch, ends the shard's move,
+// and leaves every other shard alone; the planner then copies replicas
+// back from the new primaries.
+func TestFailOverKeepsOneBackup(t *testing.T) {
+	m := threeReplicasOn(t, "a", "b", "c")
+	m = must(t, m, add("d"))
+	m = must(t, m, &proto.MapCommand{Op: proto.MapStartMoves, Moves: []proto.MoveCommand{{Shard: firstOf(t, m, "b"), Kind: proto.MoveReplace, From: "b", To: "d"}}})
+	moving := m.Moves()[0].Command()
+	before := map[proto.Shard]Shard{}
+	var fail []proto.MoveCommand
+	for s := range proto.NumShards {
+		sh := m.Shard(proto.Shard(s))
+		before[proto.Shard(s)] = sh
+		if sh.Owner() == "b" {
+			fail = append(fail, proto.MoveCommand{Shard: proto.Shard(s), From: "b", To: sh.Owners[len(sh.Owners)-1]})
+		}
+	}
+	m = must(t, m, &proto.MapCommand{Op: proto.MapFailOver, Moves: fail})
+	for _, mc := range fail {
+		was, is := before[mc.Shard], m.Shard(mc.Shard)
+		if !slices.Equal(is.Owners, []string{mc.To}) || is.Since != m.Epoch() || is.Origin != was.Origins[slices.Index(was.Owners, mc.To)] || is.Move != nil {
+			t.Fatalf("shard %d failed over from b to %s: %+v (was %+v)", mc.Shard, mc.To, is, was)
+		}
+	}
+	for s, was := range before {
+		if is := m.Shard(s); was.Owner() != "b" && (!slices.Equal(is.Owners, was.Owners) || is.Since != was.Since) {
+			t.Fatalf("shard %d, not b's: %+v, was %+v", s, is, was)
+		}
+	}
+	if m.Shard(moving.Shard).Move != nil {
+		t.Fatalf("shard %d still moving after its primary failed over", moving.Shard)
+	}
+	for name, mc := range map[string]proto.MoveCommand{
+		"from a backup":  {Shard: fail[0].Shard, From: "c", To: fail[0].To},
+		"to a stranger":  {Shard: 0, From: m.Shard(0).Owner(), To: "nobody"},
+		"to the primary": {Shard: 0, From: m.Shard(0).Owner(), To: m.Shard(0).Owner()},
+		"from the past":  fail[0],
+	} {
+		if next, err := Apply(m, &proto.MapCommand{Op: proto.MapFailOver, Moves: []proto.MoveCommand{mc}}); !errors.Is(err, ErrBadMove) || next != m {
+			t.Errorf("a failover %s: %v", name, err)
+		}
+	}
+	m, kinds := settleCounting(t, m, alwaysLive)
+	checkReplicas(t, m, 3, true)
+	if kinds[proto.MoveAddReplica] < 2*len(fail) {
+		t.Fatalf("re-replication after the failover of %d shards: %v", len(fail), kinds)
+	}
+}
+
+func firstOf(t *testing.T, m *Map, primary string) proto.Shard {
+	t.Helper()
+	for s := range proto.NumShards {
+		if m.Shard(proto.Shard(s)).Owner() == primary {
+			return proto.Shard(s)
+		}
+	}
+	t.Fatalf("%s is the primary of nothing", primary)
+	return 0
+}

@@ -508,13 +508,14 @@ const (
 	MapAbortMoves                    // cancel Moves
 	MapSetReplicas                   // set the map's Replicas to Replicas
 	MapDropReplicas                  // drop each move's From from its shard's backups (To, Started unused)
+	MapFailOver                      // make each move's To, a backup, its shard's only owner in place of From, its dead primary (Started unused)
 	mapOpEnd
 )
 
 var mapOpNames = [...]string{
 	MapAddServer: "add-server", MapDrainServer: "drain-server", MapRemoveServer: "remove-server",
 	MapStartMoves: "start-moves", MapFreezeMoves: "freeze-moves", MapFinishMoves: "finish-moves", MapAbortMoves: "abort-moves",
-	MapSetReplicas: "set-replicas", MapDropReplicas: "drop-replicas",
+	MapSetReplicas: "set-replicas", MapDropReplicas: "drop-replicas", MapFailOver: "fail-over",
 }
 
 func (o MapOp) String() string {

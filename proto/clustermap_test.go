@@ -163,6 +163,7 @@ func testCommands() []*MapCommand {
 		{Op: MapAbortMoves},
 		{Op: MapSetReplicas, Replicas: 3},
 		{Op: MapDropReplicas, Moves: []MoveCommand{{Shard: 2, From: "node2", Kind: MoveReplace}}},
+		{Op: MapFailOver, Moves: []MoveCommand{{Shard: 3, From: "node1", To: "node2", Kind: MoveReplace}}},
 	}
 }
 

@@ -454,6 +454,7 @@ func (l *leader) duties(ctx context.Context) {
 	}
 	l.voters(ctx, m, alive)
 	m = l.abortStalled(ctx, s.node.Map())
+	m = l.failOver(ctx, m, alive)
 	m = l.dropDeadBackups(ctx, m)
 	if budget := s.cfg.MaxMoves - len(m.Moves()); budget > 0 {
 		if plan := clustermap.Plan(m, alive, budget); len(plan) > 0 {
@@ -551,6 +552,41 @@ func (l *leader) abortStalled(ctx context.Context, m *clustermap.Map) *clusterma
 		return m
 	}
 	l.s.log.Warn("shard moves aborted: a server they need is down or draining", "moves", len(stalled), "epoch", next.Epoch())
+	return next
+}
+
+// failOver hands each shard whose primary has been down longer than
+// FailoverTimeout to its first live backup (clustermap's MapFailOver: the
+// backup becomes the shard's only owner, and the planner adds replicas
+// again). A shard with no live backup stays unavailable, as at one
+// replica.
+func (l *leader) failOver(ctx context.Context, m *clustermap.Map, alive func(string) bool) *clustermap.Map {
+	var moves []proto.MoveCommand
+	dead := map[string]int{}
+	for i := range proto.NumShards {
+		sh := proto.Shard(i)
+		info := m.Shard(sh)
+		if len(info.Owners) < 2 || l.downFor(info.Owner()) <= l.s.cfg.FailoverTimeout {
+			continue
+		}
+		for _, b := range info.Owners[1:] {
+			if alive(b) {
+				moves = append(moves, proto.MoveCommand{Shard: sh, From: info.Owner(), To: b})
+				dead[info.Owner()]++
+				break
+			}
+		}
+	}
+	if len(moves) == 0 {
+		return m
+	}
+	next := l.propose(ctx, &proto.MapCommand{Op: proto.MapFailOver, Moves: moves})
+	if next == nil {
+		return m
+	}
+	for name, n := range dead {
+		l.s.log.Warn("primary down: its shards failed over to their backups", "server", name, "shards", n, "down_for", l.downFor(name).Round(time.Millisecond), "epoch", next.Epoch())
+	}
 	return next
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -144,7 +145,7 @@ func mapLeader(t *testing.T, c *testcluster.Cluster) *server.Server {
 	return nil
 }
 
-// sameReplicas checks that every shard's backup holds the keys its
+// sameReplicas checks that every shard's backups hold the keys its
 // primary does, at the same versions, and returns how many keys there are.
 func sameReplicas(t *testing.T, c *testcluster.Cluster, m *clustermap.Map) int {
 	t.Helper()
@@ -152,17 +153,18 @@ func sameReplicas(t *testing.T, c *testcluster.Cluster, m *clustermap.Map) int {
 	for i := range proto.NumShards {
 		sh := proto.Shard(i)
 		info := m.Shard(sh)
-		primary, backup := c.Server(info.Owners[0]).Store(), c.Server(info.Owners[1]).Store()
-		pe, _, err := primary.ShardEntries(sh, nil, 0)
+		pe, _, err := c.Server(info.Owners[0]).Store().ShardEntries(sh, nil, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
-		be, _, err := backup.ShardEntries(sh, nil, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !slices.EqualFunc(pe, be, func(a, b store.ScanEntry) bool { return string(a.Key) == string(b.Key) && a.Version == b.Version }) {
-			t.Fatalf("shard %d: the primary %s holds %v, the backup %s %v", i, info.Owners[0], pe, info.Owners[1], be)
+		for _, b := range info.Owners[1:] {
+			be, _, err := c.Server(b).Store().ShardEntries(sh, nil, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.EqualFunc(pe, be, func(a, b store.ScanEntry) bool { return string(a.Key) == string(b.Key) && a.Version == b.Version }) {
+				t.Fatalf("shard %d: the primary %s holds %v, the backup %s %v", i, info.Owners[0], pe, b, be)
+			}
 		}
 		n += len(pe)
 	}
@@ -173,22 +175,12 @@ func sameReplicas(t *testing.T, c *testcluster.Cluster, m *clustermap.Map) int {
 // m and backed up by its other owner.
 func waitRoles(t *testing.T, c *testcluster.Cluster, m *clustermap.Map) {
 	t.Helper()
-	testcluster.WaitFor(t, 30*time.Second, "every shard owned by its primary and backed up by the other", func() error {
-		for i := range proto.NumShards {
-			sh := proto.Shard(i)
-			info := m.Shard(sh)
-			if len(info.Owners) != 2 || info.Owners[0] == info.Owners[1] {
-				return fmt.Errorf("shard %d owners %v, want two servers", i, info.Owners)
-			}
-			if st := c.Server(info.Owners[0]).Store().ShardState(sh); st.State != store.ShardOwned || st.Since != info.Since || st.Frozen {
-				return fmt.Errorf("shard %d on its primary %s: %+v, want owned since %d, not frozen", i, info.Owners[0], st, info.Since)
-			}
-			if st := c.Server(info.Owners[1]).Store().ShardState(sh); st.State != store.ShardBackup || st.Since != info.Since {
-				return fmt.Errorf("shard %d on its backup %s: %+v, want a backup since %d", i, info.Owners[1], st, info.Since)
-			}
+	for i := range proto.NumShards {
+		if info := m.Shard(proto.Shard(i)); len(info.Owners) != 2 || info.Owners[0] == info.Owners[1] {
+			t.Fatalf("shard %d owners %v, want two servers", i, info.Owners)
 		}
-		return nil
-	})
+	}
+	waitReplicaStates(t, c, m)
 }
 
 // A backup that is down is dropped from its shards after BackupTimeout, so
@@ -249,4 +241,135 @@ func TestDeadBackupIsDroppedAndAddedBack(t *testing.T) {
 	waitRoles(t, c, m)
 	sameReplicas(t, c, m)
 	readAll(t, cl, a, keys, "with the backup back")
+}
+
+// The map's leader, the primary of a third of the shards, stops while a
+// writer runs, at three replicas on three servers: another voter leads,
+// fails its shards over to their backups, and every key is readable at
+// its last acknowledged value and writable again; replicas are copied
+// back from the new primaries onto the survivor; back, the old leader is
+// given replicas again, and all three agree.
+func TestDeadPrimaryFailsOver(t *testing.T) {
+	if testing.Short() {
+		t.Skip("three servers, a stop and thousands of shard copies")
+	}
+	c := testcluster.Start(t, 3, testcluster.Options{
+		Store:  store.Options{ArenaSize: 16 << 20, ArenaCount: 2, IndexSlots: 1 << 12, LeaseSize: 64 << 10},
+		Server: func(cfg *server.Config) { cfg.FailoverTimeout = 200 * time.Millisecond },
+	})
+	cl := c.Client(t, nil)
+	ctx := context.Background()
+	dead := mapLeader(t, c)
+	if _, err := dead.MapNode().Propose(ctx, &proto.MapCommand{Op: proto.MapSetReplicas, Replicas: 3}); err != nil {
+		t.Fatal(err)
+	}
+	c.WaitSettled(90 * time.Second)
+	const nkeys = 300
+	a := newAcked()
+	keys := make([]string, nkeys)
+	var theirs []string // the keys dead is primary of
+	for i := range keys {
+		keys[i] = fmt.Sprintf("key-%03d", i)
+		put(t, cl, a, keys[i])
+		if o, _ := c.Map().Owner(proto.ShardOf([]byte(keys[i]))); o == dead.Name() {
+			theirs = append(theirs, keys[i])
+		}
+	}
+	if len(theirs) == 0 {
+		t.Fatalf("%s is the primary of none of %d keys", dead.Name(), nkeys)
+	}
+
+	// A writer through the failover: its puts may fail while the shards
+	// have no primary, but what it was told is acknowledged stays.
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var failed atomic.Int64
+	wg.Go(func() {
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			k := keys[i%nkeys]
+			v := a.next(k)
+			if err := cl.Put(ctx, []byte(k), value(k, v)); err != nil {
+				failed.Add(1)
+				continue
+			}
+			a.ack(k, v)
+		}
+	})
+	time.Sleep(100 * time.Millisecond)
+	stopped := time.Now()
+	c.Stop(dead.Name())
+	testcluster.WaitFor(t, 30*time.Second, "a write to a shard of the stopped primary", func() error {
+		v := a.next(theirs[0])
+		if err := cl.Put(ctx, []byte(theirs[0]), value(theirs[0], v)); err != nil {
+			return err
+		}
+		a.ack(theirs[0], v)
+		return nil
+	})
+	t.Logf("from the stop to the first write acknowledged by the new primary: %v (the writer's puts that failed: %d)", time.Since(stopped).Round(time.Millisecond), failed.Load())
+	m := c.Map()
+	for _, k := range theirs {
+		if info := m.Shard(proto.ShardOf([]byte(k))); slices.Contains(info.Owners, dead.Name()) || info.Since <= 1 {
+			t.Fatalf("%s's shard after the failover: %+v", k, info)
+		}
+	}
+	readAll(t, cl, a, keys, "after the failover")
+	close(stop)
+	wg.Wait()
+	for _, k := range keys {
+		put(t, cl, a, k)
+	}
+	if t.Failed() {
+		return
+	}
+
+	// Re-replication onto the survivors: two copies of every shard.
+	testcluster.WaitFor(t, 60*time.Second, "two replicas of every shard", func() error {
+		m := c.Map()
+		for i := range proto.NumShards {
+			if n := m.Holders(proto.Shard(i)); n != 2 || m.Shard(proto.Shard(i)).Move != nil {
+				return fmt.Errorf("shard %d: %+v", i, m.Shard(proto.Shard(i)))
+			}
+		}
+		return nil
+	})
+	waitReplicaStates(t, c, c.Map())
+	if n := sameReplicas(t, c, c.Map()); n != nkeys {
+		t.Fatalf("%d keys on the replicas, want %d", n, nkeys)
+	}
+
+	c.Restart(dead.Name())
+	c.WaitSettled(120 * time.Second)
+	m = c.Map()
+	waitReplicaStates(t, c, m)
+	if n := sameReplicas(t, c, m); n != nkeys {
+		t.Fatalf("%d keys on the three replicas, want %d", n, nkeys)
+	}
+	readAll(t, cl, a, keys, "with the old primary back")
+}
+
+// waitReplicaStates waits until every shard's primary in m serves it and
+// each of its backups backs it up, under m's since.
+func waitReplicaStates(t *testing.T, c *testcluster.Cluster, m *clustermap.Map) {
+	t.Helper()
+	testcluster.WaitFor(t, 30*time.Second, "every shard served by its primary and backed up by the others", func() error {
+		for i := range proto.NumShards {
+			sh := proto.Shard(i)
+			info := m.Shard(sh)
+			if st := c.Server(info.Owners[0]).Store().ShardState(sh); st.State != store.ShardOwned || st.Since != info.Since || st.Frozen {
+				return fmt.Errorf("shard %d on its primary %s: %+v, want owned since %d, not frozen", i, info.Owners[0], st, info.Since)
+			}
+			for _, b := range info.Owners[1:] {
+				if st := c.Server(b).Store().ShardState(sh); st.State != store.ShardBackup || st.Since != info.Since {
+					return fmt.Errorf("shard %d on its backup %s: %+v, want a backup since %d", i, b, st, info.Since)
+				}
+			}
+		}
+		return nil
+	})
 }

@@ -85,8 +85,15 @@ type Config struct {
 	// BackupTimeout: a backup out of the gossip view this long is dropped
 	// from its shards' owners, so that their writes, which wait for every
 	// backup, go on without it; the planner adds a replica elsewhere, or
-	// on it again once it is back. Default 3s.
+	// on it again once it is back. Gossip declared it dead already, after
+	// its suspicion time; this is the grace for a restart. Default 1s.
 	BackupTimeout time.Duration
+	// FailoverTimeout: a primary out of the gossip view this long loses
+	// its shards to their first live backup (a failover), at a new map
+	// epoch; until then, their writes and reads wait. Gossip declared it
+	// dead already, after its suspicion time; this is the grace for a
+	// restart, which would otherwise cost every shard a copy. Default 1s.
+	FailoverTimeout time.Duration
 	// DeadServerTimeout, when positive, removes a server that has been
 	// dead this long from the map, its shards given to the others empty:
 	// with one copy of each key, its keys are lost. Default 0: servers
@@ -174,7 +181,10 @@ func (c Config) withDefaults() (Config, error) {
 		c.MoveTimeout = 30 * time.Second
 	}
 	if c.BackupTimeout <= 0 {
-		c.BackupTimeout = 3 * time.Second
+		c.BackupTimeout = time.Second
+	}
+	if c.FailoverTimeout <= 0 {
+		c.FailoverTimeout = time.Second
 	}
 	if c.HandshakeTimeout <= 0 {
 		c.HandshakeTimeout = 10 * time.Second
