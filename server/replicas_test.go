@@ -111,6 +111,24 @@ func TestReplicasAddedForwardedAndPromoted(t *testing.T) {
 	readAll(t, cl, a, keys[nkeys/4:], "after the writes")
 }
 
+// replicated starts n servers configured by mod, with a client, sets the
+// replica count to r through the map's leader, and waits until the
+// cluster settled. It returns the leader too.
+func replicated(t *testing.T, n, r int, mod func(*server.Config)) (*testcluster.Cluster, *client.Client, *server.Server) {
+	t.Helper()
+	c := testcluster.Start(t, n, testcluster.Options{
+		Store:  store.Options{ArenaSize: 16 << 20, ArenaCount: 2, IndexSlots: 1 << 12, LeaseSize: 64 << 10},
+		Server: mod,
+	})
+	cl := c.Client(t, nil)
+	leader := mapLeader(t, c)
+	if _, err := leader.MapNode().Propose(context.Background(), &proto.MapCommand{Op: proto.MapSetReplicas, Replicas: r}); err != nil {
+		t.Fatal(err)
+	}
+	c.WaitSettled(90 * time.Second)
+	return c, cl, leader
+}
+
 func put(t *testing.T, cl *client.Client, a *acked, k string) {
 	t.Helper()
 	v := a.next(k)
@@ -190,17 +208,8 @@ func TestDeadBackupIsDroppedAndAddedBack(t *testing.T) {
 	if testing.Short() {
 		t.Skip("two servers, a stop and 1024 shard copies twice")
 	}
-	c := testcluster.Start(t, 2, testcluster.Options{
-		Store:  store.Options{ArenaSize: 16 << 20, ArenaCount: 2, IndexSlots: 1 << 12, LeaseSize: 64 << 10},
-		Server: func(cfg *server.Config) { cfg.BackupTimeout = 500 * time.Millisecond },
-	})
-	cl := c.Client(t, nil)
+	c, cl, leader := replicated(t, 2, 2, func(cfg *server.Config) { cfg.BackupTimeout = 500 * time.Millisecond })
 	ctx := context.Background()
-	leader := mapLeader(t, c)
-	if _, err := leader.MapNode().Propose(ctx, &proto.MapCommand{Op: proto.MapSetReplicas, Replicas: 2}); err != nil {
-		t.Fatal(err)
-	}
-	c.WaitSettled(60 * time.Second)
 	waitRoles(t, c, c.Map())
 
 	// The keys the leader is primary of, which stay writable.
@@ -253,17 +262,8 @@ func TestDeadPrimaryFailsOver(t *testing.T) {
 	if testing.Short() {
 		t.Skip("three servers, a stop and thousands of shard copies")
 	}
-	c := testcluster.Start(t, 3, testcluster.Options{
-		Store:  store.Options{ArenaSize: 16 << 20, ArenaCount: 2, IndexSlots: 1 << 12, LeaseSize: 64 << 10},
-		Server: func(cfg *server.Config) { cfg.FailoverTimeout = 200 * time.Millisecond },
-	})
-	cl := c.Client(t, nil)
+	c, cl, dead := replicated(t, 3, 3, func(cfg *server.Config) { cfg.FailoverTimeout = 200 * time.Millisecond })
 	ctx := context.Background()
-	dead := mapLeader(t, c)
-	if _, err := dead.MapNode().Propose(ctx, &proto.MapCommand{Op: proto.MapSetReplicas, Replicas: 3}); err != nil {
-		t.Fatal(err)
-	}
-	c.WaitSettled(90 * time.Second)
 	const nkeys = 300
 	a := newAcked()
 	keys := make([]string, nkeys)
