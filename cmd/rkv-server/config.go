@@ -50,6 +50,8 @@ type options struct {
 	Bootstrap           bool
 	RaftVoters          int
 	MoveTimeout         time.Duration
+	FailoverTimeout     time.Duration
+	BackupTimeout       time.Duration
 	DeadServerTimeout   time.Duration
 	GossipProfile       string
 	GossipKey           string
@@ -167,6 +169,8 @@ func newFlagSet(o *options) *pflag.FlagSet {
 	fs.BoolVar(&o.Bootstrap, "bootstrap", false, "start a new cluster of this server alone, if the data directory holds no cluster state yet (ignored on a restart)")
 	fs.IntVar(&o.RaftVoters, "raft-voters", 3, "servers voting in the cluster map's Raft group (an odd number is kept: 1 with one or two servers); the others follow without voting")
 	fs.DurationVar(&o.MoveTimeout, "move-timeout", 30*time.Second, "abort a shard move whose source or target has been down this long")
+	fs.DurationVar(&o.FailoverTimeout, "failover-timeout", time.Second, "hand the shards of a primary declared dead by gossip this long ago to their backups (with more than one replica)")
+	fs.DurationVar(&o.BackupTimeout, "backup-timeout", time.Second, "drop from its shards a backup declared dead by gossip this long ago, so that their writes go on without it")
 	fs.DurationVar(&o.DeadServerTimeout, "dead-server-timeout", 0, "remove a server dead this long from the map, its shards given to the others empty (its keys are lost); 0: never (use rkv-client forget)")
 	fs.StringVar(&o.GossipProfile, "gossip-profile", "local", "gossip timing: local (loopback, fast failure detection), lan or wan (memberlist's profiles)")
 	fs.StringVar(&o.GossipKey, "gossip-key", "", "gossip encryption key, base64 or hex, 16/24/32 bytes")
@@ -392,6 +396,12 @@ func (o *options) validate() error {
 	}
 	if o.MoveTimeout <= 0 {
 		return fmt.Errorf("--move-timeout %v: must be positive", o.MoveTimeout)
+	}
+	if o.FailoverTimeout <= 0 {
+		return fmt.Errorf("--failover-timeout %v: must be positive", o.FailoverTimeout)
+	}
+	if o.BackupTimeout <= 0 {
+		return fmt.Errorf("--backup-timeout %v: must be positive", o.BackupTimeout)
 	}
 	if o.DeadServerTimeout < 0 {
 		return fmt.Errorf("--dead-server-timeout %v: must be 0 (never) or positive", o.DeadServerTimeout)

@@ -116,6 +116,8 @@ func run(args []string, environ []string, stdout, stderr io.Writer, sigs <-chan 
 		FrameTimeout:      o.FrameTimeout,
 		Voters:            o.RaftVoters,
 		MoveTimeout:       o.MoveTimeout,
+		FailoverTimeout:   o.FailoverTimeout,
+		BackupTimeout:     o.BackupTimeout,
 		DeadServerTimeout: o.DeadServerTimeout,
 		AuthToken:         o.AuthToken,
 		PeerToken:         o.PeerToken,
