@@ -279,11 +279,13 @@ func TestDeadPrimaryFailsOver(t *testing.T) {
 		t.Fatalf("%s is the primary of none of %d keys", dead.Name(), nkeys)
 	}
 
-	// A writer through the failover: its puts may fail while the shards
-	// have no primary, but what it was told is acknowledged stays.
+	// A writer through the failover: a put to a shard without a primary
+	// waits for the failover (up to MoveWait) rather than failing, and what
+	// it was told is acknowledged stays.
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	var failed atomic.Int64
+	var firstErr atomic.Pointer[error]
 	wg.Go(func() {
 		for i := 0; ; i++ {
 			select {
@@ -295,6 +297,7 @@ func TestDeadPrimaryFailsOver(t *testing.T) {
 			v := a.next(k)
 			if err := cl.Put(ctx, []byte(k), value(k, v)); err != nil {
 				failed.Add(1)
+				firstErr.CompareAndSwap(nil, &err)
 				continue
 			}
 			a.ack(k, v)
@@ -321,6 +324,9 @@ func TestDeadPrimaryFailsOver(t *testing.T) {
 	readAll(t, cl, a, keys, "after the failover")
 	close(stop)
 	wg.Wait()
+	if n := failed.Load(); n > 0 {
+		t.Errorf("%d of the writer's puts failed through the failover, the first: %v", n, *firstErr.Load())
+	}
 	for _, k := range keys {
 		put(t, cl, a, k)
 	}
