@@ -411,7 +411,11 @@ func (l *leader) duties(ctx context.Context) {
 	s := l.s
 	m := s.node.Map()
 	if !m.Bootstrapped() {
-		l.propose(ctx, &proto.MapCommand{Op: proto.MapAddServer, Server: proto.MapServer{Name: s.cfg.Name, ID: s.id}})
+		if l.propose(ctx, &proto.MapCommand{Op: proto.MapAddServer, Server: proto.MapServer{Name: s.cfg.Name, ID: s.id}}) != nil && s.cfg.Replicas > 1 {
+			if next := l.propose(ctx, &proto.MapCommand{Op: proto.MapSetReplicas, Replicas: s.cfg.Replicas}); next != nil {
+				s.log.Info("new cluster: replicas set", "replicas", next.Replicas(), "epoch", next.Epoch())
+			}
+		}
 		return
 	}
 	view := s.ml.View()

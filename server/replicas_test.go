@@ -111,22 +111,24 @@ func TestReplicasAddedForwardedAndPromoted(t *testing.T) {
 	readAll(t, cl, a, keys[nkeys/4:], "after the writes")
 }
 
-// replicated starts n servers configured by mod, with a client, sets the
-// replica count to r through the map's leader, and waits until the
-// cluster settled. It returns the leader too.
+// replicated starts n servers configured by mod, the first bootstrapping
+// the cluster with r replicas (Config.Replicas), with a client, and waits
+// until the cluster settled with r copies of every shard. It returns the
+// map's leader too.
 func replicated(t *testing.T, n, r int, mod func(*server.Config)) (*testcluster.Cluster, *client.Client, *server.Server) {
 	t.Helper()
 	c := testcluster.Start(t, n, testcluster.Options{
-		Store:  store.Options{ArenaSize: 16 << 20, ArenaCount: 2, IndexSlots: 1 << 12, LeaseSize: 64 << 10},
-		Server: mod,
+		Store: store.Options{ArenaSize: 16 << 20, ArenaCount: 2, IndexSlots: 1 << 12, LeaseSize: 64 << 10},
+		Server: func(cfg *server.Config) {
+			cfg.Replicas = r
+			mod(cfg)
+		},
+		Settle: 90 * time.Second, // every shard copied r-1 times
 	})
-	cl := c.Client(t, nil)
-	leader := mapLeader(t, c)
-	if _, err := leader.MapNode().Propose(context.Background(), &proto.MapCommand{Op: proto.MapSetReplicas, Replicas: r}); err != nil {
-		t.Fatal(err)
+	if m := c.Map(); m.Replicas() != r || m.Holders(0) != r || m.Holders(proto.NumShards-1) != r {
+		t.Fatalf("bootstrapped with %d replicas, settled at %d, shards held %d and %d times", r, m.Replicas(), m.Holders(0), m.Holders(proto.NumShards-1))
 	}
-	c.WaitSettled(90 * time.Second)
-	return c, cl, leader
+	return c, c.Client(t, nil), mapLeader(t, c)
 }
 
 func put(t *testing.T, cl *client.Client, a *acked, k string) {

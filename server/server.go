@@ -70,6 +70,11 @@ type Config struct {
 	// Without it, a server with no state joins the cluster its
 	// Membership.Seeds belong to and waits for the map's leader to add it.
 	Bootstrap bool
+	// Replicas, with Bootstrap, is how many copies of each shard the new
+	// cluster keeps (the map's replica count, on distinct servers as
+	// there are servers; later changes are map commands). It is ignored
+	// on a restart and when joining. Default 0: one copy.
+	Replicas int
 	// Voters is how many servers vote in the map's Raft group: the
 	// leader keeps the largest odd number of voters up to Voters among the
 	// map's servers (so 1 with one or two servers, 3 from three on); the
@@ -164,6 +169,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.TLS != nil && c.PeerTLS == nil {
 		return c, errors.New("server: Config.TLS needs Config.PeerTLS, for the connections to other servers")
+	}
+	if c.Replicas < 0 || c.Replicas > proto.MaxShardOwners {
+		return c, fmt.Errorf("server: Config.Replicas %d: must be 0 to %d", c.Replicas, proto.MaxShardOwners)
 	}
 	if c.Bootstrap && len(c.Membership.Seeds) > 0 {
 		return c, errors.New("server: Bootstrap starts a new cluster and Membership.Seeds join an existing one: give one")

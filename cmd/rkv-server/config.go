@@ -48,6 +48,7 @@ type options struct {
 	Join                []string
 	JoinTimeout         time.Duration
 	Bootstrap           bool
+	Replicas            int
 	RaftVoters          int
 	MoveTimeout         time.Duration
 	FailoverTimeout     time.Duration
@@ -167,6 +168,7 @@ func newFlagSet(o *options) *pflag.FlagSet {
 	fs.StringSliceVar(&o.Join, "join", nil, "gossip addresses of members to join, comma separated; any that answers will do")
 	fs.DurationVar(&o.JoinTimeout, "join-timeout", 60*time.Second, "keep retrying --join while no member answers (with backoff, each attempt logged) for this long; 0: one attempt")
 	fs.BoolVar(&o.Bootstrap, "bootstrap", false, "start a new cluster of this server alone, if the data directory holds no cluster state yet (ignored on a restart)")
+	fs.IntVar(&o.Replicas, "replicas", 1, "with --bootstrap: copies of each shard the new cluster keeps, on distinct servers as there are servers (ignored on a restart and when joining)")
 	fs.IntVar(&o.RaftVoters, "raft-voters", 3, "servers voting in the cluster map's Raft group (an odd number is kept: 1 with one or two servers); the others follow without voting")
 	fs.DurationVar(&o.MoveTimeout, "move-timeout", 30*time.Second, "abort a shard move whose source or target has been down this long")
 	fs.DurationVar(&o.FailoverTimeout, "failover-timeout", time.Second, "hand the shards of a primary declared dead by gossip this long ago to their backups (with more than one replica)")
@@ -378,6 +380,9 @@ func (o *options) validate() error {
 		if _, _, err := splitHostPort(j); err != nil {
 			return fmt.Errorf("--join %q: %w", j, err)
 		}
+	}
+	if o.Replicas < 1 || o.Replicas > proto.MaxShardOwners {
+		return fmt.Errorf("--replicas %d: must be 1 to %d", o.Replicas, proto.MaxShardOwners)
 	}
 	if o.Bootstrap && len(o.Join) > 0 {
 		return errors.New("--bootstrap starts a new cluster and --join joins an existing one: give one")

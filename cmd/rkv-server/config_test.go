@@ -91,6 +91,8 @@ func TestOptionsErrors(t *testing.T) {
 		{[]string{"--name", "n", "--gossip-key", "abcd"}, nil, "gossip key"},
 		{[]string{"--name", "n", "--log-format", "xml"}, nil, "--log-format"},
 		{[]string{"--name", "n", "extra"}, nil, "unexpected argument"},
+		{[]string{"--name", "n", "--replicas", "0"}, nil, "--replicas 0: must be 1 to"},
+		{[]string{"--name", "n", "--replicas", "17"}, nil, "--replicas 17: must be 1 to"},
 		{[]string{"--name", "n", "--failover-timeout", "0s"}, nil, "--failover-timeout 0s: must be positive"},
 		{[]string{"--name", "n", "--backup-timeout", "-1s"}, nil, "--backup-timeout -1s: must be positive"},
 		{[]string{"--nmae", "n"}, nil, "unknown flag"},

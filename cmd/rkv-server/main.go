@@ -111,6 +111,7 @@ func run(args []string, environ []string, stdout, stderr io.Writer, sigs <-chan 
 			Tuning:           membership.Tuning{Profile: membership.Profile(o.GossipProfile)},
 		},
 		Bootstrap:         o.Bootstrap,
+		Replicas:          o.Replicas,
 		MaxConns:          o.MaxConns,
 		MaxConnsPerHost:   o.MaxConnsPerHost,
 		FrameTimeout:      o.FrameTimeout,

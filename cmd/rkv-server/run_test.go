@@ -69,7 +69,7 @@ func metricValue(t *testing.T, body, series string) float64 {
 func TestRunServes(t *testing.T) {
 	start := time.Now()
 	metrics := fmt.Sprintf("127.0.0.1:%d", port(t))
-	args := []string{"--name", "n1", "--data-dir", t.TempDir(), "--bootstrap", "--provider", "soft",
+	args := []string{"--name", "n1", "--data-dir", t.TempDir(), "--bootstrap", "--replicas", "3", "--provider", "soft",
 		"--gossip-addr", fmt.Sprintf("127.0.0.1:%d", port(t)), "--metrics-addr", metrics, "--log-format", "json",
 		"--arena-size", "1MiB", "--arena-count", "1", "--index-slots", "1024", "--lease-size", "256KiB"}
 	var stderr testlog.Buffer
@@ -156,6 +156,9 @@ func TestRunServes(t *testing.T) {
 	if w := msgs["unknown environment variable: ignored"]; len(w) != 1 || w[0]["name"] != "RKV_ARENA_CONT" ||
 		w[0]["did_you_mean"] != "RKV_ARENA_COUNT" || w[0]["level"] != "WARN" {
 		t.Errorf("the misspelled RKV_ARENA_CONT: %v", w)
+	}
+	if r := msgs["new cluster: replicas set"]; len(r) != 1 || r[0]["replicas"] != float64(3) {
+		t.Errorf("--replicas 3 with --bootstrap: the map's replica count logged as %v", r)
 	}
 	if len(msgs["rdma/soft: dropped a data connection"]) != 1 {
 		t.Errorf("the soft provider's warning is not among the JSON lines:\n%s", stderr.String())

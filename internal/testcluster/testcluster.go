@@ -6,6 +6,7 @@
 package testcluster
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -60,6 +61,8 @@ type Options struct {
 	Store store.Options
 	// Server, if set, adjusts each server's configuration last.
 	Server func(*server.Config)
+	// Settle bounds Start's wait for the cluster to settle. Default 30s.
+	Settle time.Duration
 }
 
 // Cluster is servers in this process.
@@ -94,7 +97,7 @@ func Start(t testing.TB, n int, opts Options) *Cluster {
 	for i := 1; i <= n; i++ {
 		c.Add(fmt.Sprintf("s%d", i))
 	}
-	c.WaitSettled(30 * time.Second)
+	c.WaitSettled(cmp.Or(opts.Settle, 30*time.Second))
 	return c
 }
 
