@@ -70,7 +70,8 @@ func (n *node) gossipAddr() string { return net.JoinHostPort(n.ip, fmt.Sprint(n.
 // cluster is the servers and the network they run on.
 type cluster struct {
 	t      *testing.T
-	server string // the rkv-server binary
+	server string   // the rkv-server binary
+	args   []string // more flags for every server
 	net    network
 	nodes  []*node
 }
@@ -116,6 +117,7 @@ func (c *cluster) startLocked(n *node) error {
 		"--control-addr", net.JoinHostPort(n.ip, fmt.Sprint(n.ctl)),
 		"--data-addr", net.JoinHostPort(n.ip, fmt.Sprint(n.data)),
 		"--arena-size", "32MiB", "--arena-count", "2", "--index-slots", "4096", "--lease-size", "64KiB"}
+	args = append(args, c.args...)
 	if len(join) > 0 {
 		args = append(args, "--join", strings.Join(join, ","))
 	} else {
