@@ -24,8 +24,9 @@ type retryable struct {
 	// up to Config.MoveWait.
 	moving bool
 	// lost: the server could not be reached (dial refused, session or QP
-	// broken). For a shard with backups that may be its primary's death,
-	// which a failover ends: doKey waits for it as for a move.
+	// broken). For a replica of a shard with others that may be its
+	// death, which a failover or a backup's drop ends: doKey waits for it
+	// as for a move.
 	lost bool
 	err  error
 }
@@ -160,8 +161,13 @@ func (c *Client) doKey(ctx context.Context, what string, key []byte, op func(ctx
 			return &notSentError{err}
 		}
 		err = c.withConn(ctx, t.name, func(sc *serverConn) error { return op(ctx, sc, t) })
-		if r, ok := errors.AsType[*retryable](err); ok && r.lost && r.node == t.name && t.m.Holders(proto.ShardOf(key)) > 1 {
-			r.moving = true // its primary may be dead: wait for the failover
+		if r, ok := errors.AsType[*retryable](err); ok && r.lost {
+			// A replica of the key's shard may be dead: with others, the
+			// map's leader fails a primary over or drops a backup, so
+			// wait for that as for a move.
+			if sh := proto.ShardOf(key); t.m.Holders(sh) > 1 && slices.Contains(t.m.Shard(sh).Owners, r.node) {
+				r.moving = true
+			}
 		}
 		return err
 	})

@@ -37,7 +37,11 @@ func newPeers(cfg session.Config) *peers {
 var errPeersClosed = errors.New("server: closing")
 
 // call sends req to the server id at its control address addr and returns
-// the reply, the server's *proto.Error, or a transport error.
+// the reply, the server's *proto.Error, or a transport error. A kept
+// session that turns out broken is dialed again and the request sent once
+// more: every peer request is safe to repeat (map commands that already
+// applied are refused or change nothing, replica commits carry their
+// idempotency session, fences and releases are idempotent).
 func (p *peers) call(ctx context.Context, id, addr string, req proto.Message) (proto.Message, error) {
 	p.mu.Lock()
 	if p.closed {
@@ -56,18 +60,26 @@ func (p *peers) call(ctx context.Context, id, addr string, req proto.Message) (p
 		return nil, ctx.Err()
 	}
 	defer func() { <-pc.mu }()
-	if pc.c != nil && (pc.c.Broken() || pc.addr != addr) {
-		pc.c.Close()
-		pc.c = nil
-	}
-	if pc.c == nil {
-		c, err := session.Dial(ctx, addr, id, p.cfg)
-		if err != nil {
-			return nil, err
+	for reused := pc.c != nil; ; reused = false {
+		if pc.c != nil && (pc.c.Broken() || pc.addr != addr) {
+			pc.c.Close()
+			pc.c = nil
 		}
-		pc.c, pc.addr = c, addr
+		if pc.c == nil {
+			c, err := session.Dial(ctx, addr, id, p.cfg)
+			if err != nil {
+				return nil, err
+			}
+			pc.c, pc.addr = c, addr
+		}
+		r, err := pc.c.Call(ctx, req)
+		// A session kept from before the peer restarted on the same
+		// address breaks at its first use: dial the new process once.
+		if reused && errors.Is(err, session.ErrBroken) && ctx.Err() == nil {
+			continue
+		}
+		return r, err
 	}
-	return pc.c.Call(ctx, req)
 }
 
 // close closes every session; calls after it fail.

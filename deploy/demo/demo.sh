@@ -107,18 +107,8 @@ start_all() {
 	done
 	rm -rf "$state"
 	mkdir -p "$state"
-	local seed
-	seed=127.0.0.1:$(gossip_port 1)
 	for i in 1 2 3; do
-		local name=${nodes[$i - 1]} join=(--bootstrap)
-		[[ $i -gt 1 ]] && join=(--join "$seed")
-		: >"$state/$name.log"
-		"$bin/rkv-server" --name "$name" --data-dir "$state/$name" --provider soft \
-			--gossip-addr "127.0.0.1:$(gossip_port "$i")" --control-addr "127.0.0.1:$((base + 10 + i))" \
-			--data-addr "127.0.0.1:$((base + 20 + i))" --metrics-addr "127.0.0.1:$(metrics_port "$i")" "${join[@]}" \
-			--arena-size 16MiB --arena-count 4 --index-slots 65536 --lease-size 1MiB \
-			>"$state/$name.log" 2>&1 &
-		echo $! >"$state/$name.pid"
+		start_node "$i"
 		# The next node joins through node1: wait for node1 to serve first.
 		if [[ $i -eq 1 ]]; then wait_ready 1; fi
 	done
@@ -126,7 +116,7 @@ start_all() {
 	printf 'waiting for all arenas to register and the view to converge...'
 	# members --expect-arenas waits until every server advertises its 4
 	# arenas, which it does as each registers.
-	if ! out=$("$bin/rkv-client" --endpoints "127.0.0.1:$((base + 11))" --timeout 20s members --expect-servers 3 --expect-arenas 4 2>&1); then
+	if ! out=$("$bin/rkv-client" --endpoints "127.0.0.1:$((base + 11))" --timeout 90s members --expect-servers 3 --expect-arenas 4 2>&1); then
 		echo
 		echo "$out" >&2
 		fail 1 "the view did not converge to 3 servers with 4 arenas each"
@@ -135,6 +125,47 @@ start_all() {
 	for i in 1 2 3; do
 		echo "  $(grep -o 'msg=ready.*' "$state/${nodes[$i - 1]}.log" | head -1 | sed 's/msg=ready //; s/ provider=.*//')  log: .demo/${nodes[$i - 1]}.log"
 	done
+}
+
+# start_node I: start node I in the background on its data directory and
+# ports: node1 bootstraps a cluster keeping 3 copies of every shard (on its
+# first start), the others join through it.
+start_node() {
+	local i=$1 name=${nodes[$1 - 1]} join=(--bootstrap --replicas 3)
+	[[ $i -gt 1 ]] && join=(--join "127.0.0.1:$(gossip_port 1)")
+	"$bin/rkv-server" --name "$name" --data-dir "$state/$name" --provider soft \
+		--gossip-addr "127.0.0.1:$(gossip_port "$i")" --control-addr "127.0.0.1:$((base + 10 + i))" \
+		--data-addr "127.0.0.1:$((base + 20 + i))" --metrics-addr "127.0.0.1:$(metrics_port "$i")" "${join[@]}" \
+		--arena-size 16MiB --arena-count 4 --index-slots 65536 --lease-size 1MiB \
+		>>"$state/$name.log" 2>&1 &
+	echo $! >"$state/$name.pid"
+}
+
+# lose_a_node: node2 is killed with SIGKILL; its shards fail over to their
+# backups and it is dropped as a backup of the others, so every key stays
+# readable and writable; back on its data directory, it gets replicas again.
+lose_a_node() {
+	say "losing a node: node2 is killed with SIGKILL; every shard has 3 copies"
+	echo "\$ kill -9 $(pid_of 2)   # node2"
+	kill -KILL "$(pid_of 2)"
+	wait "$(pid_of 2)" 2>/dev/null || true
+	local t0
+	t0=$(date +%s%N)
+	run_cli 0 put user:1 alice-again
+	echo "(that put waited $((($(date +%s%N) - t0) / 1000000)) ms: for gossip to declare node2 dead, then for the failover)"
+	local k
+	for k in user:1 city:paris; do
+		echo "\$ rkv-client get $k"
+		"${cli[@]}" get "$k" || fail "" "get $k after node2's loss failed"
+		echo
+	done
+	run_cli 0 bench --workload c --keys 1000 --ops 2000 --value-size 128 --concurrency 4 --verify --load=false --quiet
+	say "node2 restarts on its data directory: it is given replicas again"
+	echo "\$ rkv-server --name node2 ... &"
+	start_node 2
+	wait_ready 2
+	run_cli 0 --timeout 60s members --expect-servers 3 --expect-arenas 4 >/dev/null
+	run_cli 0 bench --workload c --keys 1000 --ops 2000 --value-size 128 --concurrency 4 --verify --load=false --quiet
 }
 
 # wait_ready I: wait (10 s) for node I's /readyz to answer 200 (it serves:
@@ -223,6 +254,7 @@ run)
 	demo_session
 	say "a short bench: load 1000 keys of 128 bytes, then 5000 zipfian gets, every value checked, 4 goroutines"
 	run_cli 0 bench --workload c --keys 1000 --ops 5000 --value-size 128 --concurrency 4 --verify
+	lose_a_node
 	grow_and_shrink
 	say "stopping the cluster (SIGTERM: leases end, commits finish, memory is deregistered, nodes leave)"
 	stop_all || fail "" "not every node stopped cleanly"
