@@ -131,6 +131,19 @@ func replicated(t *testing.T, n, r int, mod func(*server.Config)) (*testcluster.
 	return c, c.Client(t, nil), mapLeader(t, c)
 }
 
+// waitWritable puts k until a put is acknowledged, for at most 30 s.
+func waitWritable(t *testing.T, cl *client.Client, a *acked, k, what string) {
+	t.Helper()
+	testcluster.WaitFor(t, 30*time.Second, what, func() error {
+		v := a.next(k)
+		if err := cl.Put(context.Background(), []byte(k), value(k, v)); err != nil {
+			return err
+		}
+		a.ack(k, v)
+		return nil
+	})
+}
+
 func put(t *testing.T, cl *client.Client, a *acked, k string) {
 	t.Helper()
 	v := a.next(k)
@@ -211,7 +224,6 @@ func TestDeadBackupIsDroppedAndAddedBack(t *testing.T) {
 		t.Skip("two servers, a stop and 1024 shard copies twice")
 	}
 	c, cl, leader := replicated(t, 2, 2, func(cfg *server.Config) { cfg.BackupTimeout = 500 * time.Millisecond })
-	ctx := context.Background()
 	waitRoles(t, c, c.Map())
 
 	// The keys the leader is primary of, which stay writable.
@@ -228,14 +240,7 @@ func TestDeadBackupIsDroppedAndAddedBack(t *testing.T) {
 	}
 	c.Stop(other)
 	a := newAcked()
-	testcluster.WaitFor(t, 30*time.Second, "a write to a shard whose backup is down", func() error {
-		v := a.next(keys[0])
-		if err := cl.Put(ctx, []byte(keys[0]), value(keys[0], v)); err != nil {
-			return err
-		}
-		a.ack(keys[0], v)
-		return nil
-	})
+	waitWritable(t, cl, a, keys[0], "a write to a shard whose backup is down")
 	for _, k := range keys {
 		put(t, cl, a, k)
 	}
@@ -308,14 +313,7 @@ func TestDeadPrimaryFailsOver(t *testing.T) {
 	time.Sleep(100 * time.Millisecond)
 	stopped := time.Now()
 	c.Stop(dead.Name())
-	testcluster.WaitFor(t, 30*time.Second, "a write to a shard of the stopped primary", func() error {
-		v := a.next(theirs[0])
-		if err := cl.Put(ctx, []byte(theirs[0]), value(theirs[0], v)); err != nil {
-			return err
-		}
-		a.ack(theirs[0], v)
-		return nil
-	})
+	waitWritable(t, cl, a, theirs[0], "a write to a shard of the stopped primary")
 	t.Logf("from the stop to the first write acknowledged by the new primary: %v (the writer's puts that failed: %d)", time.Since(stopped).Round(time.Millisecond), failed.Load())
 	m := c.Map()
 	for _, k := range theirs {
