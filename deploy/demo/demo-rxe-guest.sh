@@ -34,6 +34,10 @@ IFS=, read -r -a addrs <<<"${RKV_RXE_ADDRS:?}"
 	exit 2
 }
 gid_index=${RKV_RXE_GID_INDEX:-1}
+IFS=, read -r -a netdevs <<<"${RKV_RXE_NETDEVS:-?,?,?,?}"
+# rkv-client reads RKV_* as its flags and warns about the others: the
+# VM's and this script's are read above, so they go.
+unset RKV_RXE_VM RKV_RXE_DEVICES RKV_RXE_ADDRS RKV_RXE_NETDEVS RKV_RXE_GID_INDEX RKV_DEMO_BIN RKV_DEMO_GETS
 for b in rkv-server rkv-client; do
 	[[ -x $bin/$b ]] || {
 		echo "$bin/$b is missing: build with go build -tags verbs -o bin/verbs/ ./cmd/..." >&2
@@ -107,7 +111,6 @@ others() {
 t0=$SECONDS
 say "4 Soft-RoCE devices in one VM (default namespace, veth pairs on a bridge)"
 printf '  %-7s %-6s %-7s %-12s %s\n' NODE DEVICE NETDEV IP "GID[$gid_index]"
-IFS=, read -r -a netdevs <<<"${RKV_RXE_NETDEVS:-?,?,?,?}"
 for i in 0 1 2 3; do
 	name=client
 	[[ $i -lt 3 ]] && name=${nodes[$i]}

@@ -17,6 +17,8 @@ root=$PWD
 bin=$root/bin
 state=$root/.demo
 base=${RKV_DEMO_BASE_PORT:-7400}
+# rkv-client reads RKV_* as its flags: it would warn about this one.
+unset RKV_DEMO_BASE_PORT
 nodes=(node1 node2 node3)
 mode=${1:-run}
 
