@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/vmihailenco/msgpack/v5"
 )
@@ -41,6 +43,24 @@ const (
 	// MaxZoneLen bounds a server's zone label.
 	MaxZoneLen = 64
 )
+
+// CheckZone reports whether zone is a zone label a server may carry (its
+// --zone): at most MaxZoneLen bytes of printable UTF-8 without spaces, so
+// that it reads as one word in logs and tables. "" (no zone) is valid.
+func CheckZone(zone string) error {
+	if len(zone) > MaxZoneLen {
+		return fmt.Errorf("zone %q: %d bytes, at most %d", zone, len(zone), MaxZoneLen)
+	}
+	if !utf8.ValidString(zone) {
+		return fmt.Errorf("zone %q: not UTF-8", zone)
+	}
+	for _, r := range zone {
+		if !unicode.IsPrint(r) || unicode.IsSpace(r) {
+			return fmt.Errorf("zone %q: %q is not allowed (printable characters without spaces, e.g. rack-1 or eu-west-1a)", zone, r)
+		}
+	}
+	return nil
+}
 
 // ErrBadMap means an encoded map or map command that is malformed, of
 // another MapVersion, or inconsistent.

@@ -26,7 +26,8 @@ import (
 //	  [[arenaID, addr, length, rkey], ...],      // sorted by ID
 //	  [arenaCount, arenaDigest] | nil,
 //	  serverID, clusterID, mapEpoch,
-//	  [maxKeyLen, maxValueLen] | nil ]
+//	  [maxKeyLen, maxValueLen] | nil,
+//	  zone ]                                     // only when set
 //
 // Integers take msgpack's smallest form. Measured (TestNodeMetaSize) for a
 // verbs server with its index, a 34-byte control address, a 16-character
@@ -39,9 +40,15 @@ import (
 // ArenaTable, in memberlist's push/pull state and in direct messages.
 //
 // The version comes first. A decoder refuses any other version: the layout
-// is exact, with no optional trailing fields, so a change of layout is a
-// new MetaVersion, and a cluster moves to it only once every node can read
-// it.
+// is exact, so a change of layout is a new MetaVersion, and a cluster moves
+// to it only once every node can read it. One exception, the zone: it is
+// the one optional trailing field (16 fields instead of 15), written only
+// when the server has one, so that a server without a zone stays readable
+// by nodes from before zones, and their metadata by this one. A server
+// with a zone is refused by such nodes (as metadata of 16 fields): upgrade
+// them before giving servers zones. An empty zone is never written, so
+// each value has one encoding. It costs 3 bytes plus its length (the
+// array header takes 2 more bytes past 15 fields).
 const (
 	MetaVersion = 3
 
@@ -165,6 +172,10 @@ type NodeMeta struct {
 	// Limits are the largest key and value a server takes, so that a
 	// writer checks them before it writes anything. Zero on clients.
 	Limits RecordLimits
+	// Zone is the server's failure domain (its --zone, CheckZone), which
+	// the map's leader puts into the map; "" when it names none, and on
+	// clients.
+	Zone string
 }
 
 // RecordLimits bound a record's key and value, in bytes.
@@ -225,13 +236,17 @@ func (m *NodeMeta) Validate() error {
 		{"provider", m.Provider, MaxMetaProviderLen},
 		{"endpoint address", m.Endpoint.Addr, MaxMetaAddrLen},
 		{"server ID", m.ServerID, MaxServerIDLen},
+		{"zone", m.Zone, MaxZoneLen},
 	} {
 		if len(s.v) > s.max {
 			return badMeta("%s of %d bytes, limit %d", s.name, len(s.v), s.max)
 		}
 	}
-	if m.Role == RoleClient && (m.Index != nil || len(m.Arenas) != 0 || m.Detached() || m.ServerID != "" || m.Limits != (RecordLimits{})) {
-		return badMeta("a client advertises no index, arenas, server ID or limits")
+	if m.Role == RoleClient && (m.Index != nil || len(m.Arenas) != 0 || m.Detached() || m.ServerID != "" || m.Limits != (RecordLimits{}) || m.Zone != "") {
+		return badMeta("a client advertises no index, arenas, server ID, limits or zone")
+	}
+	if err := CheckZone(m.Zone); err != nil {
+		return badMeta("%v", err)
 	}
 	if m.Limits.MaxKeyLen > MaxKeyLen {
 		return badMeta("key limit %d, beyond the record format's %d", m.Limits.MaxKeyLen, MaxKeyLen)
@@ -294,7 +309,11 @@ func EncodeNodeMeta(m NodeMeta) ([]byte, error) {
 	}
 	var buf bytes.Buffer
 	e := msgpack.NewEncoder(&buf)
-	_ = e.EncodeArrayLen(metaFields)
+	fields := metaFields
+	if m.Zone != "" {
+		fields = metaFieldsZone
+	}
+	_ = e.EncodeArrayLen(fields)
 	_ = e.EncodeUint(MetaVersion)
 	_ = e.EncodeUint(uint64(m.Role))
 	_ = e.EncodeBool(m.Leaving)
@@ -338,11 +357,18 @@ func EncodeNodeMeta(m NodeMeta) ([]byte, error) {
 		_ = e.EncodeUint(uint64(m.Limits.MaxKeyLen))
 		_ = e.EncodeUint(uint64(m.Limits.MaxValueLen))
 	}
+	if m.Zone != "" {
+		_ = e.EncodeString(m.Zone)
+	}
 	return buf.Bytes(), nil // writes to a bytes.Buffer cannot fail
 }
 
-// metaFields is the length of a MetaVersion 3 metadata array.
-const metaFields = 15
+// metaFields is the length of a MetaVersion 3 metadata array;
+// metaFieldsZone with the optional zone.
+const (
+	metaFields     = 15
+	metaFieldsZone = metaFields + 1
+)
 
 func encodeArenas(e *msgpack.Encoder, arenas []ArenaRegion) {
 	_ = e.EncodeArrayLen(len(arenas))
@@ -397,8 +423,8 @@ func DecodeNodeMeta(b []byte) (NodeMeta, error) {
 	if v != MetaVersion {
 		return NodeMeta{}, d.fail("metadata version %d; this node reads version %d", v, MetaVersion)
 	}
-	if n != metaFields {
-		return NodeMeta{}, d.fail("version %d metadata of %d fields, want %d", v, n, metaFields)
+	if n != metaFields && n != metaFieldsZone {
+		return NodeMeta{}, d.fail("version %d metadata of %d fields, want %d (or %d with a zone)", v, n, metaFields, metaFieldsZone)
 	}
 	var m NodeMeta
 	role, err := d.uint("role", 255)
@@ -444,6 +470,14 @@ func DecodeNodeMeta(b []byte) (NodeMeta, error) {
 	}
 	if m.Limits, err = d.limits(); err != nil {
 		return NodeMeta{}, err
+	}
+	if n == metaFieldsZone {
+		if m.Zone, err = d.str("zone", MaxZoneLen); err != nil {
+			return NodeMeta{}, err
+		}
+		if m.Zone == "" {
+			return NodeMeta{}, d.fail("an empty zone field (a server without a zone leaves it out)")
+		}
 	}
 	if err := d.end("metadata"); err != nil {
 		return NodeMeta{}, err

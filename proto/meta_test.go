@@ -2,6 +2,7 @@ package proto
 
 import (
 	"bytes"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"reflect"
@@ -380,10 +381,98 @@ func TestArenaTablesRefused(t *testing.T) {
 	}
 }
 
+// preZoneMeta is what a server from before zones gossiped (the encoder of
+// that release, run on zonedSample without its zone): 15 fields.
+const preZoneMeta = "9f0301c2a676302e312e30ae3132372e302e302e313a37343131a4736f667493ae3132372e302e302e313a37343231c0000395cf00007f000000000005cd04000801919400cf00007e0000000000ce0400000009c0b030313233343536373839616263646566010992cd0400ce00100000"
+
+// zonedSample is a soft server with a zone.
+func zonedSample() NodeMeta {
+	return NodeMeta{Role: RoleServer, RKVVersion: "v0.1.0", ControlAddr: "127.0.0.1:7411", Provider: "soft", Endpoint: Endpoint{Addr: "127.0.0.1:7421"},
+		Generation: 3, Index: &IndexRegion{Addr: 0x7f00_0000_0000, RKey: 5, Geometry: IndexGeometry{Slots: 1024, Neighborhood: 8, Seed: 1}},
+		Arenas: []ArenaRegion{{ID: 0, Addr: 0x7e00_0000_0000, Length: 1 << 26, RKey: 9}}, ServerID: "0123456789abcdef",
+		ClusterID: 1, MapEpoch: 9, Limits: RecordLimits{MaxKeyLen: 1024, MaxValueLen: 1 << 20}, Zone: "eu-west-1a"}
+}
+
+// The zone is an optional trailing field: metadata without one is byte for
+// byte what servers from before zones sent, and theirs still decodes.
+func TestNodeMetaZone(t *testing.T) {
+	old, err := hex.DecodeString(preZoneMeta)
+	if err != nil {
+		t.Fatal(err)
+	}
+	noZone := zonedSample()
+	noZone.Zone = ""
+	got, err := DecodeNodeMeta(old)
+	if err != nil || !reflect.DeepEqual(got, noZone) {
+		t.Fatalf("metadata of a server from before zones: %+v, %v; want %+v", got, err, noZone)
+	}
+	if b := roundTrip(t, noZone); !bytes.Equal(b, old) {
+		t.Fatalf("without a zone: %x, want the 15-field encoding older nodes read, %x", b, old)
+	}
+	z := zonedSample()
+	b := roundTrip(t, z)
+	if want := len(old) + 3 + len(z.Zone); len(b) != want {
+		t.Errorf("with zone %q: %d bytes, want %d (the comment in meta.go says 3 plus its length)", z.Zone, len(b), want)
+	}
+	if b[0] != 0xdc || b[1] != 0 || b[2] != metaFieldsZone {
+		t.Errorf("with a zone: header % x, want an array of %d", b[:3], metaFieldsZone)
+	}
+	widest := z
+	widest.Zone = strings.Repeat("z", MaxZoneLen)
+	roundTrip(t, widest)
+
+	for name, zone := range map[string]string{
+		"too long": strings.Repeat("z", MaxZoneLen+1), "space": "rack 1", "tab": "rack\t1", "newline": "a\n", "not UTF-8": "\xff",
+	} {
+		m := zonedSample()
+		m.Zone = zone
+		if _, err := EncodeNodeMeta(m); !errors.Is(err, ErrBadMeta) {
+			t.Errorf("zone %s (%q): encoded, err %v", name, zone, err)
+		}
+	}
+	client := testClientMeta()
+	client.Zone = "a"
+	if _, err := EncodeNodeMeta(client); !errors.Is(err, ErrBadMeta) {
+		t.Errorf("a client with a zone: %v", err)
+	}
+
+	// A 16th field that is empty, nil, not a string or too long, or a
+	// 17th, is refused: one encoding per value.
+	raw := func(zone any, extra ...any) []byte {
+		// The 15 fields of old, then zone (and extra), in a new header.
+		var buf bytes.Buffer
+		e := msgpack.NewEncoder(&buf)
+		_ = e.EncodeArrayLen(metaFields + 1 + len(extra))
+		buf.Write(old[1:])
+		for _, v := range append([]any{zone}, extra...) {
+			_ = e.Encode(v)
+		}
+		return buf.Bytes()
+	}
+	if got, err := DecodeNodeMeta(raw("rack-1")); err != nil || got.Zone != "rack-1" {
+		t.Fatalf("hand-built zoned metadata: %+v, %v", got, err)
+	}
+	for name, b := range map[string][]byte{
+		"empty zone":  raw(""),
+		"nil zone":    raw(nil),
+		"zone as int": raw(7),
+		"long zone":   raw(strings.Repeat("z", MaxZoneLen+1)),
+		"zone, space": raw("rack 1"),
+		"17 fields":   raw("rack-1", "more"),
+	} {
+		if m, err := DecodeNodeMeta(b); !errors.Is(err, ErrBadMeta) {
+			t.Errorf("%s: decoded %+v, err %v", name, m, err)
+		}
+	}
+}
+
 func FuzzDecodeNodeMeta(f *testing.F) {
 	det, _, _ := EncodeNodeMetaLimit(testServerMeta(64), GossipMetaMaxSize)
 	f.Add(det)
-	for _, m := range []NodeMeta{testClientMeta(), testServerMeta(0), testServerMeta(3), worstServerMeta(2)} {
+	if old, err := hex.DecodeString(preZoneMeta); err == nil {
+		f.Add(old)
+	}
+	for _, m := range []NodeMeta{testClientMeta(), testServerMeta(0), testServerMeta(3), worstServerMeta(2), zonedSample()} {
 		b, err := EncodeNodeMeta(m)
 		if err != nil {
 			f.Fatal(err)
