@@ -102,6 +102,7 @@ const (
 	MsgViewReply
 	MsgReplicaCommit
 	MsgReplicaDelete
+	MsgSetReplicas
 	msgTypeEnd
 )
 
@@ -140,6 +141,7 @@ var msgTable = [msgTypeEnd]struct {
 	MsgViewReply:      {"ViewReply", func() Message { return &ViewReply{} }, 0},
 	MsgReplicaCommit:  {"ReplicaCommit", func() Message { return &ReplicaCommit{} }, MsgCommitReply},
 	MsgReplicaDelete:  {"ReplicaDelete", func() Message { return &ReplicaDelete{} }, MsgAck},
+	MsgSetReplicas:    {"SetReplicas", func() Message { return &SetReplicas{} }, MsgMapChangeReply},
 }
 
 func (t MsgType) String() string {
@@ -467,6 +469,15 @@ type Forget struct {
 	Force bool
 }
 
+// SetReplicas asks the cluster to keep Replicas copies of each shard (1 to
+// MaxShardOwners): the map's leader then adds replicas where shards have
+// fewer, up to the number of active servers. Answered by MapChangeReply
+// with the epoch of the map that holds the count. A server from before
+// this message answers it as an unknown type and closes the connection.
+type SetReplicas struct {
+	Replicas int
+}
+
 // GetView asks a server for the servers it sees in gossip and, like GetMap,
 // for its cluster map when it is newer than Have: all a client that does
 // not join gossip needs, in one round trip.
@@ -582,6 +593,7 @@ func (*ReleaseShards) Type() MsgType  { return MsgReleaseShards }
 func (*MapChange) Type() MsgType      { return MsgMapChange }
 func (*MapChangeReply) Type() MsgType { return MsgMapChangeReply }
 func (*Forget) Type() MsgType         { return MsgForget }
+func (*SetReplicas) Type() MsgType    { return MsgSetReplicas }
 func (*GetView) Type() MsgType        { return MsgGetView }
 func (*ReplicaCommit) Type() MsgType  { return MsgReplicaCommit }
 func (*ReplicaDelete) Type() MsgType  { return MsgReplicaDelete }
@@ -863,6 +875,13 @@ func (m *Forget) encode(e *encoder) {
 	e.array(2)
 	e.str(m.Node)
 	e.bool(m.Force)
+}
+
+func (m *SetReplicas) encode(e *encoder) {
+	if m.Replicas < 1 || m.Replicas > MaxShardOwners {
+		e.fail("set replicas to %d: must be 1 to %d", m.Replicas, MaxShardOwners)
+	}
+	e.uints(uint64(m.Replicas))
 }
 
 func (m *GetView) encode(e *encoder) { e.uints(m.Have) }
@@ -1423,6 +1442,21 @@ func (m *Forget) decode(d *decoder) error {
 	}
 	m.Force, err = d.bool("force")
 	return err
+}
+
+func (m *SetReplicas) decode(d *decoder) error {
+	if err := d.fields("SetReplicas", 1); err != nil {
+		return err
+	}
+	n, err := d.uint("replicas", MaxShardOwners)
+	if err != nil {
+		return err
+	}
+	if n == 0 {
+		return d.fail("set replicas to 0: must be 1 to %d", MaxShardOwners)
+	}
+	m.Replicas = int(n)
+	return nil
 }
 
 func (m *GetView) decode(d *decoder) error { return d.uints("GetView", &m.Have) }

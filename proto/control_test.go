@@ -55,6 +55,8 @@ func controlSamples() []Message {
 		&MapChange{Command: []byte("cmd")},
 		&MapChangeReply{Epoch: 9},
 		&Forget{Node: "node2", Force: true},
+		&SetReplicas{Replicas: 1},
+		&SetReplicas{Replicas: MaxShardOwners},
 		&GetView{Have: 7},
 		&ViewReply{},
 		&ViewReply{Epoch: 9, Map: []byte{4, 5}, Members: []ViewMember{
@@ -159,6 +161,13 @@ func TestControlDecodeRejects(t *testing.T) {
 		"session kind 3":             body(t, ControlVersion, MsgHello, 1, []any{"c", nil, 3, "", false}),
 		"forget no name":             body(t, ControlVersion, MsgForget, 1, []any{"", false}),
 		"bool as int":                body(t, ControlVersion, MsgForget, 1, []any{"n", 1}),
+		"set replicas 0":             body(t, ControlVersion, MsgSetReplicas, 1, []any{0}),
+		"set replicas 17":            body(t, ControlVersion, MsgSetReplicas, 1, []any{MaxShardOwners + 1}),
+		"set replicas -1":            body(t, ControlVersion, MsgSetReplicas, 1, []any{-1}),
+		"set replicas nil":           body(t, ControlVersion, MsgSetReplicas, 1, []any{nil}),
+		"set replicas as string":     body(t, ControlVersion, MsgSetReplicas, 1, []any{"3"}),
+		"set replicas, 2 fields":     body(t, ControlVersion, MsgSetReplicas, 1, []any{3, 0}),
+		"set replicas, no field":     body(t, ControlVersion, MsgSetReplicas, 1, []any{}),
 		"arena 4096":                 body(t, ControlVersion, MsgCommitReply, 1, []any{4096, 0, 1, 1}),
 		"rkey 2^32":                  body(t, ControlVersion, MsgLeaseReply, 1, []any{1, 0, 0, 0, uint64(1) << 32, 0, 0, 0}),
 		"error code 0":               body(t, ControlVersion, MsgError, 1, []any{0, "x"}),
@@ -212,7 +221,7 @@ func TestControlEncodeRejects(t *testing.T) {
 	for _, m := range []Message{
 		&Delete{}, &Hello{Client: strings.Repeat("x", MaxControlName+1)}, &Error{}, &LeaseReply{TTL: -1},
 		&ScanReply{Entries: []ScanEntry{{}}},
-		&Forget{}, &Hello{Kind: 9}, &FenceShards{Shards: []Shard{NumShards}}, &ShardScan{Shard: NumShards},
+		&Forget{}, &SetReplicas{}, &SetReplicas{Replicas: -1}, &SetReplicas{Replicas: MaxShardOwners + 1}, &Hello{Kind: 9}, &FenceShards{Shards: []Shard{NumShards}}, &ShardScan{Shard: NumShards},
 		&MapReply{Map: make([]byte, MaxMapBytes+1)},
 		&ViewReply{Members: []ViewMember{{Name: "n", State: 1, Meta: NodeMeta{}}}}, // no role: metadata that never decodes
 		&ViewReply{Members: []ViewMember{{Name: "n", State: 4, Meta: viewSampleMeta(false)}}},
@@ -281,4 +290,19 @@ func FuzzReadFrame(f *testing.F) {
 			}
 		}
 	})
+}
+
+// SetReplicas is answered as Forget is, and its count reads as sent.
+func TestSetReplicasMessage(t *testing.T) {
+	if MsgSetReplicas.Reply() != MsgMapChangeReply || MsgSetReplicas.String() != "SetReplicas" {
+		t.Fatalf("%v answered by %v", MsgSetReplicas, MsgSetReplicas.Reply())
+	}
+	_, m, err := DecodeFrame(body(t, ControlVersion, MsgSetReplicas, 7, []any{3}))
+	if sr, ok := m.(*SetReplicas); err != nil || !ok || sr.Replicas != 3 {
+		t.Fatalf("SetReplicas of 3: %#v, %v", m, err)
+	}
+	_, err = AppendFrame(nil, 1, &SetReplicas{Replicas: 0})
+	if !errors.Is(err, ErrBadMessage) || !strings.Contains(err.Error(), "set replicas to 0: must be 1 to 16") {
+		t.Fatalf("encoding SetReplicas of 0: %v", err)
+	}
 }

@@ -411,7 +411,7 @@ func (l *leader) duties(ctx context.Context) {
 	s := l.s
 	m := s.node.Map()
 	if !m.Bootstrapped() {
-		if l.propose(ctx, &proto.MapCommand{Op: proto.MapAddServer, Server: proto.MapServer{Name: s.cfg.Name, ID: s.id}}) != nil && s.cfg.Replicas > 1 {
+		if l.propose(ctx, &proto.MapCommand{Op: proto.MapAddServer, Server: proto.MapServer{Name: s.cfg.Name, ID: s.id, Zone: s.cfg.Zone}}) != nil && s.cfg.Replicas > 1 {
 			if next := l.propose(ctx, &proto.MapCommand{Op: proto.MapSetReplicas, Replicas: s.cfg.Replicas}); next != nil {
 				s.log.Info("new cluster: replicas set", "replicas", next.Replicas(), "epoch", next.Epoch())
 			}
@@ -447,8 +447,13 @@ func (l *leader) duties(ctx context.Context) {
 		case ok && srv.State == proto.ServerRemoved && srv.ID == mb.Meta.ServerID:
 			l.warn("removed/"+mb.Name, "a server removed from the cluster still runs: stop it", "server", mb.Name, "id", srv.ID)
 		case !ok, srv.State == proto.ServerRemoved: // new, or the name rejoining on an empty data directory
-			if next := l.propose(ctx, &proto.MapCommand{Op: proto.MapAddServer, Server: proto.MapServer{Name: mb.Name, ID: mb.Meta.ServerID}}); next != nil {
-				s.log.Info("server added to the cluster map", "server", mb.Name, "id", mb.Meta.ServerID, "epoch", next.Epoch())
+			if next := l.propose(ctx, &proto.MapCommand{Op: proto.MapAddServer, Server: proto.MapServer{Name: mb.Name, ID: mb.Meta.ServerID, Zone: mb.Meta.Zone}}); next != nil {
+				s.log.Info("server added to the cluster map", "server", mb.Name, "id", mb.Meta.ServerID, "zone", mb.Meta.Zone, "epoch", next.Epoch())
+				m = next
+			}
+		case srv.ID == mb.Meta.ServerID && srv.Zone != mb.Meta.Zone: // restarted with another zone: AddServer relabels it
+			if next := l.propose(ctx, &proto.MapCommand{Op: proto.MapAddServer, Server: proto.MapServer{Name: mb.Name, ID: mb.Meta.ServerID, Zone: mb.Meta.Zone}}); next != nil {
+				s.log.Info("server's zone changed in the cluster map", "server", mb.Name, "zone", mb.Meta.Zone, "was", srv.Zone, "epoch", next.Epoch())
 				m = next
 			}
 		case srv.ID != mb.Meta.ServerID:

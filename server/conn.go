@@ -364,6 +364,8 @@ var handlers = [proto.NumMsgTypes]handler{
 	proto.MsgGetView:    on(func(c *conn, m *proto.GetView) proto.Message { return c.s.viewReply(m.Have) }),
 	proto.MsgForget:     on(func(c *conn, m *proto.Forget) proto.Message { return c.s.forget(m) }),
 
+	proto.MsgSetReplicas: on(func(c *conn, m *proto.SetReplicas) proto.Message { return c.s.setReplicas(m) }), // authenticated as forget is
+
 	proto.MsgMapChange:     peer((*Server).mapChange),
 	proto.MsgShardScan:     peer((*Server).shardScan),
 	proto.MsgFenceShards:   peer((*Server).fenceShards),

@@ -72,9 +72,19 @@ type Config struct {
 	Bootstrap bool
 	// Replicas, with Bootstrap, is how many copies of each shard the new
 	// cluster keeps (the map's replica count, on distinct servers as
-	// there are servers; later changes are map commands). It is ignored
-	// on a restart and when joining. Default 0: one copy.
+	// there are servers): the bootstrapping leader sets it in the new map.
+	// The map is the authority after that: on a restart or a join it is
+	// ignored (logged at INFO when it differs from the map's), and
+	// `rkv-client replicas N` (proto.SetReplicas) changes it. Default 0:
+	// one copy.
 	Replicas int
+	// Zone is the server's failure domain, a label such as a rack or an
+	// availability zone (proto.CheckZone: printable, no spaces, at most
+	// proto.MaxZoneLen bytes): it gossips it, the map's leader puts it in
+	// the map, and the planner spreads a shard's replicas over distinct
+	// zones first. A restart with another zone changes it in the map.
+	// Default "": none.
+	Zone string
 	// Voters is how many servers vote in the map's Raft group: the
 	// leader keeps the largest odd number of voters up to Voters among the
 	// map's servers (so 1 with one or two servers, 3 from three on); the
@@ -175,6 +185,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.Bootstrap && len(c.Membership.Seeds) > 0 {
 		return c, errors.New("server: Bootstrap starts a new cluster and Membership.Seeds join an existing one: give one")
+	}
+	if err := proto.CheckZone(c.Zone); err != nil {
+		return c, fmt.Errorf("server: Config.Zone: %w", err)
 	}
 	if c.ControlAddr == "" {
 		c.ControlAddr = "127.0.0.1:0"
@@ -368,6 +381,7 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		ClusterID:   m.ClusterID(),
 		MapEpoch:    m.Epoch(),
 		Limits:      proto.RecordLimits{MaxKeyLen: uint32(s.st.Options().MaxKeyLen), MaxValueLen: uint32(s.st.Options().MaxValueLen)},
+		Zone:        cfg.Zone,
 	}
 	// The arenas register while the listener and the replica start. A
 	// server none of whose arenas registers has nothing to serve: it
@@ -392,6 +406,11 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	go s.acceptLoop()
 	go s.watchMap()
 	go s.lead()
+	if cfg.Replicas != 0 && !(cfg.Bootstrap && !s.node.HasState()) {
+		// Not a new cluster: the map's count stands (replicas.go).
+		s.wg.Add(1)
+		go s.noteReplicasIgnored()
+	}
 	return s, nil
 }
 
