@@ -37,6 +37,9 @@ func TestReplicasAndZoneSettings(t *testing.T) {
 	if srv, _ := s.Map().Server("s1"); srv.Zone != "rack-1" || s.Meta().Zone != "rack-1" {
 		t.Fatalf("zone in the map %q, in the metadata %q; want rack-1", srv.Zone, s.Meta().Zone)
 	}
+	if r := s.Map().Replication(); r.Target != 1 || r.UnderReplicated != 0 {
+		t.Fatalf("one server at 3 replicas: %+v, want a target of 1 and none under-replicated", r)
+	}
 
 	// Not before a Hello: the session must be authenticated first.
 	nc := dial(t, s)
