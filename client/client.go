@@ -766,6 +766,34 @@ func (c *Client) Forget(ctx context.Context, node string, force bool) (uint64, e
 	return epoch, err
 }
 
+// SetReplicas asks the cluster to keep n copies of each shard, 1 to
+// proto.MaxShardOwners (16): the map's leader then adds a replica to each
+// shard with fewer, up to the number of active servers, copying it from
+// the primary while reads and writes go on. It returns once the count is
+// in the map, before the copies are made (Map().Replication() shows their
+// progress); the returned epoch is the map's after it. An n out of range
+// fails with ErrInvalid before anything is sent; a server's refusal comes
+// back as its error (ErrInvalid for a change the map refused,
+// ErrUnavailable when no map leader answered in time).
+func (c *Client) SetReplicas(ctx context.Context, n int) (uint64, error) {
+	if n < 1 || n > proto.MaxShardOwners {
+		return 0, fmt.Errorf("%w: SetReplicas(%d): the replica count is 1 to %d", ErrInvalid, n, proto.MaxShardOwners)
+	}
+	var epoch uint64
+	err := c.doAny(ctx, func(ctx context.Context, sc *serverConn, mb *membership.Member) error {
+		r, err := sc.call(ctx, mb, &proto.SetReplicas{Replicas: n})
+		if err != nil {
+			return err
+		}
+		epoch = r.(*proto.MapChangeReply).Epoch
+		return nil
+	})
+	if err == nil {
+		_ = c.refreshMap(ctx, epoch)
+	}
+	return epoch, err
+}
+
 // PrefixEnd returns the smallest key greater than every key with prefix,
 // or nil if there is none (the prefix is all 0xff): Scan(prefix,
 // PrefixEnd(prefix), n) lists the keys with that prefix.
