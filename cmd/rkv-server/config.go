@@ -49,6 +49,7 @@ type options struct {
 	JoinTimeout         time.Duration
 	Bootstrap           bool
 	Replicas            int
+	Zone                string
 	RaftVoters          int
 	MoveTimeout         time.Duration
 	FailoverTimeout     time.Duration
@@ -83,6 +84,10 @@ type options struct {
 	// flag (a misspelling would otherwise be ignored without a word),
 	// logged once the logger is up.
 	envWarnings []envflags.Unknown
+	// replicasGiven: --replicas was set (flag, environment or file), not
+	// left at its default. Only then is it passed on, so that a restart
+	// without it logs nothing about a map at another count.
+	replicasGiven bool
 }
 
 const usageHeader = `rkv-server runs one rkv server: it opens an RDMA device, the store (arenas
@@ -168,7 +173,8 @@ func newFlagSet(o *options) *pflag.FlagSet {
 	fs.StringSliceVar(&o.Join, "join", nil, "gossip addresses of members to join, comma separated; any that answers will do")
 	fs.DurationVar(&o.JoinTimeout, "join-timeout", 60*time.Second, "keep retrying --join while no member answers (with backoff, each attempt logged) for this long; 0: one attempt")
 	fs.BoolVar(&o.Bootstrap, "bootstrap", false, "start a new cluster of this server alone, if the data directory holds no cluster state yet (ignored on a restart)")
-	fs.IntVar(&o.Replicas, "replicas", 1, "with --bootstrap: copies of each shard the new cluster keeps, on distinct servers as there are servers (ignored on a restart and when joining)")
+	fs.IntVar(&o.Replicas, "replicas", 1, "copies of each shard, on distinct servers (distinct --zone first), 1 to 16: the map's count, set by the --bootstrap of a new cluster and ignored on a restart or a --join (change it with rkv-client replicas N). Default 1 until read leases are built, then 3 (the issue's target)")
+	fs.StringVar(&o.Zone, "zone", "", "this server's failure domain (a rack, an availability zone): a label of up to 64 printable characters without spaces; replicas of a shard go to distinct zones first (empty: none)")
 	fs.IntVar(&o.RaftVoters, "raft-voters", 3, "servers voting in the cluster map's Raft group (an odd number is kept: 1 with one or two servers); the others follow without voting")
 	fs.DurationVar(&o.MoveTimeout, "move-timeout", 30*time.Second, "abort a shard move whose source or target has been down this long")
 	fs.DurationVar(&o.FailoverTimeout, "failover-timeout", time.Second, "hand the shards of a primary declared dead by gossip this long ago to their backups (with more than one replica)")
@@ -262,6 +268,7 @@ func parseOptions(args []string, environ []string, usageOut io.Writer) (*options
 			}
 		}
 	}
+	o.replicasGiven = fs.Changed("replicas") // fs.Set marks the environment's and the file's too
 	if err := o.validate(); err != nil {
 		return nil, err
 	}
@@ -386,6 +393,9 @@ func (o *options) validate() error {
 	}
 	if o.Bootstrap && len(o.Join) > 0 {
 		return errors.New("--bootstrap starts a new cluster and --join joins an existing one: give one")
+	}
+	if err := proto.CheckZone(o.Zone); err != nil {
+		return fmt.Errorf("--zone: %w", err)
 	}
 	if o.MaxConns < 1 || o.MaxConnsPerHost < 1 {
 		return fmt.Errorf("--max-conns %d, --max-conns-per-host %d: must be at least 1", o.MaxConns, o.MaxConnsPerHost)

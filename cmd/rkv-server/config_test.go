@@ -324,3 +324,52 @@ func TestCredentialLogs(t *testing.T) {
 		}
 	}
 }
+
+// --replicas and --zone: their defaults, each source, and what is refused.
+// --replicas reaches the server only when given, so that a restart without
+// it says nothing about the map's count.
+func TestReplicasAndZoneOptions(t *testing.T) {
+	o, err := parseOptions([]string{"--name", "n"}, env(nil), io.Discard)
+	if err != nil || o.Replicas != 1 || o.replicasGiven || o.Zone != "" {
+		t.Fatalf("defaults: replicas %d (given %v), zone %q, %v", o.Replicas, o.replicasGiven, o.Zone, err)
+	}
+	o, err = parseOptions([]string{"--name", "n", "--replicas", "3", "--zone", "eu-west-1a"}, env(nil), io.Discard)
+	if err != nil || o.Replicas != 3 || !o.replicasGiven || o.Zone != "eu-west-1a" {
+		t.Fatalf("flags: replicas %d (given %v), zone %q, %v", o.Replicas, o.replicasGiven, o.Zone, err)
+	}
+	o, err = parseOptions([]string{"--name", "n"}, env(map[string]string{"RKV_REPLICAS": "1", "RKV_ZONE": "rack-2"}), io.Discard)
+	if err != nil || o.Replicas != 1 || !o.replicasGiven || o.Zone != "rack-2" {
+		t.Fatalf("environment: replicas %d (given %v), zone %q, %v", o.Replicas, o.replicasGiven, o.Zone, err)
+	}
+	conf := filepath.Join(t.TempDir(), "n.conf")
+	os.WriteFile(conf, []byte("name = n\nreplicas = 16\nzone = \"rack-3\"\n"), 0o600)
+	o, err = parseOptions([]string{"--config", conf}, env(nil), io.Discard)
+	if err != nil || o.Replicas != 16 || !o.replicasGiven || o.Zone != "rack-3" {
+		t.Fatalf("config file: replicas %d (given %v), zone %q, %v", o.Replicas, o.replicasGiven, o.Zone, err)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--replicas", "0"}, "--replicas 0: must be 1 to 16"},
+		{[]string{"--replicas", "17"}, "--replicas 17: must be 1 to 16"},
+		{[]string{"--replicas", "-2"}, "--replicas -2: must be 1 to 16"},
+		{[]string{"--replicas", "three"}, `invalid argument "three" for "--replicas"`},
+		{[]string{"--zone", "rack 1"}, `--zone: zone "rack 1": ' ' is not allowed`},
+		{[]string{"--zone", "a\tb"}, `--zone: zone "a\tb": '\t' is not allowed`},
+		{[]string{"--zone", "\xff"}, `--zone: zone "\xff": not UTF-8`},
+		{[]string{"--zone", strings.Repeat("z", 65)}, "65 bytes, at most 64"},
+	} {
+		_, err := parseOptions(append([]string{"--name", "n"}, tc.args...), env(nil), io.Discard)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: %v, want an error containing %q", tc.args, err, tc.want)
+		}
+	}
+	// The help says what the default is for, and what it will be.
+	var out bytes.Buffer
+	if code := run([]string{"--help"}, env(nil), io.Discard, &out, nil); code != exitOK ||
+		!strings.Contains(out.String(), "--replicas int") || !strings.Contains(out.String(), "Default 1 until read leases are built, then 3") ||
+		!strings.Contains(out.String(), "--zone string") {
+		t.Fatalf("--help: %d\n%s", code, out.String())
+	}
+}

@@ -111,7 +111,6 @@ func run(args []string, environ []string, stdout, stderr io.Writer, sigs <-chan 
 			Tuning:           membership.Tuning{Profile: membership.Profile(o.GossipProfile)},
 		},
 		Bootstrap:         o.Bootstrap,
-		Replicas:          o.Replicas,
 		MaxConns:          o.MaxConns,
 		MaxConnsPerHost:   o.MaxConnsPerHost,
 		FrameTimeout:      o.FrameTimeout,
@@ -120,12 +119,17 @@ func run(args []string, environ []string, stdout, stderr io.Writer, sigs <-chan 
 		FailoverTimeout:   o.FailoverTimeout,
 		BackupTimeout:     o.BackupTimeout,
 		DeadServerTimeout: o.DeadServerTimeout,
+		Zone:              o.Zone,
 		AuthToken:         o.AuthToken,
 		PeerToken:         o.PeerToken,
 		TLS:               o.tls,
 		PeerTLS:           o.peerTLS,
 		Logger:            log,
 		Registrar:         rdma.RegistrarOptions{Workers: o.RegistrationWorkers},
+	}
+
+	if o.replicasGiven { // else the map's: a restart without the flag logs nothing about it
+		cfg.Replicas = o.Replicas
 	}
 
 	// A signal during the start cancels it.
