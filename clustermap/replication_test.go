@@ -22,10 +22,16 @@ func TestReplicationSummary(t *testing.T) {
 	if r := m.Replication(); r != (Replication{Replicas: 3, Target: 2, UnderReplicated: proto.NumShards}) {
 		t.Fatalf("set to 3 on two servers: %+v", r)
 	}
+	if n := m.MostHolders(); n != 1 {
+		t.Fatalf("most holders %d before any copy, want 1", n)
+	}
 	plan := Plan(m, alwaysLive, 10)
 	m = must(t, m, &proto.MapCommand{Op: proto.MapStartMoves, Moves: plan})
 	if r := m.Replication(); r.UnderReplicated != proto.NumShards || r.Adding != len(plan) || len(plan) == 0 {
 		t.Fatalf("%d add-replica moves started: %+v", len(plan), r)
+	}
+	if n := m.MostHolders(); n != 2 {
+		t.Fatalf("most holders %d with add-replica moves in progress, want 2", n)
 	}
 	m, _ = settle(t, m, alwaysLive)
 	if r := m.Replication(); r != (Replication{Replicas: 3, Target: 2}) {

@@ -3,6 +3,7 @@ package server_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -75,6 +76,25 @@ func TestClientSetsReplicas(t *testing.T) {
 	for name := range zones {
 		if primaries[name]+backups[name] != proto.NumShards || primaries[name] == 0 {
 			t.Fatalf("%s: primary of %d shards, backs up %d; want every shard, some as primary", name, primaries[name], backups[name])
+		}
+	}
+
+	// Lowering below the copies the shards hold is refused (the leader
+	// drops no backup yet), with the reason; more than there are servers
+	// is taken, and back down to the copies they hold is no drop.
+	if _, err := cl.SetReplicas(ctx, 1); !errors.Is(err, client.ErrInvalid) || !strings.Contains(err.Error(), "lowering the replica count to 1 is not built yet") {
+		t.Fatalf("SetReplicas(1) at two copies a shard: %v, want the server's refusal", err)
+	}
+	if r := c.Map().Replicas(); r != 2 {
+		t.Fatalf("after the refusal: %d replicas", r)
+	}
+	for _, n := range []int{3, 2} {
+		if _, err := cl.SetReplicas(ctx, n); err != nil {
+			t.Fatalf("SetReplicas(%d) on two servers: %v", n, err)
+		}
+		c.WaitSettled(30 * time.Second)
+		if r := c.Map().Replication(); r != (clustermap.Replication{Replicas: n, Target: 2}) {
+			t.Fatalf("at %d replicas on two servers: %+v", n, r)
 		}
 	}
 }
