@@ -318,7 +318,42 @@ type memberJSON struct {
 	ArenasPending bool        `json:"arenas_pending,omitempty"`
 	ServerID      string      `json:"server_id,omitempty"`
 	MapEpoch      uint64      `json:"map_epoch,omitempty"`
-	Error         string      `json:"error,omitempty"`
+	Zone          string      `json:"zone,omitempty"`
+	shardsJSON
+	Error string `json:"error,omitempty"`
+}
+
+// shardsJSON is a server's part in the cluster map this client holds (the
+// freshest it got), in members' and status's rows: the shards it is
+// primary of and backs up, and, the same on every row, the map's replica
+// count and its shards with fewer holders than min(that count, active
+// servers).
+type shardsJSON struct {
+	ShardsPrimary      int `json:"shards_primary"`
+	ShardsBackup       int `json:"shards_backup"`
+	MapReplicas        int `json:"map_replicas"`
+	MapUnderReplicated int `json:"map_under_replicated"`
+}
+
+// shardRoles is shardsJSON for each server of m.
+func shardRoles(m *clustermap.Map) func(name string) shardsJSON {
+	primaries, backups, r := m.Counts(), m.Backups(), m.Replication()
+	return func(name string) shardsJSON {
+		return shardsJSON{ShardsPrimary: primaries[name], ShardsBackup: backups[name], MapReplicas: r.Replicas, MapUnderReplicated: r.UnderReplicated}
+	}
+}
+
+// replicationLine is the map's replica count and shards short of it, in
+// one line under members' and status's tables.
+func replicationLine(m *clustermap.Map) string {
+	r := toReplicationJSON(m)
+	line := fmt.Sprintf("map epoch %d: %s (%s a shard with %s), %s under-replicated, %s in progress",
+		r.MapEpoch, plural(r.Replicas, "replica"), plural(r.Target, "copy"), plural(r.ActiveServers, "active server"),
+		plural(r.UnderReplicated, "shard"), plural(r.AddingReplicas, "add-replica move"))
+	if r.OverReplicated > 0 {
+		line += fmt.Sprintf(", %d over-replicated", r.OverReplicated)
+	}
+	return line
 }
 
 type indexJSON struct {
@@ -336,11 +371,12 @@ type arenaJSON struct {
 	RKey   string `json:"rkey"`
 }
 
-func toMemberJSON(m membership.Member) memberJSON {
+func toMemberJSON(m membership.Member, roles func(string) shardsJSON) memberJSON {
 	j := memberJSON{Name: m.Name, State: m.State.String(), Role: m.Meta.Role.String(), GossipAddr: m.Addr.String(),
 		ControlAddr: m.Meta.ControlAddr, Provider: m.Meta.Provider, Endpoint: m.Meta.Endpoint.String(),
 		Generation: m.Meta.Generation, Leaving: m.Meta.Leaving, Version: m.Meta.RKVVersion,
-		ArenasPending: m.ArenasPending, Arenas: []arenaJSON{}, ServerID: m.Meta.ServerID, MapEpoch: m.Meta.MapEpoch}
+		ArenasPending: m.ArenasPending, Arenas: []arenaJSON{}, ServerID: m.Meta.ServerID, MapEpoch: m.Meta.MapEpoch,
+		Zone: m.Meta.Zone, shardsJSON: roles(m.Name)}
 	if m.MetaErr != nil {
 		j.Error = m.MetaErr.Error()
 	}
@@ -368,8 +404,11 @@ func membersCmd(g *globals) *cobra.Command {
 		Short: "show the cluster view: servers, their state, index and arenas (addr, rkey)",
 		Long: `members prints this client's view of the cluster, as the server asked
 (--endpoints) or the client's own gossip (--join) sees it: each server's
-state, control address, RDMA provider and data endpoint, generation, hash
-index (addr, rkey, geometry) and registered arenas (id, addr, length, rkey).
+state, zone, control address, RDMA provider and data endpoint, generation,
+the shards it is primary of and backs up in the cluster map, hash index
+(addr, rkey, geometry) and registered arenas (id, addr, length, rkey); under
+the table, the map's replica count and its shards with fewer copies than
+that (or than the active servers, when fewer).
 Clients are listed with --all, through --join only (a server's answer lists
 servers alone).
 
@@ -417,18 +456,20 @@ cluster to settle.`,
 				}
 				sort.Slice(ms, func(i, j int) bool { return ms[i].Name < ms[j].Name })
 				out := cmd.OutOrStdout()
+				cm := c.Map()
+				roles := shardRoles(cm)
 				if g.output == "json" {
 					list := make([]memberJSON, 0, len(ms))
 					for _, m := range ms {
-						list = append(list, toMemberJSON(m))
+						list = append(list, toMemberJSON(m, roles))
 					}
 					return writeJSON(out, list)
 				}
 				tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-				fmt.Fprintln(tw, "NAME\tSTATE\tROLE\tCONTROL\tPROVIDER\tENDPOINT\tGEN\tMAP\tINDEX ADDR\tINDEX RKEY\tSLOTSxNBHD\tARENAS")
+				fmt.Fprintln(tw, "NAME\tSTATE\tROLE\tZONE\tCONTROL\tPROVIDER\tENDPOINT\tGEN\tMAP\tPRIMARY\tBACKUP\tINDEX ADDR\tINDEX RKEY\tSLOTSxNBHD\tARENAS")
 				var arenas [][]string
 				for _, m := range ms {
-					j := toMemberJSON(m)
+					j := toMemberJSON(m, roles)
 					idx := "-\t-\t-"
 					if j.Index != nil {
 						idx = fmt.Sprintf("%s\t%s\t%dx%d", j.Index.Addr, j.Index.RKey, j.Index.Slots, j.Index.Neighborhood)
@@ -441,8 +482,12 @@ cluster to settle.`,
 					if j.Leaving {
 						state += " (leaving)"
 					}
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", j.Name, state, j.Role, dash(j.ControlAddr), dash(j.Provider),
-						dash(j.Endpoint), j.Generation, j.MapEpoch, idx, narenas)
+					primary, backup := "-", "-"
+					if cm.Member(j.Name) {
+						primary, backup = fmt.Sprint(j.ShardsPrimary), fmt.Sprint(j.ShardsBackup)
+					}
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\n", j.Name, state, j.Role, dash(j.Zone), dash(j.ControlAddr), dash(j.Provider),
+						dash(j.Endpoint), j.Generation, j.MapEpoch, primary, backup, idx, narenas)
 					for _, a := range j.Arenas {
 						arenas = append(arenas, []string{j.Name, fmt.Sprint(a.ID), a.Addr, human(a.Length), a.RKey})
 					}
@@ -454,7 +499,13 @@ cluster to settle.`,
 						fmt.Fprintln(tw, strings.Join(a, "\t"))
 					}
 				}
-				return tw.Flush()
+				if err := tw.Flush(); err != nil {
+					return err
+				}
+				if cm.Bootstrapped() {
+					fmt.Fprintln(out, replicationLine(cm))
+				}
+				return nil
 			})
 		},
 	}
@@ -496,7 +547,9 @@ type statusJSON struct {
 	Connections  uint64 `json:"connections"`
 	Handled      uint64 `json:"control_requests"`
 	MapEpoch     uint64 `json:"map_epoch"`
-	Shards       uint64 `json:"shards_owned"`
+	Shards       uint64 `json:"shards_owned"` // by the server's store
+	Zone         string `json:"zone,omitempty"`
+	shardsJSON          // by the client's map
 	// The moves into the server: shards copying now, shards moved in since
 	// it started, what they copied and how fast.
 	ShardsIncoming uint64  `json:"shards_incoming"`
@@ -526,24 +579,29 @@ func statusCmd(g *globals) *cobra.Command {
 		Long: `status asks every server of the view for its counters (the control RPC's
 Stats) and adds what gossip says (state, arenas registered): keys, the arena
 bytes live (current records), dead (superseded or deleted, for the cleaner to
-reclaim) and free, the map epoch it holds and the shards it owns, shard moves
-into it (shards copying now, moved in since it started, keys and bytes
-copied, MiB/s), commits,
+reclaim) and free, the map epoch it holds, the shards it is primary of and
+backs up in the cluster map (shards_owned in the JSON output is what its
+store serves), shard moves into it (shards copying now, moved in since it
+started, keys and bytes copied, MiB/s), commits,
 deletes, leases, connections and control requests. A server that answers but
 does not serve yet (no arena registered, or the map does not hold it) shows
 "not ready" in STATE, the reason in the JSON output. A server that does not
-answer is listed with its error, and the exit code is then 3.`,
+answer is listed with its error, and the exit code is then 3. Under the
+table: the map's replica count and its shards with fewer copies than that
+(or than the active servers, when fewer), as in replicas.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return g.withClient(cmd, func(ctx context.Context, c *client.Client) error {
 				var rows []statusJSON
 				var failed error
+				cm := c.Map()
+				roles := shardRoles(cm)
 				for _, m := range c.View().Members() {
 					if m.Meta.Role != proto.RoleServer {
 						continue
 					}
 					r := statusJSON{Name: m.Name, State: m.State.String(), ControlAddr: m.Meta.ControlAddr,
-						Generation: m.Meta.Generation, Arenas: len(m.Meta.Arenas)}
+						Generation: m.Meta.Generation, Arenas: len(m.Meta.Arenas), Zone: m.Meta.Zone, shardsJSON: roles(m.Name)}
 					if m.Meta.Detached() {
 						r.Arenas = m.Meta.ArenaSet.Count
 					}
@@ -578,18 +636,21 @@ answer is listed with its error, and the exit code is then 3.`,
 					}
 				} else {
 					tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-					fmt.Fprintln(tw, "NAME\tSTATE\tCONTROL\tGEN\tARENAS\tKEYS\tLIVE\tDEAD\tFREE\tMAP\tSHARDS\tMOVING IN\tCOMMITS\tDELETES\tLEASES\tCONNS\tREQUESTS")
+					fmt.Fprintln(tw, "NAME\tSTATE\tZONE\tCONTROL\tGEN\tARENAS\tKEYS\tLIVE\tDEAD\tFREE\tMAP\tPRIMARY\tBACKUP\tMOVING IN\tCOMMITS\tDELETES\tLEASES\tCONNS\tREQUESTS")
 					for _, r := range rows {
 						if r.Error != "" {
-							fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\terror: %s\n", r.Name, r.State, r.ControlAddr, r.Generation, r.Arenas, r.Error)
+							fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\terror: %s\n", r.Name, r.State, dash(r.Zone), r.ControlAddr, r.Generation, r.Arenas, r.Error)
 							continue
 						}
-						fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t%d\t%d\t%s\t%d\t%d\t%d\t%d\t%d\n", r.Name, r.State, r.ControlAddr, r.Generation, r.Arenas,
+						fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t%d\t%d\t%d\t%s\t%d\t%d\t%d\t%d\t%d\n", r.Name, r.State, dash(r.Zone), r.ControlAddr, r.Generation, r.Arenas,
 							r.Keys, humanBytes(r.LiveBytes), humanBytes(r.DeadBytes), humanBytes(r.FreeBytes),
-							r.MapEpoch, r.Shards, moving(r), r.Commits, r.Deletes, r.LeasesActive, r.Connections, r.Handled)
+							r.MapEpoch, r.ShardsPrimary, r.ShardsBackup, moving(r), r.Commits, r.Deletes, r.LeasesActive, r.Connections, r.Handled)
 					}
 					if err := tw.Flush(); err != nil {
 						return err
+					}
+					if cm.Bootstrapped() {
+						fmt.Fprintln(out, replicationLine(cm))
 					}
 				}
 				if failed != nil {
@@ -610,16 +671,19 @@ func moving(r statusJSON) string {
 }
 
 type mapServerJSON struct {
-	Name   string `json:"name"`
-	ID     string `json:"id"`
-	State  string `json:"state"`
-	Added  uint64 `json:"added_epoch"`
-	Shards int    `json:"shards"`
-	Alive  bool   `json:"alive"`
+	Name    string `json:"name"`
+	ID      string `json:"id"`
+	State   string `json:"state"`
+	Zone    string `json:"zone,omitempty"`
+	Added   uint64 `json:"added_epoch"`
+	Shards  int    `json:"shards"` // primary of
+	Backups int    `json:"backups"`
+	Alive   bool   `json:"alive"`
 }
 
 type mapMoveJSON struct {
 	Shard   proto.Shard `json:"shard"`
+	Kind    string      `json:"kind"` // replace, add-replica or promote
 	From    string      `json:"from"`
 	To      string      `json:"to"`
 	Phase   string      `json:"phase"`
@@ -632,33 +696,36 @@ func mapCmd(g *globals) *cobra.Command {
 		Short: "show the cluster map: its epoch, the servers and their shards, the moves in progress",
 		Long: `map prints the cluster map as a server holds it (the freshest this client
 can get): the epoch, each server with its state in the map (active or
-draining), the shards it owns and whether gossip sees it alive, and the shard
-moves in progress (copying, or frozen for their last copy).`,
+draining), its zone, the shards it is primary of and backs up and whether
+gossip sees it alive, the replica count, and the shard moves in progress
+(their kind: replace, add-replica or promote; copying, or frozen for their
+last copy).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return g.withClient(cmd, func(ctx context.Context, c *client.Client) error {
 				m := c.Map()
-				counts := m.Counts()
+				counts, backups := m.Counts(), m.Backups()
 				view := c.View()
 				var servers []mapServerJSON
 				for _, s := range m.Servers() {
 					mb, ok := view.Member(s.Name)
-					servers = append(servers, mapServerJSON{Name: s.Name, ID: s.ID, State: s.State.String(), Added: s.Added, Shards: counts[s.Name],
-						Alive: ok && mb.IsServer() && mb.Meta.ServerID == s.ID})
+					servers = append(servers, mapServerJSON{Name: s.Name, ID: s.ID, State: s.State.String(), Zone: s.Zone, Added: s.Added,
+						Shards: counts[s.Name], Backups: backups[s.Name], Alive: ok && mb.IsServer() && mb.Meta.ServerID == s.ID})
 				}
 				moves := []mapMoveJSON{}
 				for _, mv := range m.Moves() {
-					moves = append(moves, mapMoveJSON{Shard: mv.Shard, From: mv.From, To: mv.To, Phase: mv.Phase.String(), Started: mv.Started})
+					moves = append(moves, mapMoveJSON{Shard: mv.Shard, Kind: mv.Kind.String(), From: mv.From, To: mv.To, Phase: mv.Phase.String(), Started: mv.Started})
 				}
 				out := cmd.OutOrStdout()
 				if g.output == "json" {
-					return writeJSON(out, map[string]any{"epoch": m.Epoch(), "cluster_id": fmt.Sprintf("%016x", m.ClusterID()), "servers": servers, "moves": moves})
+					return writeJSON(out, map[string]any{"epoch": m.Epoch(), "cluster_id": fmt.Sprintf("%016x", m.ClusterID()), "replicas": m.Replicas(),
+						"servers": servers, "moves": moves})
 				}
-				fmt.Fprintf(out, "epoch %d, cluster %016x, %d shards\n", m.Epoch(), m.ClusterID(), proto.NumShards)
+				fmt.Fprintf(out, "epoch %d, cluster %016x, %d shards, %d replicas\n", m.Epoch(), m.ClusterID(), proto.NumShards, m.Replicas())
 				tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-				fmt.Fprintln(tw, "SERVER\tID\tSTATE\tALIVE\tSHARDS\tADDED")
+				fmt.Fprintln(tw, "SERVER\tID\tSTATE\tZONE\tALIVE\tSHARDS\tBACKUPS\tADDED")
 				for _, s := range servers {
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%v\t%d\t%d\n", s.Name, s.ID, s.State, s.Alive, s.Shards, s.Added)
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%v\t%d\t%d\t%d\n", s.Name, s.ID, s.State, dash(s.Zone), s.Alive, s.Shards, s.Backups, s.Added)
 				}
 				if err := tw.Flush(); err != nil {
 					return err
@@ -666,9 +733,9 @@ moves in progress (copying, or frozen for their last copy).`,
 				if len(moves) > 0 {
 					fmt.Fprintf(out, "%d moves in progress:\n", len(moves))
 					tw = tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-					fmt.Fprintln(tw, "SHARD\tFROM\tTO\tPHASE\tSTARTED")
+					fmt.Fprintln(tw, "SHARD\tKIND\tFROM\tTO\tPHASE\tSTARTED")
 					for _, mv := range moves {
-						fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\n", mv.Shard, mv.From, mv.To, mv.Phase, mv.Started)
+						fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\n", mv.Shard, mv.Kind, mv.From, mv.To, mv.Phase, mv.Started)
 					}
 					return tw.Flush()
 				}

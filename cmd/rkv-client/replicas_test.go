@@ -1,0 +1,105 @@
+package main
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rkv-io/rkv/internal/testcluster"
+	"github.com/rkv-io/rkv/proto"
+	"github.com/rkv-io/rkv/server"
+	"github.com/rkv-io/rkv/store"
+)
+
+// replicas shows the count and sets it; members, status and map show each
+// server's primaries and backups, its zone and the map's count, in the
+// table and in JSON.
+func TestReplicasCommand(t *testing.T) {
+	if testing.Short() {
+		t.Skip("two servers and 1024 shard copies")
+	}
+	zones := map[string]string{"s1": "zone-a", "s2": "zone-b"}
+	c := testcluster.Start(t, 2, testcluster.Options{
+		Store:  store.Options{ArenaSize: 16 << 20, ArenaCount: 2, IndexSlots: 1 << 12, LeaseSize: 64 << 10},
+		Server: func(cfg *server.Config) { cfg.Zone = zones[cfg.Name] },
+	})
+	env := map[string]string{"RKV_ENDPOINTS": strings.Join(c.ControlAddrs(), ","), "RKV_TIMEOUT": "30s"}
+	must := func(args ...string) string {
+		t.Helper()
+		out, errs, code := runCLI(env, args...)
+		if code != exitOK {
+			t.Fatalf("%v: exit %d\n%s%s", args, code, out, errs)
+		}
+		return out
+	}
+	contains := func(what, out string, want ...string) {
+		t.Helper()
+		for _, w := range want {
+			if !strings.Contains(out, w) {
+				t.Fatalf("%s: %q lacks %q", what, out, w)
+			}
+		}
+	}
+
+	contains("replicas", must("replicas"), "replicas: 1 (map epoch ", "copies of each shard: 1 (2 active servers)\n", "under-replicated shards: 0\n")
+	for _, arg := range []string{"0", "17", "-1", "two"} {
+		if _, errs, code := runCLI(env, "replicas", "--", arg); code != exitUsage || !strings.Contains(errs, "the replica count is a number from 1 to 16") {
+			t.Errorf("replicas %s: exit %d, %q; want a usage error", arg, code, errs)
+		}
+	}
+	if _, _, code := runCLI(env, "replicas", "2", "3"); code != exitUsage {
+		t.Errorf("replicas 2 3: exit %d, want %d", code, exitUsage)
+	}
+	before := c.Map().Epoch()
+	var r replicationJSON
+	if err := json.Unmarshal([]byte(must("-o", "json", "replicas", "2")), &r); err != nil {
+		t.Fatal(err)
+	}
+	if r.Replicas != 2 || r.Target != 2 || r.ActiveServers != 2 || r.MapEpoch <= before {
+		t.Fatalf("replicas 2: %+v (the map was at epoch %d)", r, before)
+	}
+	c.WaitSettled(120 * time.Second)
+	out := must("replicas")
+	contains("replicas at 2", out, "replicas: 2 (map epoch ", "copies of each shard: 2 (2 active servers)\n", "under-replicated shards: 0\n", "add-replica moves in progress: 0\n")
+	if _, errs, code := runCLI(env, "replicas", "1"); code != exitOther || !strings.Contains(errs, "lowering the replica count to 1 is not built yet") {
+		t.Fatalf("replicas 1 at two copies: exit %d, %q; want the server's refusal, exit %d", code, errs, exitOther)
+	}
+
+	var rows []statusJSON
+	if err := json.Unmarshal([]byte(must("-o", "json", "status")), &rows); err != nil || len(rows) != 2 {
+		t.Fatalf("status -o json: %v, %d rows", err, len(rows))
+	}
+	for _, row := range rows {
+		if row.Zone != zones[row.Name] || row.ShardsPrimary+row.ShardsBackup != proto.NumShards || row.ShardsBackup == 0 || row.ShardsPrimary == 0 ||
+			row.MapReplicas != 2 || row.MapUnderReplicated != 0 {
+			t.Fatalf("status of %s: %+v", row.Name, row)
+		}
+	}
+	contains("status", must("status"), "ZONE", "PRIMARY", "BACKUP", "zone-a", "zone-b",
+		": 2 replicas (2 copies a shard with 2 active servers), 0 shards under-replicated, 0 add-replica moves in progress\n")
+
+	var members []memberJSON
+	if err := json.Unmarshal([]byte(must("-o", "json", "members")), &members); err != nil || len(members) != 2 {
+		t.Fatalf("members -o json: %v, %d rows", err, len(members))
+	}
+	for _, m := range members {
+		if m.Zone != zones[m.Name] || m.ShardsPrimary+m.ShardsBackup != proto.NumShards || m.ShardsBackup == 0 || m.MapReplicas != 2 {
+			t.Fatalf("members row of %s: %+v", m.Name, m)
+		}
+	}
+	contains("members", must("members"), "ZONE", "PRIMARY", "BACKUP", "zone-b", "0 shards under-replicated")
+
+	var mj struct {
+		Replicas int             `json:"replicas"`
+		Servers  []mapServerJSON `json:"servers"`
+	}
+	if err := json.Unmarshal([]byte(must("-o", "json", "map")), &mj); err != nil || mj.Replicas != 2 || len(mj.Servers) != 2 {
+		t.Fatalf("map -o json: %+v, %v", mj, err)
+	}
+	for _, s := range mj.Servers {
+		if s.Zone != zones[s.Name] || s.Shards+s.Backups != proto.NumShards {
+			t.Fatalf("map's %s: %+v", s.Name, s)
+		}
+	}
+}
