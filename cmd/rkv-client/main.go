@@ -1,6 +1,6 @@
 // Command rkv-client is rkv's command-line client: get, put, del, scan,
-// owner, members, status, bench against a cluster, and devices (the RDMA
-// providers and devices this machine has). `rkv-client --help` documents
+// owner, members, status, map, forget, replicas, bench against a cluster,
+// and devices (the RDMA providers and devices this machine has). `rkv-client --help` documents
 // the flags and exit codes.
 package main
 
