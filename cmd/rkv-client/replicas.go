@@ -83,9 +83,10 @@ shows where the copies stand (run it again, or status, to follow them). A
 count below the copies the shards already hold is refused: dropping surplus
 backups is not built yet.
 
-Until failover is built, a backup does not keep a dead primary's shards
-available: it holds a copy that forget --force hands the shards to. Each
-write waits for every backup (about twice the latency of one copy at two).`,
+With more than one copy, the shards of a primary that dies fail over to a
+backup (rkv-server --failover-timeout after gossip declared it dead), and the
+leader copies them again to restore the count. Each write waits for every
+backup (about twice the latency of one copy at two).`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			set := 0
