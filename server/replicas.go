@@ -44,27 +44,39 @@ func (s *Server) setReplicas(req *proto.SetReplicas) proto.Message {
 	return &proto.MapChangeReply{Epoch: next.Epoch()}
 }
 
-// noteReplicasIgnored says, once the server holds a map, that
-// Config.Replicas is ignored when it differs from the map's: only the
-// bootstrap of a new cluster applies it, as the map is the authority on
-// the count (a restart with another flag must not change it behind the
-// operator's back).
+// noteReplicasIgnored says, once the server holds the cluster's map, that
+// Config.Replicas is ignored when it differs from the map's count: only
+// the bootstrap of a new cluster applies it, as the map is the authority
+// (a restart with another setting must not change it behind the
+// operator's back). The map it compares with is the replica's once a
+// leader is known and the map has stood still for replayQuiet: a restart
+// replays the log, so the maps before (the one saved at the last stop,
+// those of the first entries replayed) may predate the count.
 func (s *Server) noteReplicasIgnored() {
 	defer s.wg.Done()
 	for {
 		changed := s.node.Changed()
-		if m := s.Map(); m.Bootstrapped() {
-			if m.Replicas() != s.cfg.Replicas {
-				s.log.Info("replica count given (--replicas) ignored: the cluster map's stands; change it with rkv-client replicas N",
-					"given", s.cfg.Replicas, "map_replicas", m.Replicas(), "epoch", m.Epoch())
-			}
-			return
-		}
+		m := s.node.Map()
+		leader, _ := s.node.Leader()
 		select {
 		case <-s.stop:
 			return
 		case <-changed:
-		case <-time.After(time.Second):
+			continue
+		case <-time.After(replayQuiet):
 		}
+		if !m.Bootstrapped() || leader == "" {
+			continue
+		}
+		if m.Replicas() != s.cfg.Replicas {
+			s.log.Info("replica count given (--replicas) ignored: the cluster map's stands; change it with rkv-client replicas N",
+				"given", s.cfg.Replicas, "map_replicas", m.Replicas(), "epoch", m.Epoch())
+		}
+		return
 	}
 }
+
+// replayQuiet is how long a restarted server's map must stand still, with
+// a leader known, to be taken as replayed: the log's entries apply within
+// milliseconds of each other once the leader is known.
+const replayQuiet = time.Second
