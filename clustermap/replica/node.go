@@ -118,6 +118,7 @@ type Node struct {
 	raft  *raft.Raft
 	store *logStore
 	trans raft.Transport
+	safe  *safeCommitTransport // trans as Raft uses it
 	fsm   *fsm
 	state bool // Dir held Raft state at Open
 
@@ -176,7 +177,13 @@ func Open(cfg Config) (*Node, error) {
 		return nil, fmt.Errorf("clustermap: reading the Raft state in %s: %w", cfg.Dir, err)
 	}
 	n.state = existing
-	if n.raft, err = raft.NewRaft(rc, n.fsm, n.store, n.store, snaps, n.trans); err != nil {
+	if n.safe, err = newSafeCommitTransport(n.trans); err != nil {
+		n.closeTransport()
+		n.store.Close()
+		return nil, err
+	}
+	if n.raft, err = raft.NewRaft(rc, n.fsm, n.store, n.store, snaps, n.safe); err != nil {
+		n.safe.close()
 		n.closeTransport()
 		n.store.Close()
 		return nil, fmt.Errorf("clustermap: starting Raft: %w", err)
@@ -327,7 +334,9 @@ func (n *Node) Stats() Stats {
 // returns the first result.
 func (n *Node) Close() error {
 	n.closeOnce.Do(func() {
-		errs := []error{n.raft.Shutdown().Error(), n.closeTransport(), n.store.Close()}
+		err := n.raft.Shutdown().Error()
+		n.safe.close()
+		errs := []error{err, n.closeTransport(), n.store.Close()}
 		n.closeErr = errors.Join(errs...)
 	})
 	return n.closeErr
