@@ -30,8 +30,8 @@ type Replication struct {
 	// of them a holder more when it finishes).
 	UnderReplicated, Adding int
 	// OverReplicated is how many shards have more holders than Replicas:
-	// after the count was lowered, surplus backups the leader has not
-	// dropped.
+	// after the count was lowered, until the leader drops the surplus
+	// backups (PlanDrops).
 	OverReplicated int
 }
 
@@ -55,19 +55,4 @@ func (m *Map) Replication() Replication {
 		}
 	}
 	return r
-}
-
-// MostHolders is the most servers any shard is held by once the moves in
-// progress finish (an add-replica move gives its shard one more): the
-// lowest replica count that leaves no surplus backup to drop.
-func (m *Map) MostHolders() int {
-	n := 0
-	for _, sh := range m.pm.Shards {
-		k := len(sh.Owners)
-		if sh.Move != nil && sh.Move.Kind == proto.MoveAddReplica {
-			k++
-		}
-		n = max(n, k)
-	}
-	return n
 }

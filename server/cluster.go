@@ -465,6 +465,7 @@ func (l *leader) duties(ctx context.Context) {
 	m = l.abortStalled(ctx, s.node.Map())
 	m = l.failOver(ctx, m, alive)
 	m = l.dropDeadBackups(ctx, m)
+	m = l.dropSurplus(ctx, m)
 	// New moves start in batches of at least half the budget: a worker runs
 	// the moves started together as one group, and topping the budget up by
 	// the one or two moves that just finished would split the work into
@@ -637,6 +638,24 @@ func (l *leader) dropDeadBackups(ctx context.Context, m *clustermap.Map) *cluste
 		return m
 	}
 	l.s.log.Warn("backups dropped from their shards: their servers are down", "servers", slices.Sorted(maps.Keys(dead)), "replicas", len(drops), "epoch", next.Epoch())
+	return next
+}
+
+// dropSurplus drops backups from the shards that hold more replicas than
+// the map's count (clustermap.PlanDrops: after the count was lowered, from
+// the servers holding the most). A backup's server drops its copy when it
+// applies the map; a write its primary was forwarding to it meanwhile
+// fails as unavailable, and the client's retry goes by the new map.
+func (l *leader) dropSurplus(ctx context.Context, m *clustermap.Map) *clustermap.Map {
+	drops := clustermap.PlanDrops(m)
+	if len(drops) == 0 {
+		return m
+	}
+	next := l.propose(ctx, &proto.MapCommand{Op: proto.MapDropReplicas, Moves: drops})
+	if next == nil {
+		return m
+	}
+	l.s.log.Info("surplus backups dropped: the shards held more copies than the map's replica count", "replicas", next.Replicas(), "dropped", len(drops), "epoch", next.Epoch())
 	return next
 }
 

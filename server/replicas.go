@@ -13,21 +13,12 @@ import (
 
 // setReplicas answers SetReplicas: the count is proposed through the map's
 // leader as forget's changes are, and the answer is the epoch of the map
-// that holds it. The leader's planner then adds replicas (Plan). A count
-// below what shards already hold is refused while dropping backups is not
-// built.
+// that holds it. The leader's planner then adds replicas (Plan) or drops
+// the surplus backups (PlanDrops).
 func (s *Server) setReplicas(req *proto.SetReplicas) proto.Message {
 	m := s.Map()
 	if !m.Bootstrapped() {
 		return &proto.Error{Code: proto.CodeUnavailable, Message: fmt.Sprintf("setting the replica count to %d: %s holds no cluster map yet", req.Replicas, s.cfg.Name)}
-	}
-	if most := m.MostHolders(); req.Replicas < most {
-		// The leader drops no surplus backup yet (clustermap.PlanDrops is
-		// not run), so the shards would keep their copies and the map
-		// would never settle: refuse rather than pretend.
-		return &proto.Error{Code: proto.CodeBadRequest, Message: fmt.Sprintf(
-			"lowering the replica count to %d is not built yet: shards hold (or are being given) %d copies, and the map's leader does not drop surplus backups; the count stays %d (map epoch %d)",
-			req.Replicas, most, m.Replicas(), m.Epoch())}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

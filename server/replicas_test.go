@@ -270,7 +270,6 @@ func TestDeadPrimaryFailsOver(t *testing.T) {
 		t.Skip("three servers, a stop and thousands of shard copies")
 	}
 	c, cl, dead := replicated(t, 3, 3, func(cfg *server.Config) { cfg.FailoverTimeout = 200 * time.Millisecond })
-	ctx := context.Background()
 	const nkeys = 300
 	a := newAcked()
 	keys := make([]string, nkeys)
@@ -289,32 +288,12 @@ func TestDeadPrimaryFailsOver(t *testing.T) {
 	// A writer through the failover: a put to a shard without a primary
 	// waits for the failover (up to MoveWait) rather than failing, and what
 	// it was told is acknowledged stays.
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	var failed atomic.Int64
-	var firstErr atomic.Pointer[error]
-	wg.Go(func() {
-		for i := 0; ; i++ {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			k := keys[i%nkeys]
-			v := a.next(k)
-			if err := cl.Put(ctx, []byte(k), value(k, v)); err != nil {
-				failed.Add(1)
-				firstErr.CompareAndSwap(nil, &err)
-				continue
-			}
-			a.ack(k, v)
-		}
-	})
+	w := startWriter(cl, a, keys)
 	time.Sleep(100 * time.Millisecond)
 	stopped := time.Now()
 	c.Stop(dead.Name())
 	waitWritable(t, cl, a, theirs[0], "a write to a shard of the stopped primary")
-	t.Logf("from the stop to the first write acknowledged by the new primary: %v (the writer's puts that failed: %d)", time.Since(stopped).Round(time.Millisecond), failed.Load())
+	t.Logf("from the stop to the first write acknowledged by the new primary: %v (the writer's puts that failed: %d)", time.Since(stopped).Round(time.Millisecond), w.failed.Load())
 	m := c.Map()
 	for _, k := range theirs {
 		if info := m.Shard(proto.ShardOf([]byte(k))); slices.Contains(info.Owners, dead.Name()) || info.Since <= 1 {
@@ -322,11 +301,7 @@ func TestDeadPrimaryFailsOver(t *testing.T) {
 		}
 	}
 	readAll(t, cl, a, keys, "after the failover")
-	close(stop)
-	wg.Wait()
-	if n := failed.Load(); n > 0 {
-		t.Errorf("%d of the writer's puts failed through the failover, the first: %v", n, *firstErr.Load())
-	}
+	w.stopAndCheck(t, "through the failover")
 	for _, k := range keys {
 		put(t, cl, a, k)
 	}
@@ -378,4 +353,103 @@ func waitReplicaStates(t *testing.T, c *testcluster.Cluster, m *clustermap.Map) 
 		}
 		return nil
 	})
+}
+
+// writer puts the keys round and round from one goroutine, as an
+// application would through a change, until stopAndCheck.
+type writer struct {
+	stop     chan struct{}
+	wg       sync.WaitGroup
+	failed   atomic.Int64
+	firstErr atomic.Pointer[error]
+}
+
+func startWriter(cl *client.Client, a *acked, keys []string) *writer {
+	w := &writer{stop: make(chan struct{})}
+	w.wg.Go(func() {
+		for i := 0; ; i++ {
+			select {
+			case <-w.stop:
+				return
+			default:
+			}
+			k := keys[i%len(keys)]
+			v := a.next(k)
+			if err := cl.Put(context.Background(), []byte(k), value(k, v)); err != nil {
+				w.failed.Add(1)
+				w.firstErr.CompareAndSwap(nil, &err)
+				continue
+			}
+			a.ack(k, v)
+		}
+	})
+	return w
+}
+
+// stopAndCheck stops the writer and fails t if any of its puts failed.
+func (w *writer) stopAndCheck(t *testing.T, during string) {
+	t.Helper()
+	close(w.stop)
+	w.wg.Wait()
+	if n := w.failed.Load(); n > 0 {
+		t.Errorf("%d of the writer's puts failed %s, the first: %v", n, during, *w.firstErr.Load())
+	}
+}
+
+// Lowered from three replicas to two and then to one under a writer, the
+// leader drops the surplus backups: each shard ends with the count's
+// holders, the servers dropped from a shard hold nothing of it, no put
+// fails (a forward to a backup being dropped is retried by the client on
+// the new map), and every acknowledged write reads back.
+func TestLoweredReplicaCountDropsBackups(t *testing.T) {
+	if testing.Short() {
+		t.Skip("three servers and 2048 shard copies")
+	}
+	c, cl, _ := replicated(t, 3, 3, func(*server.Config) {})
+	const nkeys = 300
+	a := newAcked()
+	keys := make([]string, nkeys)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("key-%03d", i)
+		put(t, cl, a, keys[i])
+	}
+	w := startWriter(cl, a, keys)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	for _, r := range []int{2, 1} {
+		before, start := c.Map(), time.Now()
+		if _, err := cl.SetReplicas(ctx, r); err != nil {
+			t.Fatalf("SetReplicas(%d): %v", r, err)
+		}
+		c.WaitSettled(60 * time.Second)
+		m := c.Map()
+		t.Logf("lowered to %d replicas: settled in %v, at epoch %d (from %d)", r, time.Since(start).Round(time.Millisecond), m.Epoch(), before.Epoch())
+		for i := range proto.NumShards {
+			sh := proto.Shard(i)
+			info := m.Shard(sh)
+			if len(info.Owners) != r || info.Owners[0] != before.Shard(sh).Owners[0] {
+				t.Fatalf("at %d replicas, shard %d: %+v (before: %+v); want %d holders, the primary kept", r, i, info, before.Shard(sh), r)
+			}
+		}
+		waitReplicaStates(t, c, m)
+		testcluster.WaitFor(t, 10*time.Second, "the dropped copies gone", func() error {
+			for _, s := range c.Running() {
+				for i := range proto.NumShards {
+					sh := proto.Shard(i)
+					if st := s.Store().ShardState(sh); !slices.Contains(m.Shard(sh).Owners, s.Name()) && st.State != store.ShardNone {
+						return fmt.Errorf("%s, dropped from shard %d, holds it %+v", s.Name(), i, st)
+					}
+				}
+			}
+			return nil
+		})
+		if r := m.Replication(); r.OverReplicated != 0 || r.UnderReplicated != 0 {
+			t.Fatalf("settled: %+v", r)
+		}
+	}
+	w.stopAndCheck(t, "while the backups were dropped")
+	readAll(t, cl, a, keys, "at one replica")
+	if n := sameReplicas(t, c, c.Map()); n != nkeys {
+		t.Fatalf("%d keys in the shards, want %d", n, nkeys)
+	}
 }

@@ -3,7 +3,6 @@ package server_test
 import (
 	"context"
 	"errors"
-	"strings"
 	"testing"
 	"time"
 
@@ -19,7 +18,8 @@ import (
 // replicas: the map takes the count, the leader adds a replica of every
 // shard on the other server, and each shard ends with two holders, the
 // primary serving it and the other backing it up. Counts out of range are
-// refused by the client before anything is sent.
+// refused by the client before anything is sent. Lowered to one again,
+// the leader drops the backups.
 func TestClientSetsReplicas(t *testing.T) {
 	if testing.Short() {
 		t.Skip("two servers and 1024 shard copies")
@@ -79,22 +79,18 @@ func TestClientSetsReplicas(t *testing.T) {
 		}
 	}
 
-	// Lowering below the copies the shards hold is refused (the leader
-	// drops no backup yet), with the reason; more than there are servers
-	// is taken, and back down to the copies they hold is no drop.
-	if _, err := cl.SetReplicas(ctx, 1); !errors.Is(err, client.ErrInvalid) || !strings.Contains(err.Error(), "lowering the replica count to 1 is not built yet") {
-		t.Fatalf("SetReplicas(1) at two copies a shard: %v, want the server's refusal", err)
-	}
-	if r := c.Map().Replicas(); r != 2 {
-		t.Fatalf("after the refusal: %d replicas", r)
-	}
-	for _, n := range []int{3, 2} {
+	// More than there are servers is taken; back to 2 is no drop; 1
+	// drops a backup of every shard.
+	for _, n := range []int{3, 2, 1} {
 		if _, err := cl.SetReplicas(ctx, n); err != nil {
 			t.Fatalf("SetReplicas(%d) on two servers: %v", n, err)
 		}
 		c.WaitSettled(30 * time.Second)
-		if r := c.Map().Replication(); r != (clustermap.Replication{Replicas: n, Target: 2}) {
+		if r := c.Map().Replication(); r != (clustermap.Replication{Replicas: n, Target: min(n, 2)}) {
 			t.Fatalf("at %d replicas on two servers: %+v", n, r)
 		}
+	}
+	if b := c.Map().Backups(); b["s1"]+b["s2"] != 0 {
+		t.Fatalf("at one replica, backups %v", b)
 	}
 }

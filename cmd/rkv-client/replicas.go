@@ -51,7 +51,7 @@ func writeReplication(w io.Writer, r replicationJSON) {
 	fmt.Fprintf(w, "under-replicated shards: %d\n", r.UnderReplicated)
 	fmt.Fprintf(w, "add-replica moves in progress: %d\n", r.AddingReplicas)
 	if r.OverReplicated > 0 {
-		fmt.Fprintf(w, "over-replicated shards: %d (surplus backups are not dropped yet)\n", r.OverReplicated)
+		fmt.Fprintf(w, "over-replicated shards: %d (the leader is dropping their surplus backups)\n", r.OverReplicated)
 	}
 }
 
@@ -74,14 +74,15 @@ func replicasCmd(g *globals) *cobra.Command {
 cluster keeps, on distinct servers, and on distinct --zone labels first), the
 copies each shard should have now (the count, or the number of active servers
 when fewer), how many shards have fewer holders than that (under-replicated)
-and how many replicas are being added.
+how many replicas are being added, and how many shards hold more copies
+than the count (over-replicated, until the leader drops the surplus).
 
 With N (1 to 16) it asks the cluster to keep N copies: the map's leader then
 copies each shard short of them from its primary to another server while
 reads and writes go on; replicas returns once the count is in the map, and
 shows where the copies stand (run it again, or status, to follow them). A
-count below the copies the shards already hold is refused: dropping surplus
-backups is not built yet.
+lower count drops the surplus backups, from the servers holding the most
+(their space is reclaimed); the primaries keep serving.
 
 With more than one copy, the shards of a primary that dies fail over to a
 backup (rkv-server --failover-timeout after gossip declared it dead), and the

@@ -62,9 +62,6 @@ func TestReplicasCommand(t *testing.T) {
 	c.WaitSettled(120 * time.Second)
 	out := must("replicas")
 	contains("replicas at 2", out, "replicas: 2 (map epoch ", "copies of each shard: 2 (2 active servers)\n", "under-replicated shards: 0\n", "add-replica moves in progress: 0\n")
-	if _, errs, code := runCLI(env, "replicas", "1"); code != exitOther || !strings.Contains(errs, "lowering the replica count to 1 is not built yet") {
-		t.Fatalf("replicas 1 at two copies: exit %d, %q; want the server's refusal, exit %d", code, errs, exitOther)
-	}
 
 	var rows []statusJSON
 	if err := json.Unmarshal([]byte(must("-o", "json", "status")), &rows); err != nil || len(rows) != 2 {
@@ -100,6 +97,19 @@ func TestReplicasCommand(t *testing.T) {
 	for _, s := range mj.Servers {
 		if s.Zone != zones[s.Name] || s.Shards+s.Backups != proto.NumShards {
 			t.Fatalf("map's %s: %+v", s.Name, s)
+		}
+	}
+
+	// Back to one: the leader drops a backup of every shard.
+	contains("replicas 1", must("replicas", "1"), "replica count set to 1 at map epoch ")
+	c.WaitSettled(60 * time.Second)
+	contains("replicas at 1", must("replicas"), "replicas: 1 (map epoch ", "copies of each shard: 1 (2 active servers)\n", "under-replicated shards: 0\n")
+	if err := json.Unmarshal([]byte(must("-o", "json", "status")), &rows); err != nil || len(rows) != 2 {
+		t.Fatalf("status -o json: %v, %d rows", err, len(rows))
+	}
+	for _, row := range rows {
+		if row.ShardsBackup != 0 || row.MapReplicas != 1 {
+			t.Fatalf("status of %s at one replica: %+v", row.Name, row)
 		}
 	}
 }
