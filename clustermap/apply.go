@@ -306,7 +306,7 @@ func (d *draft) removeServer(name string, force bool) (bool, error) {
 		}
 	}
 	if (owned > 0 || moving > 0) && !force {
-		return false, fmt.Errorf("%w: %s holds %d shards and takes part in %d moves: drain it first, or force its removal (a shard it was the primary of then goes to a backup, or starts empty elsewhere if it has none)", ErrServerBusy, name, owned, moving)
+		return false, fmt.Errorf("%w: %s holds %d shards and takes part in %d moves: drain it first, or force its removal (a shard it was the primary of then goes to a backup, as its only copy until the others are copied back, or starts empty elsewhere if it has none)", ErrServerBusy, name, owned, moving)
 	}
 	if owned > 0 && d.activeExcept(name) == 0 {
 		return false, fmt.Errorf("%w: the shards of %s would have nowhere to go", ErrLastServer, name)
@@ -329,8 +329,15 @@ func (d *draft) removeServer(name string, force bool) (bool, error) {
 			to := d.leastLoaded(counts)
 			counts[to]++
 			sh.owners, sh.origins, sh.since = []string{to}, []uint64{0}, d.epoch
-		case i == 0: // a backup takes over, with its copy
+		case i == 0:
+			// A backup takes over, with its copy, and the other backups
+			// go, as in a failover: the removed primary may have forwarded
+			// its last, unacknowledged writes to some of them and not to
+			// others, and a write the new primary then gives the same
+			// version would be taken for one they hold. The planner copies
+			// them back from the new primary.
 			sh.since = d.epoch
+			sh.owners, sh.origins = sh.owners[:1], sh.origins[:1]
 		}
 		if i == 0 {
 			sh.move = nil // every move copies from or hands over with the primary
