@@ -354,6 +354,7 @@ func (s *Server) lead() {
 	tick := time.NewTicker(250 * time.Millisecond)
 	defer tick.Stop()
 	l := &leader{s: s, down: map[string]time.Time{}, warned: map[string]time.Time{}}
+	defer l.unwatch()
 	for {
 		select {
 		case <-s.stop:
@@ -362,6 +363,7 @@ func (s *Server) lead() {
 		}
 		if !s.node.IsLeader() {
 			l.active = false
+			l.unwatch()
 			continue
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -372,6 +374,7 @@ func (s *Server) lead() {
 				continue
 			}
 			l.active = true
+			l.watch = newProcessWatch(s.peerConfig())
 			s.log.Info("leading the cluster map", "map", s.node.Map().String())
 		}
 		l.duties(ctx)
@@ -383,8 +386,32 @@ func (s *Server) lead() {
 type leader struct {
 	s      *Server
 	active bool
-	down   map[string]time.Time // since when a map server has been out of the gossip view
+	down   map[string]time.Time // since when a map server has been out of the gossip view, or its process gone
 	warned map[string]time.Time // rate limit of repeated warnings
+	watch  *processWatch        // while active
+}
+
+// unwatch stops the process watch, if any.
+func (l *leader) unwatch() {
+	if l.watch != nil {
+		l.watch.stop()
+		l.watch = nil
+	}
+}
+
+// watchServers points the process watch at the map's servers other than
+// this one, where gossip has their control address.
+func (l *leader) watchServers(m *clustermap.Map, view *membership.View) {
+	want := map[string][2]string{}
+	for _, srv := range m.Servers() {
+		if srv.State == proto.ServerRemoved || srv.Name == l.s.cfg.Name {
+			continue
+		}
+		if mb, ok := view.Member(srv.Name); ok && mb.IsServer() && mb.Meta.ServerID == srv.ID {
+			want[srv.Name] = [2]string{srv.ID, mb.Meta.ControlAddr}
+		}
+	}
+	l.watch.sync(want)
 }
 
 func (l *leader) warn(key, msg string, args ...any) {
@@ -419,10 +446,12 @@ func (l *leader) duties(ctx context.Context) {
 		return
 	}
 	view := s.ml.View()
+	l.watchServers(m, view)
 	alive := func(name string) bool {
 		srv, ok := m.Server(name)
 		mb, in := view.Member(name)
-		return ok && in && mb.IsServer() && mb.Meta.ServerID == srv.ID
+		_, gone := l.watch.goneSince(name)
+		return ok && in && mb.IsServer() && mb.Meta.ServerID == srv.ID && !gone
 	}
 	now := time.Now()
 	for _, srv := range m.Servers() {
@@ -432,7 +461,12 @@ func (l *leader) duties(ctx context.Context) {
 		if alive(srv.Name) {
 			delete(l.down, srv.Name)
 		} else if _, ok := l.down[srv.Name]; !ok {
-			l.down[srv.Name] = now
+			since := now
+			if t, gone := l.watch.goneSince(srv.Name); gone {
+				since = t
+				s.log.Info("a server's process is gone: its session with the leader ended and its control address refuses connections", "server", srv.Name)
+			}
+			l.down[srv.Name] = since
 		}
 	}
 	for _, mb := range view.Servers() {
@@ -600,7 +634,9 @@ func (l *leader) failOver(ctx context.Context, m *clustermap.Map, alive func(str
 		return m
 	}
 	for name, n := range dead {
-		l.s.log.Warn("primary down: its shards failed over to their backups", "server", name, "shards", n, "down_for", l.downFor(name).Round(time.Millisecond), "epoch", next.Epoch())
+		_, gone := l.watch.goneSince(name)
+		l.s.log.Warn("primary down: its shards failed over to their backups", "server", name, "shards", n, "down_for", l.downFor(name).Round(time.Millisecond),
+			"process_gone", gone, "epoch", next.Epoch())
 	}
 	return next
 }

@@ -154,7 +154,7 @@ lose_a_node() {
 	local t0
 	t0=$(date +%s%N)
 	run_cli 0 put user:1 alice-again
-	echo "(that put waited $((($(date +%s%N) - t0) / 1000000)) ms: for gossip to declare node2 dead, then for the failover)"
+	echo "(that put waited $((($(date +%s%N) - t0) / 1000000)) ms: for the map's leader to see node2's process gone, its session to it ended, then for the failover)"
 	local k
 	for k in user:1 city:paris; do
 		echo "\$ rkv-client get $k"
