@@ -2,7 +2,11 @@
 
 package clustermap
 
-import "github.com/rkv-io/rkv/proto"
+import (
+	"slices"
+
+	"github.com/rkv-io/rkv/proto"
+)
 
 // Backups returns how many shards each server backs up (a replica that is
 // not the primary; servers with none included, at 0). Counts gives the
@@ -55,4 +59,31 @@ func (m *Map) Replication() Replication {
 		}
 	}
 	return r
+}
+
+// Holding is what a server holds in a map.
+type Holding struct {
+	// Shards it is an owner of (primary or backup), Sole those of them it
+	// is the only owner of: lost if it is.
+	Shards, Sole int
+	// Moves it is the source or target of.
+	Moves int
+}
+
+// Holding returns what the server named holds in m.
+func (m *Map) Holding(name string) Holding {
+	var h Holding
+	for s := range proto.NumShards {
+		sh := m.Shard(proto.Shard(s))
+		if slices.Contains(sh.Owners, name) {
+			h.Shards++
+			if len(sh.Owners) == 1 {
+				h.Sole++
+			}
+		}
+		if mv := sh.Move; mv != nil && (mv.From == name || mv.To == name) {
+			h.Moves++
+		}
+	}
+	return h
 }

@@ -86,8 +86,7 @@ func (s *Server) checkAdmission() {
 			continue
 		}
 		if srv, ok := m.Server(s.cfg.Name); ok && srv.ID != s.id && srv.State != proto.ServerRemoved {
-			s.fatal(fmt.Errorf("server: the cluster map (epoch %d, from %s) knows %s with data directory ID %s, and this data directory is %s: refused. If %s lost its data, remove it first (rkv-client forget %s --force), then start this one again",
-				m.Epoch(), mb.Name, s.cfg.Name, srv.ID, s.id, s.cfg.Name, s.cfg.Name))
+			s.replacing(m, srv, mb.Name)
 		}
 		if _, ok := m.ServerByID(s.id); ok {
 			if srv, _ := m.ServerByID(s.id); srv.State == proto.ServerRemoved {
@@ -97,6 +96,37 @@ func (s *Server) checkAdmission() {
 		return
 	}
 }
+
+// replacing is checkAdmission's answer to a map, from the server named
+// from, that knows this server's name under another data directory, srv.
+// When every shard srv holds has a copy elsewhere (R > 1), the map's
+// leader swaps it for this server once its shards failed over and its
+// backups were dropped: this server waits for that, up to replaceWait.
+// Otherwise, or after that, it is refused.
+func (s *Server) replacing(m *clustermap.Map, srv clustermap.Server, from string) {
+	me := s.cfg.Name
+	h := m.Holding(me)
+	first, waited := s.replaceSeen.LoadOrStore(srv.ID, time.Now())
+	if h.Sole == 0 && time.Since(first.(time.Time)) < replaceWait {
+		if !waited {
+			s.log.Warn("the cluster map knows this server's name with another data directory, whose shards all have copies elsewhere: waiting for the map's leader to swap it for this one",
+				"server", me, "map_id", srv.ID, "this_id", s.id, "shards", h.Shards, "for_at_most", replaceWait)
+		}
+		return
+	}
+	why := fmt.Sprintf("it was not swapped for this one within %v", replaceWait)
+	if h.Sole > 0 {
+		why = fmt.Sprintf("%d of its shards have their only copy there", h.Sole)
+	}
+	s.fatal(fmt.Errorf("server: the cluster map (epoch %d, from %s) knows %s with data directory ID %s, and this data directory is %s: refused (%s). If %s lost its data, remove it first (rkv-client forget %s --force), then start this one again",
+		m.Epoch(), from, me, srv.ID, s.id, why, me, me))
+}
+
+// replaceWait bounds how long a server whose name the map knows under
+// another data directory waits to be swapped for it: the failover and the
+// drop of the old one's backups take seconds, a move it was in up to
+// MoveTimeout.
+const replaceWait = time.Minute
 
 // mapFile holds the newest map whose shard changes the store has made.
 // After a restart the replica's map may lag (Raft replays the log once the
@@ -491,8 +521,23 @@ func (l *leader) duties(ctx context.Context) {
 				m = next
 			}
 		case srv.ID != mb.Meta.ServerID:
-			l.warn("id/"+mb.Name, "refusing a server whose data directory is not the one the map knows (did it lose its data?); forget the old one first",
-				"server", mb.Name, "its_id", mb.Meta.ServerID, "map_id", srv.ID)
+			// The name back on another data directory (a disk lost and
+			// replaced). Once the old one holds nothing, because its
+			// shards failed over and its backups were dropped (R > 1),
+			// it is removed, losslessly, and the new one added next.
+			h := m.Holding(srv.Name)
+			if h.Shards > 0 || h.Moves > 0 {
+				if h.Sole > 0 {
+					l.warn("id/"+mb.Name, "refusing a server whose data directory is not the one the map knows (did it lose its data?); forget the old one first",
+						"server", mb.Name, "its_id", mb.Meta.ServerID, "map_id", srv.ID, "shards_only_there", h.Sole)
+				}
+				continue
+			}
+			if next := l.propose(ctx, &proto.MapCommand{Op: proto.MapRemoveServer, Server: proto.MapServer{Name: srv.Name}}); next != nil {
+				s.log.Warn("a server came back on another data directory: the old one, whose shards have their copies elsewhere, is removed, and the new one joins empty",
+					"server", srv.Name, "old_id", srv.ID, "new_id", mb.Meta.ServerID, "epoch", next.Epoch())
+				m = next
+			}
 		}
 	}
 	l.voters(ctx, m, alive)

@@ -3,6 +3,8 @@ package server_test
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -452,4 +454,63 @@ func TestLoweredReplicaCountDropsBackups(t *testing.T) {
 	if n := sameReplicas(t, c, c.Map()); n != nkeys {
 		t.Fatalf("%d keys in the shards, want %d", n, nkeys)
 	}
+}
+
+// A server whose data directory is lost (as if its disk died) and that
+// comes back empty under its name is rebuilt from the others: at R=3 its
+// old entry's shards fail over and its backups are dropped, the leader
+// then swaps the old entry for the new one instead of refusing it, and the
+// planner copies every shard to it again. Nothing acknowledged is lost, and
+// its copies agree with the primaries'.
+func TestLostDataDirIsRebuiltFromTheReplicas(t *testing.T) {
+	if testing.Short() {
+		t.Skip("three servers and thousands of shard copies, twice")
+	}
+	c, cl, leader := replicated(t, 3, 3, func(cfg *server.Config) {
+		cfg.FailoverTimeout, cfg.BackupTimeout = 200*time.Millisecond, 200*time.Millisecond
+	})
+	const nkeys = 300
+	a := newAcked()
+	keys := make([]string, nkeys)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("key-%03d", i)
+		put(t, cl, a, keys[i])
+	}
+	lost := "s3"
+	if leader.Name() == lost {
+		lost = "s2"
+	}
+	oldID := c.Server(lost).ID()
+	c.Stop(lost)
+	if err := os.RemoveAll(filepath.Join(c.Root, lost)); err != nil {
+		t.Fatal(err)
+	}
+	back := c.Restart(lost)
+	if back.ID() == oldID {
+		t.Fatalf("%s kept its ID %s on an empty data directory", lost, oldID)
+	}
+	testcluster.WaitFor(t, 60*time.Second, "the new "+lost+" in the map", func() error {
+		select {
+		case err := <-back.Err():
+			t.Fatalf("the new %s was refused: %v", lost, err)
+		default:
+		}
+		if srv, ok := c.Map().Server(lost); !ok || srv.ID != back.ID() || srv.State != proto.ServerActive {
+			return fmt.Errorf("%s in the map: %+v", lost, srv)
+		}
+		return nil
+	})
+	c.WaitSettled(120 * time.Second)
+	m := c.Map()
+	if r := m.Replication(); r.UnderReplicated != 0 || r.Target != 3 {
+		t.Fatalf("after the rebuild: %+v", r)
+	}
+	if h := m.Holding(lost); h.Shards != proto.NumShards {
+		t.Fatalf("the new %s holds %d shards, want all %d", lost, h.Shards, proto.NumShards)
+	}
+	waitReplicaStates(t, c, m)
+	if n := sameReplicas(t, c, m); n != nkeys {
+		t.Fatalf("%d keys in the shards, want %d", n, nkeys)
+	}
+	readAll(t, cl, a, keys, "after the rebuild")
 }

@@ -259,6 +259,10 @@ type Server struct {
 	// shardMu serializes what changes the store's shard states against
 	// the map: reconcile, FenceShards, ReleaseShards.
 	shardMu sync.Mutex
+	// replaceSeen: since when a peer's map has shown this server's name
+	// with another data directory's ID (by that ID), while it waits to be
+	// swapped for it (replacing).
+	replaceSeen sync.Map
 
 	mapCache atomic.Pointer[encodedMap]
 	mlReady  atomic.Pointer[membership.Membership] // ml, once made: Raft asks it for addresses from the start
