@@ -751,9 +751,15 @@ func (c *Client) Stats(ctx context.Context, node string) (ServerStats, error) {
 // change is in the map, before a drain ends; the returned epoch is the
 // map's after it.
 func (c *Client) Forget(ctx context.Context, node string, force bool) (uint64, error) {
+	return c.changeMap(ctx, &proto.Forget{Node: node, Force: force})
+}
+
+// changeMap sends req, a request answered by MapChangeReply, to any
+// server, and fetches the map of the epoch the reply names.
+func (c *Client) changeMap(ctx context.Context, req proto.Message) (uint64, error) {
 	var epoch uint64
 	err := c.doAny(ctx, func(ctx context.Context, sc *serverConn, mb *membership.Member) error {
-		r, err := sc.call(ctx, mb, &proto.Forget{Node: node, Force: force})
+		r, err := sc.call(ctx, mb, req)
 		if err != nil {
 			return err
 		}
@@ -779,19 +785,7 @@ func (c *Client) SetReplicas(ctx context.Context, n int) (uint64, error) {
 	if n < 1 || n > proto.MaxShardOwners {
 		return 0, fmt.Errorf("%w: SetReplicas(%d): the replica count is 1 to %d", ErrInvalid, n, proto.MaxShardOwners)
 	}
-	var epoch uint64
-	err := c.doAny(ctx, func(ctx context.Context, sc *serverConn, mb *membership.Member) error {
-		r, err := sc.call(ctx, mb, &proto.SetReplicas{Replicas: n})
-		if err != nil {
-			return err
-		}
-		epoch = r.(*proto.MapChangeReply).Epoch
-		return nil
-	})
-	if err == nil {
-		_ = c.refreshMap(ctx, epoch)
-	}
-	return epoch, err
+	return c.changeMap(ctx, &proto.SetReplicas{Replicas: n})
 }
 
 // PrefixEnd returns the smallest key greater than every key with prefix,

@@ -35,11 +35,7 @@ func TestReplicasAddedForwardedAndPromoted(t *testing.T) {
 	ctx := context.Background()
 	const nkeys = 400
 	a := newAcked()
-	keys := make([]string, nkeys)
-	for i := range keys {
-		keys[i] = fmt.Sprintf("key-%03d", i)
-		put(t, cl, a, keys[i])
-	}
+	keys := putKeys(t, cl, a, nkeys)
 	leader := mapLeader(t, c)
 
 	// A writer through the whole copy.
@@ -410,11 +406,7 @@ func TestLoweredReplicaCountDropsBackups(t *testing.T) {
 	c, cl, _ := replicated(t, 3, 3, func(*server.Config) {})
 	const nkeys = 300
 	a := newAcked()
-	keys := make([]string, nkeys)
-	for i := range keys {
-		keys[i] = fmt.Sprintf("key-%03d", i)
-		put(t, cl, a, keys[i])
-	}
+	keys := putKeys(t, cl, a, nkeys)
 	w := startWriter(cl, a, keys)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -471,11 +463,7 @@ func TestLostDataDirIsRebuiltFromTheReplicas(t *testing.T) {
 	})
 	const nkeys = 300
 	a := newAcked()
-	keys := make([]string, nkeys)
-	for i := range keys {
-		keys[i] = fmt.Sprintf("key-%03d", i)
-		put(t, cl, a, keys[i])
-	}
+	keys := putKeys(t, cl, a, nkeys)
 	lost := "s3"
 	if leader.Name() == lost {
 		lost = "s2"
@@ -513,4 +501,15 @@ func TestLostDataDirIsRebuiltFromTheReplicas(t *testing.T) {
 		t.Fatalf("%d keys in the shards, want %d", n, nkeys)
 	}
 	readAll(t, cl, a, keys, "after the rebuild")
+}
+
+// putKeys puts n keys, key-000 on, and returns them.
+func putKeys(t *testing.T, cl *client.Client, a *acked, n int) []string {
+	t.Helper()
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("key-%03d", i)
+		put(t, cl, a, keys[i])
+	}
+	return keys
 }
