@@ -16,7 +16,8 @@ import (
 // servers below it, where a server's share is NumShards/active rounded up
 // or down and its load counts the moves already heading to it. With more
 // (planReplicas), replicas are replaced off draining servers first, then
-// added to shards short of min(Replicas, live active servers), then
+// added to shards short of min(Replicas, live active servers) (the fewest
+// copies first), then
 // balanced per server, then primaries balanced by promotions.
 //
 // Only servers for which live reports true take part: a move needs its
@@ -218,9 +219,18 @@ func planReplicas(m *Map, live func(string) bool, budget int) []proto.MoveComman
 			}
 		}
 	}
-	// 2. Shards short of replicas.
+	// 2. Shards short of replicas, those with the fewest copies first: a
+	// failover leaves its shards with one, and the next failure of that
+	// one's server would make them unavailable.
+	short := make([]int, 0, len(shards))
 	for s, sh := range shards {
-		if len(sh.Owners) < want && p.canMove(s, sh) {
+		if len(sh.Owners) < want {
+			short = append(short, s)
+		}
+	}
+	slices.SortStableFunc(short, func(a, b int) int { return len(shards[a].Owners) - len(shards[b].Owners) })
+	for _, s := range short {
+		if sh := shards[s]; p.canMove(s, sh) {
 			p.add(s, sh, proto.MoveAddReplica, sh.Owner(), p.target(sh, ""))
 		}
 	}

@@ -319,3 +319,30 @@ func firstOf(t *testing.T, m *Map, primary string) proto.Shard {
 	t.Fatalf("%s is the primary of nothing", primary)
 	return 0
 }
+
+// Shards with one copy (a failover's) get their replicas before shards
+// with two (a dropped backup's), whatever their order.
+func TestReplicasAddedToTheFewestCopiesFirst(t *testing.T) {
+	m := threeReplicasOn(t, "a", "b", "c")
+	var drops, failovers []proto.MoveCommand
+	for s := range proto.NumShards {
+		sh := m.Shard(proto.Shard(s))
+		switch {
+		case s < proto.NumShards/2: // low shards: a backup dropped, two copies
+			drops = append(drops, proto.MoveCommand{Shard: proto.Shard(s), From: sh.Owners[2]})
+		case s%8 == 0: // a few high ones: failed over, one copy
+			failovers = append(failovers, proto.MoveCommand{Shard: proto.Shard(s), From: sh.Owners[0], To: sh.Owners[1]})
+		}
+	}
+	m = must(t, m, &proto.MapCommand{Op: proto.MapDropReplicas, Moves: drops})
+	m = must(t, m, &proto.MapCommand{Op: proto.MapFailOver, Moves: failovers})
+	plan := Plan(m, alwaysLive, len(failovers))
+	if len(plan) != len(failovers) {
+		t.Fatalf("%d moves planned, want %d", len(plan), len(failovers))
+	}
+	for _, mv := range plan {
+		if n := m.Holders(mv.Shard); mv.Kind != proto.MoveAddReplica || n != 1 {
+			t.Fatalf("planned %+v for a shard of %d copies while %d shards have one", mv, n, len(failovers))
+		}
+	}
+}
