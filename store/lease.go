@@ -126,7 +126,7 @@ func (s *Store) takeRegion(ctx context.Context, need, want int64) (region, error
 			return region{}, ErrClosed
 		}
 		r, err := s.carveLocked(min(need, want), want, false)
-		freed := s.freed
+		freed, arenas := s.freed, len(s.arenaList())
 		s.mu.Unlock()
 		switch {
 		case err == nil:
@@ -134,6 +134,9 @@ func (s *Store) takeRegion(ctx context.Context, need, want int64) (region, error
 		case errors.Is(err, ErrFull):
 			if fullSince.IsZero() {
 				fullSince = time.Now()
+			}
+			if len(s.arenaList()) != arenas {
+				continue // an arena was added since (the carve may have started it): carve again
 			}
 			if time.Since(fullSince) > fullWait || !s.cleanable() {
 				s.stats.leasesRefused.Add(1)
