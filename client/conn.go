@@ -39,6 +39,9 @@ type serverConn struct {
 	// so a short-lived writer holds little, and doubled each time a lease
 	// is used up, so a bulk writer soon takes the server's largest.
 	leaseAsk uint64
+	// readLease is how long reads of the server are trusted, when the
+	// map has more than one replica (readlease.go).
+	readLease readLease
 }
 
 // Lease sizes the client asks for: the first, and the most (the server
@@ -145,6 +148,7 @@ func (sc *serverConn) ready(ctx context.Context, mb *membership.Member) error {
 		return retryLost(sc.name, "connecting to %s at %s: %w", sc.name, mb.Meta.ControlAddr, err)
 	}
 	sc.s, sc.gen = s, s.Hello.Generation
+	sc.readLease = readLease{} // a lease is the process's: a new session asks afresh
 	c.log.Debug("connected", "server", sc.name, "generation", sc.gen)
 	if sc.gen != mb.Meta.Generation {
 		return retry(sc.name, "server %s answered with generation %d, the view shows %d", sc.name, sc.gen, mb.Meta.Generation)

@@ -46,11 +46,18 @@ func (sc *serverConn) read(ctx context.Context, t *target, keys [][]byte) (vals 
 	if err := sc.ready(ctx, t.member); err != nil {
 		return nil, nil, err
 	}
+	if err := sc.ensureReadLease(ctx, t); err != nil {
+		return nil, nil, err
+	}
 	r := sc.startReads(t, keys)
 	if err := r.cached(ctx); err != nil {
 		return nil, nil, err
 	}
-	return r.resolve(ctx)
+	vals, done, err = r.resolve(ctx)
+	if lerr := sc.trustReads(t); lerr != nil {
+		return nil, nil, lerr
+	}
+	return vals, done, err
 }
 
 // get is read of one key, with a straight path for the common GET: a
@@ -64,6 +71,9 @@ func (sc *serverConn) get(ctx context.Context, t *target, dst, key []byte) (_ []
 	if err := sc.ready(ctx, t.member); err != nil {
 		return dst, false, err
 	}
+	if err := sc.ensureReadLease(ctx, t); err != nil {
+		return dst, false, err
+	}
 	if cl, ok := sc.c.cacheGet(key); ok && cl.node == sc.name && cl.gen == sc.gen {
 		raddr, rkey, err := sc.recordAt(&t.member.Meta, key, cl.loc)
 		if err != nil {
@@ -74,6 +84,9 @@ func (sc *serverConn) get(ctx context.Context, t *target, dst, key []byte) (_ []
 			return dst, false, err
 		}
 		if rec, err := proto.VerifyRecord(sc.mem.Bytes()[:n], key, 0); err == nil {
+			if err := sc.trustReads(t); err != nil {
+				return dst, false, err
+			}
 			return append(dst, rec.Value...), true, nil
 		}
 		sc.c.cacheDrop(key) // superseded, deleted or moved: the index knows
@@ -81,6 +94,9 @@ func (sc *serverConn) get(ctx context.Context, t *target, dst, key []byte) (_ []
 	sc.one[0] = key
 	defer func() { sc.one[0] = nil }()
 	vals, _, err := sc.startReads(t, sc.one[:]).resolve(ctx)
+	if lerr := sc.trustReads(t); lerr != nil {
+		return dst, false, lerr
+	}
 	switch {
 	case err != nil || vals[0] == nil:
 		return dst, false, err

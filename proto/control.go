@@ -103,6 +103,9 @@ const (
 	MsgReplicaCommit
 	MsgReplicaDelete
 	MsgSetReplicas
+	MsgRenewReadLease
+	MsgGetReadLease
+	MsgReadLeaseReply
 	msgTypeEnd
 )
 
@@ -142,6 +145,9 @@ var msgTable = [msgTypeEnd]struct {
 	MsgReplicaCommit:  {"ReplicaCommit", func() Message { return &ReplicaCommit{} }, MsgCommitReply},
 	MsgReplicaDelete:  {"ReplicaDelete", func() Message { return &ReplicaDelete{} }, MsgAck},
 	MsgSetReplicas:    {"SetReplicas", func() Message { return &SetReplicas{} }, MsgMapChangeReply},
+	MsgRenewReadLease: {"RenewReadLease", func() Message { return &RenewReadLease{} }, MsgReadLeaseReply},
+	MsgGetReadLease:   {"GetReadLease", func() Message { return &GetReadLease{} }, MsgReadLeaseReply},
+	MsgReadLeaseReply: {"ReadLeaseReply", func() Message { return &ReadLeaseReply{} }, 0},
 }
 
 func (t MsgType) String() string {
@@ -478,6 +484,32 @@ type SetReplicas struct {
 	Replicas int
 }
 
+// RenewReadLease asks the map's Raft leader, between servers, for a read
+// lease of ServerID (the asking server's data directory ID): the time
+// during which the leader promotes none of its backups while the server
+// is down, so that a one-sided read of it that completes within the
+// lease returns nothing older than an acknowledged write (see
+// docs/ARCHITECTURE.md, "Read leases"). Answered by ReadLeaseReply with
+// TTL the lease's length, counted by the asker from before it sent the
+// request, and Epoch the leader's map epoch then; or by Error
+// CodeNotLeader.
+type RenewReadLease struct{ ServerID string }
+
+// GetReadLease asks a server how much of its read lease is left. A client
+// that reads the server's shards at more than one replica trusts a read
+// that completed before the time it sent this plus the answer's TTL
+// (0: no lease: trust nothing read there).
+type GetReadLease struct{}
+
+// ReadLeaseReply is a read lease: TTL long from before the request was
+// sent, relative, so clocks need only tick at about the same rate. Epoch
+// is the map epoch of the grant: a server serves its lease only once its
+// shards reflect that map.
+type ReadLeaseReply struct {
+	TTL   time.Duration
+	Epoch uint64
+}
+
 // GetView asks a server for the servers it sees in gossip and, like GetMap,
 // for its cluster map when it is newer than Have: all a client that does
 // not join gossip needs, in one round trip.
@@ -594,6 +626,9 @@ func (*MapChange) Type() MsgType      { return MsgMapChange }
 func (*MapChangeReply) Type() MsgType { return MsgMapChangeReply }
 func (*Forget) Type() MsgType         { return MsgForget }
 func (*SetReplicas) Type() MsgType    { return MsgSetReplicas }
+func (*RenewReadLease) Type() MsgType { return MsgRenewReadLease }
+func (*GetReadLease) Type() MsgType   { return MsgGetReadLease }
+func (*ReadLeaseReply) Type() MsgType { return MsgReadLeaseReply }
 func (*GetView) Type() MsgType        { return MsgGetView }
 func (*ReplicaCommit) Type() MsgType  { return MsgReplicaCommit }
 func (*ReplicaDelete) Type() MsgType  { return MsgReplicaDelete }
@@ -882,6 +917,24 @@ func (m *SetReplicas) encode(e *encoder) {
 		e.fail("set replicas to %d: must be 1 to %d", m.Replicas, MaxShardOwners)
 	}
 	e.uints(uint64(m.Replicas))
+}
+
+func (m *RenewReadLease) encode(e *encoder) {
+	if m.ServerID == "" {
+		e.fail("read lease renewal without a server ID")
+	}
+	e.limit("server ID", len(m.ServerID), MaxControlName)
+	e.array(1)
+	e.str(m.ServerID)
+}
+
+func (*GetReadLease) encode(e *encoder) { e.array(0) }
+
+func (m *ReadLeaseReply) encode(e *encoder) {
+	if m.TTL < 0 {
+		e.fail("read lease TTL %v is negative", m.TTL)
+	}
+	e.uints(uint64(m.TTL), m.Epoch)
 }
 
 func (m *GetView) encode(e *encoder) { e.uints(m.Have) }
@@ -1456,6 +1509,34 @@ func (m *SetReplicas) decode(d *decoder) error {
 		return d.fail("set replicas to 0: must be 1 to %d", MaxShardOwners)
 	}
 	m.Replicas = int(n)
+	return nil
+}
+
+func (m *RenewReadLease) decode(d *decoder) error {
+	if err := d.fields("RenewReadLease", 1); err != nil {
+		return err
+	}
+	var err error
+	if m.ServerID, err = d.str("server ID", MaxControlName); err != nil {
+		return err
+	}
+	if m.ServerID == "" {
+		return d.fail("read lease renewal without a server ID")
+	}
+	return nil
+}
+
+func (*GetReadLease) decode(d *decoder) error { return d.fields("GetReadLease", 0) }
+
+func (m *ReadLeaseReply) decode(d *decoder) error {
+	var ttl uint64
+	if err := d.uints("ReadLeaseReply", &ttl, &m.Epoch); err != nil {
+		return err
+	}
+	if ttl > 1<<63-1 {
+		return d.fail("read lease TTL %d out of range", ttl)
+	}
+	m.TTL = time.Duration(ttl)
 	return nil
 }
 

@@ -392,6 +392,9 @@ func (s *Server) lead() {
 		case <-tick.C:
 		}
 		if !s.node.IsLeader() {
+			if l.active {
+				s.stopLeading()
+			}
 			l.active = false
 			l.unwatch()
 			continue
@@ -405,6 +408,8 @@ func (s *Server) lead() {
 			}
 			l.active = true
 			l.watch = newProcessWatch(s.peerConfig())
+			s.watch.Store(l.watch)
+			s.startLeading()
 			s.log.Info("leading the cluster map", "map", s.node.Map().String())
 		}
 		l.duties(ctx)
@@ -424,20 +429,23 @@ type leader struct {
 // unwatch stops the process watch, if any.
 func (l *leader) unwatch() {
 	if l.watch != nil {
+		l.s.watch.Store(nil)
 		l.watch.stop()
 		l.watch = nil
 	}
 }
 
 // watchServers points the process watch at the map's servers other than
-// this one, where gossip has their control address.
+// this one, at the control address they last gossiped: a server that
+// left, or died before this server led, is watched all the same (a
+// server that moved to another address gossips it, alive).
 func (l *leader) watchServers(m *clustermap.Map, view *membership.View) {
 	want := map[string][2]string{}
 	for _, srv := range m.Servers() {
 		if srv.State == proto.ServerRemoved || srv.Name == l.s.cfg.Name {
 			continue
 		}
-		if mb, ok := view.Member(srv.Name); ok && mb.IsServer() && mb.Meta.ServerID == srv.ID {
+		if mb := view.Lookup(srv.Name); mb != nil && mb.MetaErr == nil && mb.Meta.ServerID == srv.ID && mb.Meta.ControlAddr != "" {
 			want[srv.Name] = [2]string{srv.ID, mb.Meta.ControlAddr}
 		}
 	}
@@ -453,7 +461,7 @@ func (l *leader) warn(key, msg string, args ...any) {
 }
 
 func (l *leader) propose(ctx context.Context, c *proto.MapCommand) *clustermap.Map {
-	m, err := l.s.node.Propose(ctx, c)
+	m, err := l.s.proposeLocal(ctx, c)
 	if err != nil {
 		l.s.log.Warn("map change refused", "op", c.Op.String(), "err", err)
 		return nil
@@ -663,6 +671,10 @@ func (l *leader) failOver(ctx context.Context, m *clustermap.Map, alive func(str
 		if len(info.Owners) < 2 || l.downFor(info.Owner()) <= l.s.cfg.FailoverTimeout {
 			continue
 		}
+		if left := l.s.leaseLeftAtLeader(m, info.Owner()); left > 0 {
+			l.warn("lease/"+info.Owner(), "primary down: its shards fail over once its read lease ends", "server", info.Owner(), "in", left.Round(time.Millisecond))
+			continue
+		}
 		for _, b := range info.Owners[1:] {
 			if alive(b) {
 				moves = append(moves, proto.MoveCommand{Shard: sh, From: info.Owner(), To: b})
@@ -777,7 +789,7 @@ func (l *leader) removeServers(ctx context.Context, m *clustermap.Map) {
 // the change.
 func (s *Server) propose(ctx context.Context, c *proto.MapCommand) (*clustermap.Map, error) {
 	for {
-		m, err := s.node.Propose(ctx, c)
+		m, err := s.proposeLocal(ctx, c)
 		var nl *replica.NotLeaderError
 		if !errors.As(err, &nl) {
 			return m, err
@@ -839,7 +851,7 @@ func (s *Server) mapChange(req *proto.MapChange) proto.Message {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	m, err := s.node.Propose(ctx, c)
+	m, err := s.proposeLocal(ctx, c)
 	switch {
 	case errors.Is(err, replica.ErrNotLeader):
 		return &proto.Error{Code: proto.CodeNotLeader, Message: err.Error()}
@@ -925,6 +937,9 @@ func (s *Server) viewReply(have uint64) proto.Message {
 			meta.ArenaSet = proto.ArenaSet{}
 		}
 		vm := proto.ViewMember{Name: mb.Name, State: uint8(mb.State), ArenasPending: mb.ArenasPending, Meta: meta}
+		if s.isolated.Load() && mb.Name != s.cfg.Name {
+			vm.State = uint8(membership.StateDead) // what its gossip would conclude
+		}
 		if !mb.Since.IsZero() {
 			vm.Age = max(now.Sub(mb.Since), 0)
 		}

@@ -365,6 +365,10 @@ var handlers = [proto.NumMsgTypes]handler{
 	proto.MsgForget:     on(func(c *conn, m *proto.Forget) proto.Message { return c.s.forget(m) }),
 
 	proto.MsgSetReplicas: on(func(c *conn, m *proto.SetReplicas) proto.Message { return c.s.setReplicas(m) }), // authenticated as forget is
+	proto.MsgGetReadLease: on(func(c *conn, _ *proto.GetReadLease) proto.Message {
+		return &proto.ReadLeaseReply{TTL: c.s.leaseLeft(), Epoch: c.s.saved.Load().Epoch()}
+	}),
+	proto.MsgRenewReadLease: peer((*Server).renewReadLeaseReply),
 
 	proto.MsgMapChange:     peer((*Server).mapChange),
 	proto.MsgShardScan:     peer((*Server).shardScan),

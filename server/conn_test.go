@@ -9,12 +9,13 @@ import (
 // peerRequests is a sample of each request only servers may make: the
 // hostile tests send them on a client session.
 var peerRequests = map[proto.MsgType]proto.Message{
-	proto.MsgMapChange:     &proto.MapChange{},
-	proto.MsgShardScan:     &proto.ShardScan{},
-	proto.MsgFenceShards:   &proto.FenceShards{},
-	proto.MsgReleaseShards: &proto.ReleaseShards{},
-	proto.MsgReplicaCommit: &proto.ReplicaCommit{},
-	proto.MsgReplicaDelete: &proto.ReplicaDelete{Key: []byte("k")},
+	proto.MsgMapChange:      &proto.MapChange{},
+	proto.MsgShardScan:      &proto.ShardScan{},
+	proto.MsgFenceShards:    &proto.FenceShards{},
+	proto.MsgReleaseShards:  &proto.ReleaseShards{},
+	proto.MsgReplicaCommit:  &proto.ReplicaCommit{},
+	proto.MsgReplicaDelete:  &proto.ReplicaDelete{Key: []byte("k")},
+	proto.MsgRenewReadLease: &proto.RenewReadLease{ServerID: "id"},
 }
 
 // TestHandlers: every request in proto's table but Hello (the handshake's)

@@ -109,6 +109,18 @@ type Config struct {
 	// dead already, after its suspicion time; this is the grace for a
 	// restart, which would otherwise cost every shard a copy. Default 1s.
 	FailoverTimeout time.Duration
+	// ReadLease is the length of the read lease the map's leader grants
+	// each server, renewed every quarter of it: a client trusts a
+	// one-sided read of a server only within its lease, and the leader
+	// fails a server's shards over only once its lease has ended (unless
+	// its process is known gone), so a primary that is paused or cut off
+	// costs its shards' reads and writes at least this long. The same on
+	// every server. Default 4s.
+	ReadLease time.Duration
+	// MaxClockDrift bounds how much the servers' and clients' clocks may
+	// run apart over a read lease: the leader waits this much longer than
+	// the lease before it fails a server over. Default 500ms.
+	MaxClockDrift time.Duration
 	// DeadServerTimeout, when positive, removes a server that has been
 	// dead this long from the map, its shards given to the others empty:
 	// with one copy of each key, its keys are lost. Default 0: servers
@@ -207,6 +219,12 @@ func (c Config) withDefaults() (Config, error) {
 	if c.FailoverTimeout <= 0 {
 		c.FailoverTimeout = time.Second
 	}
+	if c.ReadLease <= 0 {
+		c.ReadLease = 4 * time.Second
+	}
+	if c.MaxClockDrift <= 0 {
+		c.MaxClockDrift = 500 * time.Millisecond
+	}
 	if c.HandshakeTimeout <= 0 {
 		c.HandshakeTimeout = 10 * time.Second
 	}
@@ -270,6 +288,10 @@ type Server struct {
 	moves    *mover
 	errs     chan error // fatal conditions after the start (Err)
 
+	lease  readLease                    // this server's read lease
+	grants leaseGrants                  // the leases this server granted, while it leads
+	watch  atomic.Pointer[processWatch] // the leader's process watch, while it leads
+
 	mu      sync.Mutex
 	closed  bool
 	conns   map[*conn]struct{}
@@ -286,6 +308,9 @@ type Server struct {
 	// dropReply, set by tests, closes a connection instead of sending the
 	// reply to a request it reports true for.
 	dropReply atomic.Pointer[func(proto.Message) bool]
+	// isolated, set by tests (Isolate), makes GetView report every other
+	// server dead, as the gossip of a server cut off from them would.
+	isolated atomic.Bool
 }
 
 // New starts a server: it opens the store and the control listener, the
@@ -405,7 +430,8 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	s.moves = newMover(s)
 	s.log.Info("server started", "id", s.id, "control", controlAddr, "data", endpoint.String(), "generation", s.gen,
 		"gossip", s.ml.LocalNode().Addr.String(), "map", m.String())
-	s.wg.Add(4)
+	s.wg.Add(5)
+	go s.renewReadLease()
 	go s.advertise()
 	go s.acceptLoop()
 	go s.watchMap()
@@ -662,19 +688,19 @@ func (s *Server) Close() error {
 	}
 	s.closed = true
 	s.mu.Unlock()
+	s.endReadLease() // before anything closes: a client trusts nothing read here from now on
 	close(s.stop)
 	var errs []error
-	errs = append(errs, ignoreClosed(s.ln.Close()))
 	s.moves.stop()
+	// The connections, and with them their QPs, end before the listener
+	// does: the leader's process watch takes a refused dial for a process
+	// that serves no READ any more.
+	s.closeConns()
+	errs = append(errs, ignoreClosed(s.ln.Close()))
 	if err := s.ml.Leave(s.cfg.LeaveTimeout); err != nil {
 		s.log.Warn("leaving the cluster", "err", err)
 	}
 	errs = append(errs, s.ml.Shutdown())
-	s.mu.Lock()
-	for c := range s.conns {
-		c.nc.Close() // the connection's goroutine cleans up
-	}
-	s.mu.Unlock()
 	s.wg.Wait()
 	errs = append(errs, s.node.Close())
 	s.peers.close()
@@ -682,6 +708,26 @@ func (s *Server) Close() error {
 	errs = append(errs, s.st.Close(), s.reg.Close(), s.cq.Close(), s.pd.Close())
 	s.log.Info("server closed")
 	return errors.Join(errs...)
+}
+
+// closeConns closes every connection and waits, up to 5 s, for their
+// goroutines to have closed their QPs. New ones are closed as they are
+// accepted (s.closed).
+func (s *Server) closeConns() {
+	s.mu.Lock()
+	for c := range s.conns {
+		c.nc.Close() // the connection's goroutine cleans up
+	}
+	s.mu.Unlock()
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		s.mu.Lock()
+		n := len(s.conns)
+		s.mu.Unlock()
+		if n == 0 {
+			return
+		}
+	}
+	s.log.Warn("closing: connections still open after 5s")
 }
 
 func ignoreClosed(err error) error {

@@ -270,6 +270,14 @@ func (n *Node) futureErr(f raft.Future) error {
 // the call (leader only): a new leader calls it before acting on its map.
 func (n *Node) Barrier(ctx context.Context) error { return n.futureErr(n.raft.Barrier(timeoutOf(ctx))) }
 
+// VerifyLeader confirms that this node led the Raft group at some time
+// after the call began: a quorum answered its heartbeats, sent after the
+// call, as their leader, so any leader after it is elected after the call
+// began (a server's read lease rests on this). It blocks for
+// a round trip to a quorum, or until the node steps down (a partitioned
+// leader, after LeaderLeaseTimeout); the error is then a *NotLeaderError.
+func (n *Node) VerifyLeader() error { return n.futureErr(n.raft.VerifyLeader()) }
+
 // IsLeader reports whether this node leads the Raft group now.
 func (n *Node) IsLeader() bool { return n.raft.State() == raft.Leader }
 

@@ -53,6 +53,8 @@ type options struct {
 	RaftVoters          int
 	MoveTimeout         time.Duration
 	FailoverTimeout     time.Duration
+	ReadLease           time.Duration
+	MaxClockDrift       time.Duration
 	BackupTimeout       time.Duration
 	DeadServerTimeout   time.Duration
 	GossipProfile       string
@@ -178,6 +180,8 @@ func newFlagSet(o *options) *pflag.FlagSet {
 	fs.IntVar(&o.RaftVoters, "raft-voters", 3, "servers voting in the cluster map's Raft group (an odd number is kept: 1 with one or two servers); the others follow without voting")
 	fs.DurationVar(&o.MoveTimeout, "move-timeout", 30*time.Second, "abort a shard move whose source or target has been down this long")
 	fs.DurationVar(&o.FailoverTimeout, "failover-timeout", time.Second, "hand the shards of a primary declared dead by gossip this long ago to their backups (with more than one replica)")
+	fs.DurationVar(&o.ReadLease, "read-lease", 4*time.Second, "the read lease the map's leader grants each server: clients trust reads of a server within it, and a paused or cut-off primary fails over only after it (the same on every server)")
+	fs.DurationVar(&o.MaxClockDrift, "max-clock-drift", 500*time.Millisecond, "how far clocks may run apart over a read lease: the leader waits this much longer than a lease before a failover")
 	fs.DurationVar(&o.BackupTimeout, "backup-timeout", time.Second, "drop from its shards a backup declared dead by gossip this long ago, so that their writes go on without it")
 	fs.DurationVar(&o.DeadServerTimeout, "dead-server-timeout", 0, "remove a server dead this long from the map, its shards given to the others empty (its keys are lost); 0: never (use rkv-client forget)")
 	fs.StringVar(&o.GossipProfile, "gossip-profile", "local", "gossip timing: local (loopback, fast failure detection), lan or wan (memberlist's profiles)")
@@ -414,6 +418,12 @@ func (o *options) validate() error {
 	}
 	if o.FailoverTimeout <= 0 {
 		return fmt.Errorf("--failover-timeout %v: must be positive", o.FailoverTimeout)
+	}
+	if o.ReadLease < 100*time.Millisecond {
+		return fmt.Errorf("--read-lease %v: must be at least 100ms (it is renewed every quarter of it)", o.ReadLease)
+	}
+	if o.MaxClockDrift <= 0 || o.MaxClockDrift >= o.ReadLease {
+		return fmt.Errorf("--max-clock-drift %v: must be positive and less than --read-lease (%v)", o.MaxClockDrift, o.ReadLease)
 	}
 	if o.BackupTimeout <= 0 {
 		return fmt.Errorf("--backup-timeout %v: must be positive", o.BackupTimeout)

@@ -117,6 +117,8 @@ func run(args []string, environ []string, stdout, stderr io.Writer, sigs <-chan 
 		Voters:            o.RaftVoters,
 		MoveTimeout:       o.MoveTimeout,
 		FailoverTimeout:   o.FailoverTimeout,
+		ReadLease:         o.ReadLease,
+		MaxClockDrift:     o.MaxClockDrift,
 		BackupTimeout:     o.BackupTimeout,
 		DeadServerTimeout: o.DeadServerTimeout,
 		Zone:              o.Zone,
