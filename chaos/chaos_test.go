@@ -360,7 +360,8 @@ func runScenario(t *testing.T, cfg runConfig, server string, nw network, netNote
 	}
 	writeOpTable(&b, ops)
 	writeFaultTable(&b, faults, sc, nw)
-	writeKillToWrite(&b, ops, faults)
+	writeFaultToWrite(&b, ops, faults, faultKill)
+	writeFaultToWrite(&b, ops, faults, faultPause)
 	fmt.Fprintf(&b, "  recovery: healed, every server alive and every key read in %v\n", recovered.Round(time.Millisecond))
 	fmt.Fprintf(&b, "  check: porcupine %s over %d operations in %v\n", res.Linearizability, res.Checked, checkTook.Round(time.Millisecond))
 	fmt.Fprintf(&b, "  anomalies: %d\n", len(res.Anomalies))
@@ -432,30 +433,31 @@ func TestChaosRestarts(t *testing.T) {
 
 // TestChaosReplicated: three servers keeping three copies of every key
 // (--replicas 3), one client shared by six goroutines on 60 keys, and a
-// server killed with SIGKILL for 6-9 s, longer than gossip's verdict and
-// the failover take, then restarted on its data directory: its shards
-// fail over to a backup, are copied back onto the others, and again onto
-// it once it is back. No pauses: a paused primary can still be read by a
-// client whose map predates the failover until read leases are built
-// (docs/ARCHITECTURE.md, "Replication").
+// server killed with SIGKILL, or paused with SIGSTOP, for 6-9 s, longer
+// than gossip's verdict, its read lease and the failover take, then
+// restarted on its data directory or resumed: its shards fail over to a
+// backup, are copied back onto the others, and again onto it once it is
+// back; a resumed primary finds its shards gone and serves no read of them
+// (its read lease ended before the failover).
 func TestChaosReplicated(t *testing.T) {
 	cfg := loadConfig(t)
 	quietSoft(t)
 	sc := scenario{seed: cfg.seed, duration: cfg.duration, clients: 1, workers: 6, keys: 60, mix: mix{put: 40, delete: 10},
-		kinds: []string{faultKill}, minFault: 6 * time.Second, maxFault: 9 * time.Second, minGap: 3 * time.Second, maxGap: 6 * time.Second,
+		kinds: []string{faultKill, faultPause}, minFault: 6 * time.Second, maxFault: 9 * time.Second, minGap: 3 * time.Second, maxGap: 6 * time.Second,
 		serverArgs: []string{"--replicas", "3"}}
 	t.Logf("chaos at three replicas: %v", sc)
 	runScenario(t, cfg, buildServer(t, t.TempDir()), loopback{}, "", sc)
 }
 
-// writeKillToWrite prints, for each kill, how long after it every key had
-// a put acknowledged again (the slowest key is one of the killed
-// server's: its time is the kill to the first write after a failover, or
-// after the restart), and the median and maximum over the kills.
-func writeKillToWrite(b *strings.Builder, ops []Op, faults []Fault) {
+// writeFaultToWrite prints, for each fault of kind (a kill, a pause), how
+// long after it every key had a put acknowledged again (the slowest key is
+// one of the faulty server's: its time is the fault to the first write
+// after a failover, or after the restart or resumption), and the median
+// and maximum over those faults.
+func writeFaultToWrite(b *strings.Builder, ops []Op, faults []Fault, kind string) {
 	var waits []time.Duration
 	for _, f := range faults {
-		if f.Kind != faultKill {
+		if f.Kind != kind {
 			continue
 		}
 		first := map[string]time.Duration{}
@@ -472,16 +474,16 @@ func writeKillToWrite(b *strings.Builder, ops []Op, faults []Fault) {
 			}
 		}
 		if len(first) < len(keys) {
-			fmt.Fprintf(b, "  kill of %s at %v: %d of %d keys had no put acknowledged after it\n", f.Node, f.Start.Round(time.Millisecond), len(keys)-len(first), len(keys))
+			fmt.Fprintf(b, "  %s of %s at %v: %d of %d keys had no put acknowledged after it\n", kind, f.Node, f.Start.Round(time.Millisecond), len(keys)-len(first), len(keys))
 			continue
 		}
 		slowest := slices.Max(slices.Collect(maps.Values(first)))
 		waits = append(waits, slowest)
-		fmt.Fprintf(b, "  kill of %s at %v (%s): every key written again %v after it\n", f.Node, f.Start.Round(time.Millisecond), f.Detail, slowest.Round(time.Millisecond))
+		fmt.Fprintf(b, "  %s of %s at %v (%s): every key written again %v after it\n", kind, f.Node, f.Start.Round(time.Millisecond), f.Detail, slowest.Round(time.Millisecond))
 	}
 	if len(waits) > 0 {
 		slices.Sort(waits)
-		fmt.Fprintf(b, "  kill to every key written again: p50 %v, max %v over %d kills\n", waits[len(waits)/2].Round(time.Millisecond), waits[len(waits)-1].Round(time.Millisecond), len(waits))
+		fmt.Fprintf(b, "  %s to every key written again: p50 %v, max %v over %d\n", kind, waits[len(waits)/2].Round(time.Millisecond), waits[len(waits)-1].Round(time.Millisecond), len(waits))
 	}
 }
 
