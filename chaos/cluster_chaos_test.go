@@ -116,7 +116,8 @@ func (c *cluster) startLocked(n *node) error {
 		"--gossip-addr", n.gossipAddr(),
 		"--control-addr", net.JoinHostPort(n.ip, fmt.Sprint(n.ctl)),
 		"--data-addr", net.JoinHostPort(n.ip, fmt.Sprint(n.data)),
-		"--arena-size", "32MiB", "--arena-count", "2", "--index-slots", "4096", "--lease-size", "64KiB"}
+		"--arena-size", "32MiB", "--arena-count", "2", "--index-slots", "4096", "--lease-size", "64KiB",
+		"--replicas", "1"} // a scenario's own --replicas, in c.args, comes later and wins
 	args = append(args, c.args...)
 	if len(join) > 0 {
 		args = append(args, "--join", strings.Join(join, ","))

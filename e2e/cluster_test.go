@@ -102,7 +102,7 @@ func (c *cluster) launch(n *node, join bool) {
 	if join {
 		args = append(args, "--join", c.seeds(n.name))
 	} else {
-		args = append(args, "--bootstrap")
+		args = append(args, "--bootstrap", "--replicas", "1") // a test's own --replicas, in n.args, comes later and wins
 	}
 	args = append(args, n.args...)
 	logf, err := os.OpenFile(n.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)

@@ -29,11 +29,14 @@ import (
 
 // readLease is this server's own lease, as the leader granted it.
 type readLease struct {
-	mu     sync.Mutex
-	until  time.Time // local, monotonic
-	epoch  uint64    // the leader's map epoch at the grant
-	closed bool      // the server is closing: it serves no lease again
-	lapsed bool      // logged as lapsed, and not renewed since
+	mu sync.Mutex
+	// grants are the unexpired grants, by rising end and epoch. The
+	// newest may name an epoch the server's shards do not reflect yet
+	// (the map changes often while shards move); an older one serves
+	// meanwhile.
+	grants []leaseGrant
+	closed bool // the server is closing: it serves no lease again
+	lapsed bool // logged as lapsed, and not renewed since
 	// noRenew, set by tests, stops the renewals (Isolate).
 	noRenew atomic.Bool
 }
@@ -50,16 +53,58 @@ type leaseGrants struct {
 	granted map[string]time.Time // by server ID: when the last renewal request arrived
 }
 
-// leaseLeft is what is left of this server's read lease: zero when it
-// holds none, or its shards do not yet reflect the map of the grant.
+// leaseGrant is one grant of a read lease.
+type leaseGrant struct {
+	until time.Time // local, monotonic: from before the request was sent
+	epoch uint64    // the leader's map epoch at the grant
+}
+
+// leaseLeft is what is left of this server's read lease: of the latest
+// grant whose map its shards reflect; zero when there is none.
 func (s *Server) leaseLeft() time.Duration {
 	l := &s.lease
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.closed || s.saved.Load().Epoch() < l.epoch {
+	return l.left(s.saved.Load().Epoch())
+}
+
+// left is what is left of the latest grant at an epoch up to applied.
+// Call it with l.mu held.
+func (l *readLease) left(applied uint64) time.Duration {
+	if l.closed {
 		return 0
 	}
-	return max(time.Until(l.until), 0)
+	var left time.Duration
+	for _, g := range l.grants {
+		if g.epoch <= applied {
+			left = max(left, time.Until(g.until))
+		}
+	}
+	return left
+}
+
+// add records a grant, and forgets those that ended or that it outlasts
+// at no later epoch. Call it with l.mu held.
+func (l *readLease) add(g leaseGrant) {
+	now := time.Now()
+	kept := l.grants[:0]
+	for _, o := range l.grants {
+		if o.until.After(now) && !(o.epoch >= g.epoch && !o.until.After(g.until)) {
+			kept = append(kept, o)
+		}
+	}
+	l.grants = append(kept, g)
+}
+
+// until is the end of the latest grant. Call it with l.mu held.
+func (l *readLease) until() time.Time {
+	var u time.Time
+	for _, g := range l.grants {
+		if g.until.After(u) {
+			u = g.until
+		}
+	}
+	return u
 }
 
 // endReadLease stops serving the lease: the server is closing.
@@ -91,15 +136,13 @@ func (s *Server) renewReadLease() {
 		l.mu.Lock()
 		switch {
 		case err == nil:
-			if until := asked.Add(r.TTL); until.After(l.until) {
-				l.until, l.epoch = until, r.Epoch
-			}
+			l.add(leaseGrant{until: asked.Add(r.TTL), epoch: r.Epoch})
 			if l.lapsed {
 				s.log.Info("read lease renewed", "epoch", r.Epoch)
 				l.lapsed = false
 			}
 			wait = s.cfg.ReadLease / 4
-		case time.Now().After(l.until) && !l.lapsed && !l.until.IsZero():
+		case time.Now().After(l.until()) && !l.lapsed && len(l.grants) > 0:
 			s.log.Warn("read lease lapsed: clients trust no read of this server's shards until the map's leader renews it", "err", err)
 			l.lapsed = true
 		}

@@ -133,7 +133,7 @@ func StartServer(opts ServerOptions) (*Server, error) {
 	if len(opts.Join) > 0 {
 		args = append(args, "--join", strings.Join(opts.Join, ","))
 	} else {
-		args = append(args, "--bootstrap")
+		args = append(args, "--bootstrap", "--replicas", "1") // one copy, as the single Redis it is compared with keeps
 	}
 	p, err := StartProcess("rkv-server "+opts.Name, filepath.Join(opts.Dir, "server.log"), opts.Binary, args...)
 	if err != nil {

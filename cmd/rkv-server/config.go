@@ -175,7 +175,7 @@ func newFlagSet(o *options) *pflag.FlagSet {
 	fs.StringSliceVar(&o.Join, "join", nil, "gossip addresses of members to join, comma separated; any that answers will do")
 	fs.DurationVar(&o.JoinTimeout, "join-timeout", 60*time.Second, "keep retrying --join while no member answers (with backoff, each attempt logged) for this long; 0: one attempt")
 	fs.BoolVar(&o.Bootstrap, "bootstrap", false, "start a new cluster of this server alone, if the data directory holds no cluster state yet (ignored on a restart)")
-	fs.IntVar(&o.Replicas, "replicas", 1, "copies of each shard, on distinct servers (distinct --zone first), 1 to 16: the map's count, set by the --bootstrap of a new cluster and ignored on a restart or a --join (change it with rkv-client replicas N). Default 1 until read leases are built, then 3 (the issue's target)")
+	fs.IntVar(&o.Replicas, "replicas", 3, "copies of each shard, on distinct servers (distinct --zone first), 1 to 16, as many as there are servers when fewer: the map's count, set by the --bootstrap of a new cluster and ignored on a restart or a --join (change it with rkv-client replicas N)")
 	fs.StringVar(&o.Zone, "zone", "", "this server's failure domain (a rack, an availability zone): a label of up to 64 printable characters without spaces; replicas of a shard go to distinct zones first (empty: none)")
 	fs.IntVar(&o.RaftVoters, "raft-voters", 3, "servers voting in the cluster map's Raft group (an odd number is kept: 1 with one or two servers); the others follow without voting")
 	fs.DurationVar(&o.MoveTimeout, "move-timeout", 30*time.Second, "abort a shard move whose source or target has been down this long")

@@ -333,7 +333,7 @@ func TestCredentialLogs(t *testing.T) {
 // it says nothing about the map's count.
 func TestReplicasAndZoneOptions(t *testing.T) {
 	o, err := parseOptions([]string{"--name", "n"}, env(nil), io.Discard)
-	if err != nil || o.Replicas != 1 || o.replicasGiven || o.Zone != "" {
+	if err != nil || o.Replicas != 3 || o.replicasGiven || o.Zone != "" {
 		t.Fatalf("defaults: replicas %d (given %v), zone %q, %v", o.Replicas, o.replicasGiven, o.Zone, err)
 	}
 	o, err = parseOptions([]string{"--name", "n", "--replicas", "3", "--zone", "eu-west-1a"}, env(nil), io.Discard)
@@ -371,7 +371,7 @@ func TestReplicasAndZoneOptions(t *testing.T) {
 	// The help says what the default is for, and what it will be.
 	var out bytes.Buffer
 	if code := run([]string{"--help"}, env(nil), io.Discard, &out, nil); code != exitOK ||
-		!strings.Contains(out.String(), "--replicas int") || !strings.Contains(out.String(), "Default 1 until read leases are built, then 3") ||
+		!strings.Contains(out.String(), "--replicas int") || !strings.Contains(out.String(), "as many as there are servers when fewer") || !strings.Contains(out.String(), "(default 3)") ||
 		!strings.Contains(out.String(), "--zone string") {
 		t.Fatalf("--help: %d\n%s", code, out.String())
 	}

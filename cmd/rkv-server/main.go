@@ -130,7 +130,7 @@ func run(args []string, environ []string, stdout, stderr io.Writer, sigs <-chan 
 		Registrar:         rdma.RegistrarOptions{Workers: o.RegistrationWorkers},
 	}
 
-	if o.replicasGiven { // else the map's: a restart without the flag logs nothing about it
+	if o.replicasGiven || o.Bootstrap { // else the map's: a restart or a join without the flag logs nothing about it
 		cfg.Replicas = o.Replicas
 	}
 

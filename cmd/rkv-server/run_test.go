@@ -69,7 +69,7 @@ func metricValue(t *testing.T, body, series string) float64 {
 func TestRunServes(t *testing.T) {
 	start := time.Now()
 	metrics := fmt.Sprintf("127.0.0.1:%d", port(t))
-	args := []string{"--name", "n1", "--data-dir", t.TempDir(), "--bootstrap", "--replicas", "3", "--provider", "soft",
+	args := []string{"--name", "n1", "--data-dir", t.TempDir(), "--bootstrap", "--provider", "soft",
 		"--gossip-addr", fmt.Sprintf("127.0.0.1:%d", port(t)), "--metrics-addr", metrics, "--log-format", "json",
 		"--arena-size", "1MiB", "--arena-count", "1", "--index-slots", "1024", "--lease-size", "256KiB"}
 	var stderr testlog.Buffer
@@ -158,7 +158,7 @@ func TestRunServes(t *testing.T) {
 		t.Errorf("the misspelled RKV_ARENA_CONT: %v", w)
 	}
 	if r := msgs["new cluster: replicas set"]; len(r) != 1 || r[0]["replicas"] != float64(3) {
-		t.Errorf("--replicas 3 with --bootstrap: the map's replica count logged as %v", r)
+		t.Errorf("--bootstrap without --replicas: the map's replica count logged as %v, want the default, 3", r)
 	}
 	if len(msgs["rdma/soft: dropped a data connection"]) != 1 {
 		t.Errorf("the soft provider's warning is not among the JSON lines:\n%s", stderr.String())

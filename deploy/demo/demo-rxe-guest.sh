@@ -120,7 +120,7 @@ done
 
 say "starting 3 rkv-server processes (verbs provider, one rxe device each)"
 for i in 1 2 3; do
-	name=${nodes[$i - 1]} ip=${addrs[$i - 1]} join=(--bootstrap)
+	name=${nodes[$i - 1]} ip=${addrs[$i - 1]} join=(--bootstrap --replicas 1) # one copy: this demo shows the verbs data path; make demo shows R=3
 	[[ $i -gt 1 ]] && join=(--join "$seed")
 	echo "  $name: --provider verbs --device ${devs[$i - 1]} --gossip-addr $ip:7946 --control-addr $ip:7950"
 	"$bin/rkv-server" --name "$name" --data-dir "$state/$name" --provider verbs --device "${devs[$i - 1]}" \
