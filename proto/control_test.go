@@ -37,6 +37,7 @@ func controlSamples() []Message {
 		&StatsReply{Generation: 2, Keys: 10, Commits: 11, Deletes: 1, LeasesActive: 2, Connections: 1, Handled: 99,
 			MapEpoch: 5, ShardsOwned: 341, ShardsIncoming: 16, ShardsMovedIn: 32, CopiedKeys: 1000, CopiedBytes: 1 << 30, CopyTime: time.Second,
 			Requests: []uint64{0, 3, 0, 5}, NotReady: "server: no arena is registered", IndexSlots: 1 << 18},
+		&StatsReply{Copying: CopyProgress{Groups: 2, Shards: 48, Copied: 20, Keys: 12345, Bytes: 41 << 20, Elapsed: 1100 * time.Millisecond}},
 		&StatsReply{},
 		&Error{Code: CodeNotFound, Message: "no such key"},
 		&Error{Code: CodeBadRequest},
@@ -131,57 +132,62 @@ func body(t testing.TB, fields ...any) []byte {
 
 func TestControlDecodeRejects(t *testing.T) {
 	for name, b := range map[string][]byte{
-		"empty":                      {},
-		"not an array":               {0x01},
-		"3 fields":                   body(t, ControlVersion, MsgAck, 1),
-		"5 fields":                   body(t, ControlVersion, MsgAck, 1, []any{}, 0),
-		"version 1":                  body(t, 1, MsgAck, 1, []any{}),
-		"older version":              body(t, ControlVersion-1, MsgAck, 1, []any{}),
-		"newer version":              body(t, ControlVersion+1, MsgAck, 1, []any{}),
-		"version -1":                 body(t, -1, MsgAck, 1, []any{}),
-		"type 0":                     body(t, ControlVersion, 0, 1, []any{}),
-		"type 99":                    body(t, ControlVersion, 99, 1, []any{}),
-		"float id":                   body(t, ControlVersion, MsgAck, 1.5, []any{}),
-		"ack with field":             body(t, ControlVersion, MsgAck, 1, []any{1}),
-		"commit 2 fields":            body(t, ControlVersion, MsgCommit, 1, []any{1, 2}),
-		"negative offset":            body(t, ControlVersion, MsgCommit, 1, []any{1, -2, 3, 0, 0, 0, []any{}}),
-		"nil seq":                    body(t, ControlVersion, MsgCommit, 1, []any{1, 2, 3, 0, 0, nil, []any{}}),
-		"nil copies":                 body(t, ControlVersion, MsgCommit, 1, []any{1, 2, 3, 0, 0, 0, nil}),
-		"copy, no server":            body(t, ControlVersion, MsgCommit, 1, []any{1, 2, 3, 0, 0, 0, []any{[]any{"", 1, 2, 3}}}),
-		"copy of 3 fields":           body(t, ControlVersion, MsgCommit, 1, []any{1, 2, 3, 0, 0, 0, []any{[]any{"s2", 1, 2}}}),
-		"16 copies":                  body(t, ControlVersion, MsgCommit, 1, []any{1, 2, 3, 0, 0, 0, slices.Repeat([]any{[]any{"s2", 1, 2, 3}}, 16)}),
-		"replica commit, shard 1024": body(t, ControlVersion, MsgReplicaCommit, 1, []any{1, NumShards, 1, 2, 3, 4, 0, 0}),
-		"replica delete, empty key":  body(t, ControlVersion, MsgReplicaDelete, 1, []any{1, []byte{}, 0, 0}),
-		"empty key":                  body(t, ControlVersion, MsgDelete, 1, []any{[]byte{}, 0, 0, 0}),
-		"nil key":                    body(t, ControlVersion, MsgDelete, 1, []any{nil, 0, 0, 0}),
-		"key as int":                 body(t, ControlVersion, MsgDelete, 1, []any{5, 0, 0, 0}),
-		"long key":                   body(t, ControlVersion, MsgDelete, 1, []any{make([]byte, MaxKeyLen+1), 0, 0, 0}),
-		"nil epoch":                  body(t, ControlVersion, MsgDelete, 1, []any{[]byte("k"), nil, 0, 0}),
-		"shard 1024":                 body(t, ControlVersion, MsgFenceShards, 1, []any{[]any{NumShards}, 1}),
-		"session kind 3":             body(t, ControlVersion, MsgHello, 1, []any{"c", nil, 3, "", false}),
-		"forget no name":             body(t, ControlVersion, MsgForget, 1, []any{"", false}),
-		"bool as int":                body(t, ControlVersion, MsgForget, 1, []any{"n", 1}),
-		"set replicas 0":             body(t, ControlVersion, MsgSetReplicas, 1, []any{0}),
-		"set replicas 17":            body(t, ControlVersion, MsgSetReplicas, 1, []any{MaxShardOwners + 1}),
-		"set replicas -1":            body(t, ControlVersion, MsgSetReplicas, 1, []any{-1}),
-		"set replicas nil":           body(t, ControlVersion, MsgSetReplicas, 1, []any{nil}),
-		"set replicas as string":     body(t, ControlVersion, MsgSetReplicas, 1, []any{"3"}),
-		"set replicas, 2 fields":     body(t, ControlVersion, MsgSetReplicas, 1, []any{3, 0}),
-		"set replicas, no field":     body(t, ControlVersion, MsgSetReplicas, 1, []any{}),
-		"arena 4096":                 body(t, ControlVersion, MsgCommitReply, 1, []any{4096, 0, 1, 1}),
-		"rkey 2^32":                  body(t, ControlVersion, MsgLeaseReply, 1, []any{1, 0, 0, 0, uint64(1) << 32, 0, 0, 0}),
-		"error code 0":               body(t, ControlVersion, MsgError, 1, []any{0, "x"}),
-		"error code 99":              body(t, ControlVersion, MsgError, 1, []any{99, "x"}),
-		"trailing":                   append(body(t, ControlVersion, MsgAck, 1, []any{}), 0),
-		"long token":                 body(t, ControlVersion, MsgHello, 1, []any{"c", make([]byte, MaxControlToken+1), 0, "", false}),
-		"view state 0":               body(t, ControlVersion, MsgViewReply, 1, []any{[]any{[]any{"n", "", 0, 0, false, []byte{}}}, 0, nil}),
-		"view state 4":               body(t, ControlVersion, MsgViewReply, 1, []any{[]any{[]any{"n", "", 4, 0, false, []byte{}}}, 0, nil}),
-		"view no name":               body(t, ControlVersion, MsgViewReply, 1, []any{[]any{[]any{"", "", 1, 0, false, []byte{}}}, 0, nil}),
-		"view bad meta":              body(t, ControlVersion, MsgViewReply, 1, []any{[]any{[]any{"n", "", 1, 0, false, []byte{0x91, 0x01}}}, 0, nil}),
-		"view nil members":           body(t, ControlVersion, MsgViewReply, 1, []any{nil, 0, nil}),
-		"view 5 fields":              body(t, ControlVersion, MsgViewReply, 1, []any{[]any{[]any{"n", "", 1, 0, false}}, 0, nil}),
-		"entries overflow":           {0x94, ControlVersion, byte(MsgScanReply), 0x01, 0x92, 0xdd, 0x7f, 0xff, 0xff, 0xff},
-		"bytes overflow":             {0x94, ControlVersion, byte(MsgDelete), 0x01, 0x94, 0xc6, 0x7f, 0xff, 0xff, 0xff},
+		"empty":                       {},
+		"not an array":                {0x01},
+		"3 fields":                    body(t, ControlVersion, MsgAck, 1),
+		"5 fields":                    body(t, ControlVersion, MsgAck, 1, []any{}, 0),
+		"version 1":                   body(t, 1, MsgAck, 1, []any{}),
+		"older version":               body(t, ControlVersion-1, MsgAck, 1, []any{}),
+		"newer version":               body(t, ControlVersion+1, MsgAck, 1, []any{}),
+		"version -1":                  body(t, -1, MsgAck, 1, []any{}),
+		"type 0":                      body(t, ControlVersion, 0, 1, []any{}),
+		"type 99":                     body(t, ControlVersion, 99, 1, []any{}),
+		"float id":                    body(t, ControlVersion, MsgAck, 1.5, []any{}),
+		"ack with field":              body(t, ControlVersion, MsgAck, 1, []any{1}),
+		"commit 2 fields":             body(t, ControlVersion, MsgCommit, 1, []any{1, 2}),
+		"negative offset":             body(t, ControlVersion, MsgCommit, 1, []any{1, -2, 3, 0, 0, 0, []any{}}),
+		"nil seq":                     body(t, ControlVersion, MsgCommit, 1, []any{1, 2, 3, 0, 0, nil, []any{}}),
+		"nil copies":                  body(t, ControlVersion, MsgCommit, 1, []any{1, 2, 3, 0, 0, 0, nil}),
+		"copy, no server":             body(t, ControlVersion, MsgCommit, 1, []any{1, 2, 3, 0, 0, 0, []any{[]any{"", 1, 2, 3}}}),
+		"copy of 3 fields":            body(t, ControlVersion, MsgCommit, 1, []any{1, 2, 3, 0, 0, 0, []any{[]any{"s2", 1, 2}}}),
+		"16 copies":                   body(t, ControlVersion, MsgCommit, 1, []any{1, 2, 3, 0, 0, 0, slices.Repeat([]any{[]any{"s2", 1, 2, 3}}, 16)}),
+		"replica commit, shard 1024":  body(t, ControlVersion, MsgReplicaCommit, 1, []any{1, NumShards, 1, 2, 3, 4, 0, 0}),
+		"replica delete, empty key":   body(t, ControlVersion, MsgReplicaDelete, 1, []any{1, []byte{}, 0, 0}),
+		"empty key":                   body(t, ControlVersion, MsgDelete, 1, []any{[]byte{}, 0, 0, 0}),
+		"nil key":                     body(t, ControlVersion, MsgDelete, 1, []any{nil, 0, 0, 0}),
+		"key as int":                  body(t, ControlVersion, MsgDelete, 1, []any{5, 0, 0, 0}),
+		"long key":                    body(t, ControlVersion, MsgDelete, 1, []any{make([]byte, MaxKeyLen+1), 0, 0, 0}),
+		"nil epoch":                   body(t, ControlVersion, MsgDelete, 1, []any{[]byte("k"), nil, 0, 0}),
+		"shard 1024":                  body(t, ControlVersion, MsgFenceShards, 1, []any{[]any{NumShards}, 1}),
+		"session kind 3":              body(t, ControlVersion, MsgHello, 1, []any{"c", nil, 3, "", false}),
+		"forget no name":              body(t, ControlVersion, MsgForget, 1, []any{"", false}),
+		"bool as int":                 body(t, ControlVersion, MsgForget, 1, []any{"n", 1}),
+		"set replicas 0":              body(t, ControlVersion, MsgSetReplicas, 1, []any{0}),
+		"set replicas 17":             body(t, ControlVersion, MsgSetReplicas, 1, []any{MaxShardOwners + 1}),
+		"set replicas -1":             body(t, ControlVersion, MsgSetReplicas, 1, []any{-1}),
+		"set replicas nil":            body(t, ControlVersion, MsgSetReplicas, 1, []any{nil}),
+		"set replicas as string":      body(t, ControlVersion, MsgSetReplicas, 1, []any{"3"}),
+		"set replicas, 2 fields":      body(t, ControlVersion, MsgSetReplicas, 1, []any{3, 0}),
+		"set replicas, no field":      body(t, ControlVersion, MsgSetReplicas, 1, []any{}),
+		"stats, 4 fields (version 6)": body(t, ControlVersion, MsgStatsReply, 1, append(statsStart(), "", 0)),
+		"stats, copied > shards":      body(t, ControlVersion, MsgStatsReply, 1, append(statsStart(), "", 0, []any{1, 2, 3, 0, 0, 0})),
+		"stats, elapsed 2^63":         body(t, ControlVersion, MsgStatsReply, 1, append(statsStart(), "", 0, []any{1, 3, 2, 0, 0, uint64(1) << 63})),
+		"stats, progress of 5":        body(t, ControlVersion, MsgStatsReply, 1, append(statsStart(), "", 0, []any{1, 3, 2, 0, 0})),
+		"stats, nil progress":         body(t, ControlVersion, MsgStatsReply, 1, append(statsStart(), "", 0, nil)),
+		"arena 4096":                  body(t, ControlVersion, MsgCommitReply, 1, []any{4096, 0, 1, 1}),
+		"rkey 2^32":                   body(t, ControlVersion, MsgLeaseReply, 1, []any{1, 0, 0, 0, uint64(1) << 32, 0, 0, 0}),
+		"error code 0":                body(t, ControlVersion, MsgError, 1, []any{0, "x"}),
+		"error code 99":               body(t, ControlVersion, MsgError, 1, []any{99, "x"}),
+		"trailing":                    append(body(t, ControlVersion, MsgAck, 1, []any{}), 0),
+		"long token":                  body(t, ControlVersion, MsgHello, 1, []any{"c", make([]byte, MaxControlToken+1), 0, "", false}),
+		"view state 0":                body(t, ControlVersion, MsgViewReply, 1, []any{[]any{[]any{"n", "", 0, 0, false, []byte{}}}, 0, nil}),
+		"view state 4":                body(t, ControlVersion, MsgViewReply, 1, []any{[]any{[]any{"n", "", 4, 0, false, []byte{}}}, 0, nil}),
+		"view no name":                body(t, ControlVersion, MsgViewReply, 1, []any{[]any{[]any{"", "", 1, 0, false, []byte{}}}, 0, nil}),
+		"view bad meta":               body(t, ControlVersion, MsgViewReply, 1, []any{[]any{[]any{"n", "", 1, 0, false, []byte{0x91, 0x01}}}, 0, nil}),
+		"view nil members":            body(t, ControlVersion, MsgViewReply, 1, []any{nil, 0, nil}),
+		"view 5 fields":               body(t, ControlVersion, MsgViewReply, 1, []any{[]any{[]any{"n", "", 1, 0, false}}, 0, nil}),
+		"entries overflow":            {0x94, ControlVersion, byte(MsgScanReply), 0x01, 0x92, 0xdd, 0x7f, 0xff, 0xff, 0xff},
+		"bytes overflow":              {0x94, ControlVersion, byte(MsgDelete), 0x01, 0x94, 0xc6, 0x7f, 0xff, 0xff, 0xff},
 	} {
 		if _, m, err := DecodeFrame(b); !errors.Is(err, ErrBadMessage) {
 			t.Errorf("%s: got %#v, %v; want ErrBadMessage", name, m, err)
@@ -217,12 +223,23 @@ func TestControlFrameLimit(t *testing.T) {
 	}
 }
 
+// statsStart is the start of a StatsReply's payload: its 20 counters and
+// no requests by type.
+func statsStart() []any {
+	counters := make([]any, 20)
+	for i := range counters {
+		counters[i] = 0
+	}
+	return []any{counters, []any{}}
+}
+
 func TestControlEncodeRejects(t *testing.T) {
 	for _, m := range []Message{
 		&Delete{}, &Hello{Client: strings.Repeat("x", MaxControlName+1)}, &Error{}, &LeaseReply{TTL: -1},
 		&ScanReply{Entries: []ScanEntry{{}}},
 		&Forget{}, &SetReplicas{}, &SetReplicas{Replicas: -1}, &SetReplicas{Replicas: MaxShardOwners + 1}, &Hello{Kind: 9}, &FenceShards{Shards: []Shard{NumShards}}, &ShardScan{Shard: NumShards},
 		&MapReply{Map: make([]byte, MaxMapBytes+1)},
+		&StatsReply{Copying: CopyProgress{Shards: 1, Copied: 2}}, &StatsReply{Copying: CopyProgress{Elapsed: -1}},
 		&ViewReply{Members: []ViewMember{{Name: "n", State: 1, Meta: NodeMeta{}}}}, // no role: metadata that never decodes
 		&ViewReply{Members: []ViewMember{{Name: "n", State: 4, Meta: viewSampleMeta(false)}}},
 		&ViewReply{Members: []ViewMember{{State: 1, Meta: viewSampleMeta(false)}}},
@@ -304,5 +321,18 @@ func TestSetReplicasMessage(t *testing.T) {
 	_, err = AppendFrame(nil, 1, &SetReplicas{Replicas: 0})
 	if !errors.Is(err, ErrBadMessage) || !strings.Contains(err.Error(), "set replicas to 0: must be 1 to 16") {
 		t.Fatalf("encoding SetReplicas of 0: %v", err)
+	}
+}
+
+// A StatsReply's copy progress reads as sent, from a body built by hand
+// as the rejections above are (so they fail for what they change alone).
+func TestStatsReplyCopyProgress(t *testing.T) {
+	_, m, err := DecodeFrame(body(t, ControlVersion, MsgStatsReply, 1, append(statsStart(), "", 0, []any{1, 3, 2, 10, 4096, int64(time.Second)})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := CopyProgress{Groups: 1, Shards: 3, Copied: 2, Keys: 10, Bytes: 4096, Elapsed: time.Second}
+	if got := m.(*StatsReply).Copying; got != want {
+		t.Fatalf("copy progress %+v, want %+v", got, want)
 	}
 }
