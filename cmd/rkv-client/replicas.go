@@ -78,9 +78,12 @@ func replicasCmd(g *globals) *cobra.Command {
 		Long: `replicas prints the cluster map's replica count (the copies of each shard the
 cluster keeps, on distinct servers, and on distinct --zone labels first), the
 copies each shard should have now (the count, or the number of active servers
-when fewer), how many shards have fewer holders than that (under-replicated)
-how many replicas are being added, and how many shards hold more copies
-than the count (over-replicated, until the leader drops the surplus).
+when fewer), how many shards have that many copies in sync (their owners:
+every write waits for each), how many have fewer (under-replicated), how
+many have a copy to a new replica in progress (catching up: no write waits
+for it until its move finishes), how many replicas are being added, and how
+many shards hold more copies than the count (over-replicated, until the
+leader drops the surplus). shards lists them shard by shard.
 
 With N (1 to 16) it asks the cluster to keep N copies: the map's leader then
 copies each shard short of them from its primary to another server while
