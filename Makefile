@@ -22,14 +22,14 @@ test-short: ## quick tests (skips the large-region cases)
 test-chaos: ## chaos suite: 3 servers under kill -9, SIGSTOP, partitions (netns as root); history checked for linearizability (CHAOS_DURATION, CHAOS_SEED, CHAOS_NET; docs/CHAOS.md)
 	$(GO) test -race -tags chaos -run Chaos -v -count 1 -timeout 20m ./chaos/
 
-test-soak: ## space under load: 1,000 CLI puts into one 64 MiB arena, overwrites of 80% and 90% of the capacity until 20x it is written, 10 million keys growing the index from 2^18 slots (~5 min; the 50% soak runs in make test, with -race)
-	$(GO) test -tags soak -run 'Thousand|SustainableUtilization|TenMillionKeys' -v -count 1 -timeout 20m ./store/ ./e2e/
+test-soak: ## space under load: 1,000 CLI puts into one 64 MiB arena, overwrites of 80% and 90% of the capacity until 20x it is written, 10 million keys growing the index from 2^18 slots; re-replication's MiB/s, 128 MiB at R=2 on 3 servers, one server's backups dropped and added again (~6 min; the 50% soak runs in make test, with -race)
+	$(GO) test -tags soak -run 'Thousand|SustainableUtilization|TenMillionKeys|ReReplication' -v -count 1 -timeout 20m ./store/ ./e2e/ ./server/
 
 lint: ## gofmt and go vet (with and without the verbs and chaos tags, and the bench module)
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
 	$(GO) vet -tags chaos ./chaos/
-	$(GO) vet -tags soak ./store/ ./e2e/
+	$(GO) vet -tags soak ./store/ ./e2e/ ./server/
 	cd bench && $(GO) vet ./...
 	@if [ -f /usr/include/infiniband/verbs.h ]; then $(GO) vet -tags verbs $(PKGS); else echo "libibverbs-dev not installed: skipping go vet -tags verbs"; fi
 

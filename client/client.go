@@ -716,6 +716,9 @@ type ServerStats struct {
 	NotReady string
 	// IndexSlots is the size of its hash index (it grows while serving).
 	IndexSlots uint64
+	// Copying is the moves copying shards into the server now (it is
+	// catching up on Copying.Shards shards), zero when none runs.
+	Copying proto.CopyProgress
 }
 
 // Stats asks the named server for its counters over the control RPC.
@@ -733,7 +736,7 @@ func (c *Client) Stats(ctx context.Context, node string) (ServerStats, error) {
 			CopiedKeys: sr.CopiedKeys, CopiedBytes: sr.CopiedBytes, CopyTime: sr.CopyTime, Requests: map[string]uint64{},
 			LiveBytes: sr.LiveBytes, DeadBytes: sr.DeadBytes, FreeBytes: sr.FreeBytes, CapacityBytes: sr.CapacityBytes,
 			SegmentsCleaned: sr.SegmentsCleaned, CleanerMovedBytes: sr.CleanerMovedBytes,
-			NotReady: sr.NotReady, IndexSlots: sr.IndexSlots}
+			NotReady: sr.NotReady, IndexSlots: sr.IndexSlots, Copying: sr.Copying}
 		for t, n := range sr.Requests {
 			if n > 0 {
 				st.Requests[proto.MsgType(t).String()] = n

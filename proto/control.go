@@ -36,11 +36,12 @@ import (
 // number, so that a retry whose first attempt was applied is answered with
 // the first result instead of being applied again.
 const (
-	// ControlVersion 6: a Commit names its replica copies, and primaries
+	// ControlVersion 7: StatsReply carries the copies in progress
+	// (Copying). 6: a Commit names its replica copies, and primaries
 	// forward commits and deletes to backups (ReplicaCommit,
 	// ReplicaDelete). 5: a session connects a write QP after its read QP
 	// (Hello.NoQP).
-	ControlVersion = 6
+	ControlVersion = 7
 
 	// MaxFrame bounds a frame's body. Scan replies are cut to fit.
 	MaxFrame = 1 << 20
@@ -394,6 +395,25 @@ type StatsReply struct {
 	NotReady string
 	// IndexSlots is its hash index's size (it grows while serving).
 	IndexSlots uint64
+	// Copying is the moves into this server copying now (the target
+	// catching up); zero when none runs. ShardsMovedIn and the Copied
+	// counters above count the moves that finished.
+	Copying CopyProgress
+}
+
+// CopyProgress is how far the moves a server is the target of and that
+// copy a shard (every kind but a promotion) have come, while they run.
+type CopyProgress struct {
+	// Groups is how many groups of moves run (one per source and start);
+	// Shards how many shards they copy, Copied how many of those had
+	// their first, full pass (the later passes take what changed
+	// meanwhile, the last with the shards frozen). Copied <= Shards.
+	Groups, Shards, Copied uint64
+	// Keys and Bytes are the records (and deletes of keys the source no
+	// longer lists) and record bytes copied so far, every pass counted.
+	Keys, Bytes uint64
+	// Elapsed is the time since the earliest running group began.
+	Elapsed time.Duration
 }
 
 // GetMap asks for the server's cluster map. Have is the epoch the sender
@@ -816,7 +836,10 @@ func (m *StatsReply) encode(e *encoder) {
 	if len(m.Requests) > 255 {
 		e.fail("%d request types, limit 255", len(m.Requests))
 	}
-	e.array(4)
+	if c := m.Copying; c.Copied > c.Shards || c.Elapsed < 0 {
+		e.fail("copy progress of %d shards out of %d, %v elapsed", c.Copied, c.Shards, c.Elapsed)
+	}
+	e.array(5)
 	e.uints(m.Generation, m.Keys, m.Commits, m.Deletes, m.LeasesActive, m.Connections, m.Handled,
 		m.MapEpoch, m.ShardsOwned, m.ShardsIncoming, m.ShardsMovedIn, m.CopiedKeys, m.CopiedBytes, uint64(m.CopyTime),
 		m.LiveBytes, m.DeadBytes, m.FreeBytes, m.CapacityBytes, m.SegmentsCleaned, m.CleanerMovedBytes)
@@ -827,6 +850,8 @@ func (m *StatsReply) encode(e *encoder) {
 	}
 	e.str(notReady)
 	e.uint(m.IndexSlots)
+	c := m.Copying
+	e.uints(c.Groups, c.Shards, c.Copied, c.Keys, c.Bytes, uint64(c.Elapsed))
 }
 
 func (m *Error) encode(e *encoder) {
@@ -1327,7 +1352,7 @@ func (m *ScanReply) decode(d *decoder) error {
 func (m *EndLease) decode(d *decoder) error { return d.uints("EndLease", &m.ID) }
 
 func (m *StatsReply) decode(d *decoder) error {
-	if err := d.fields("StatsReply", 4); err != nil {
+	if err := d.fields("StatsReply", 5); err != nil {
 		return err
 	}
 	var copyTime uint64
@@ -1355,8 +1380,19 @@ func (m *StatsReply) decode(d *decoder) error {
 	if m.NotReady, err = d.str("not ready", MaxControlMessage); err != nil {
 		return err
 	}
-	m.IndexSlots, err = d.u64("index slots")
-	return err
+	if m.IndexSlots, err = d.u64("index slots"); err != nil {
+		return err
+	}
+	c := &m.Copying
+	var elapsed uint64
+	if err := d.uints("StatsReply copy progress", &c.Groups, &c.Shards, &c.Copied, &c.Keys, &c.Bytes, &elapsed); err != nil {
+		return err
+	}
+	if c.Copied > c.Shards || elapsed > 1<<63-1 {
+		return d.fail("copy progress of %d shards out of %d, %d ns elapsed", c.Copied, c.Shards, elapsed)
+	}
+	c.Elapsed = time.Duration(elapsed)
+	return nil
 }
 
 func (m *Error) decode(d *decoder) error {

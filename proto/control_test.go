@@ -37,6 +37,7 @@ func controlSamples() []Message {
 		&StatsReply{Generation: 2, Keys: 10, Commits: 11, Deletes: 1, LeasesActive: 2, Connections: 1, Handled: 99,
 			MapEpoch: 5, ShardsOwned: 341, ShardsIncoming: 16, ShardsMovedIn: 32, CopiedKeys: 1000, CopiedBytes: 1 << 30, CopyTime: time.Second,
 			Requests: []uint64{0, 3, 0, 5}, NotReady: "server: no arena is registered", IndexSlots: 1 << 18},
+		&StatsReply{Copying: CopyProgress{Groups: 2, Shards: 48, Copied: 20, Keys: 12345, Bytes: 41 << 20, Elapsed: 1100 * time.Millisecond}},
 		&StatsReply{},
 		&Error{Code: CodeNotFound, Message: "no such key"},
 		&Error{Code: CodeBadRequest},
@@ -178,6 +179,11 @@ func TestControlDecodeRejects(t *testing.T) {
 		"read lease TTL huge":        body(t, ControlVersion, MsgReadLeaseReply, 1, []any{uint64(1 << 63), 2}),
 		"read lease one field":       body(t, ControlVersion, MsgReadLeaseReply, 1, []any{5}),
 		"set replicas, no field":     body(t, ControlVersion, MsgSetReplicas, 1, []any{}),
+		"stats, 4 fields (v6)":       body(t, ControlVersion, MsgStatsReply, 1, append(statsStart(), "", 0)),
+		"stats, copied > shards":     body(t, ControlVersion, MsgStatsReply, 1, append(statsStart(), "", 0, []any{1, 2, 3, 0, 0, 0})),
+		"stats, elapsed 2^63":        body(t, ControlVersion, MsgStatsReply, 1, append(statsStart(), "", 0, []any{1, 3, 2, 0, 0, uint64(1) << 63})),
+		"stats, progress of 5":       body(t, ControlVersion, MsgStatsReply, 1, append(statsStart(), "", 0, []any{1, 3, 2, 0, 0})),
+		"stats, nil progress":        body(t, ControlVersion, MsgStatsReply, 1, append(statsStart(), "", 0, nil)),
 		"arena 4096":                 body(t, ControlVersion, MsgCommitReply, 1, []any{4096, 0, 1, 1}),
 		"rkey 2^32":                  body(t, ControlVersion, MsgLeaseReply, 1, []any{1, 0, 0, 0, uint64(1) << 32, 0, 0, 0}),
 		"error code 0":               body(t, ControlVersion, MsgError, 1, []any{0, "x"}),
@@ -227,12 +233,23 @@ func TestControlFrameLimit(t *testing.T) {
 	}
 }
 
+// statsStart is the start of a StatsReply's payload: its 20 counters and
+// no requests by type.
+func statsStart() []any {
+	counters := make([]any, 20)
+	for i := range counters {
+		counters[i] = 0
+	}
+	return []any{counters, []any{}}
+}
+
 func TestControlEncodeRejects(t *testing.T) {
 	for _, m := range []Message{
 		&Delete{}, &Hello{Client: strings.Repeat("x", MaxControlName+1)}, &Error{}, &LeaseReply{TTL: -1},
 		&ScanReply{Entries: []ScanEntry{{}}},
 		&Forget{}, &SetReplicas{}, &SetReplicas{Replicas: -1}, &SetReplicas{Replicas: MaxShardOwners + 1}, &Hello{Kind: 9}, &FenceShards{Shards: []Shard{NumShards}}, &ShardScan{Shard: NumShards},
 		&MapReply{Map: make([]byte, MaxMapBytes+1)},
+		&StatsReply{Copying: CopyProgress{Shards: 1, Copied: 2}}, &StatsReply{Copying: CopyProgress{Elapsed: -1}},
 		&ViewReply{Members: []ViewMember{{Name: "n", State: 1, Meta: NodeMeta{}}}}, // no role: metadata that never decodes
 		&ViewReply{Members: []ViewMember{{Name: "n", State: 4, Meta: viewSampleMeta(false)}}},
 		&ViewReply{Members: []ViewMember{{State: 1, Meta: viewSampleMeta(false)}}},
@@ -314,5 +331,18 @@ func TestSetReplicasMessage(t *testing.T) {
 	_, err = AppendFrame(nil, 1, &SetReplicas{Replicas: 0})
 	if !errors.Is(err, ErrBadMessage) || !strings.Contains(err.Error(), "set replicas to 0: must be 1 to 16") {
 		t.Fatalf("encoding SetReplicas of 0: %v", err)
+	}
+}
+
+// A StatsReply's copy progress reads as sent, from a body built by hand
+// as the rejections above are (so they fail for what they change alone).
+func TestStatsReplyCopyProgress(t *testing.T) {
+	_, m, err := DecodeFrame(body(t, ControlVersion, MsgStatsReply, 1, append(statsStart(), "", 0, []any{1, 3, 2, 10, 4096, int64(time.Second)})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := CopyProgress{Groups: 1, Shards: 3, Copied: 2, Keys: 10, Bytes: 4096, Elapsed: time.Second}
+	if got := m.(*StatsReply).Copying; got != want {
+		t.Fatalf("copy progress %+v, want %+v", got, want)
 	}
 }

@@ -974,5 +974,6 @@ func (s *Server) statsReply() *proto.StatsReply {
 		r.NotReady = err.Error()
 	}
 	r.IndexSlots = st.IndexSlots
+	r.Copying = s.moves.progress()
 	return r
 }

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rkv-io/rkv/clustermap"
@@ -61,8 +62,57 @@ type mover struct {
 	mu      sync.Mutex
 	stopped bool
 	running map[moveGroup]context.CancelFunc
+	copying map[moveGroup]*copyProgress // the groups that copy, while their worker runs
 	wg      sync.WaitGroup
 	done    moveStats
+	// pulledKeys and pulledBytes count every record (and delete) and
+	// record byte any copy pass brought, of moves finished, running or
+	// aborted: a counter that only grows, for rates.
+	pulledKeys, pulledBytes atomic.Uint64
+}
+
+// copyProgress is how far one group's copy has come, from its worker's
+// start to its end, across its attempts.
+type copyProgress struct {
+	start       time.Time
+	keys, bytes atomic.Uint64
+
+	mu     sync.Mutex
+	shards []proto.Shard        // the group's moves still in the map at the last attempt
+	copied map[proto.Shard]bool // shards a pass copied completely
+}
+
+func newCopyProgress(shards []proto.Shard) *copyProgress {
+	return &copyProgress{start: time.Now(), shards: shards, copied: map[proto.Shard]bool{}}
+}
+
+func (c *copyProgress) attempt(shards []proto.Shard) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.shards = shards
+}
+
+// shardCopied records that a pass copied shard sh completely.
+func (c *copyProgress) shardCopied(sh proto.Shard) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.copied[sh] = true
+}
+
+// addTo adds this group's progress to p, Elapsed as of now.
+func (c *copyProgress) addTo(p *proto.CopyProgress, now time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	p.Groups++
+	p.Shards += uint64(len(c.shards))
+	for _, sh := range c.shards {
+		if c.copied[sh] {
+			p.Copied++
+		}
+	}
+	p.Keys += c.keys.Load()
+	p.Bytes += c.bytes.Load()
+	p.Elapsed = max(p.Elapsed, now.Sub(c.start))
 }
 
 // moveGroup names the moves one worker runs: those started together whose
@@ -112,7 +162,9 @@ type moveStats struct {
 	took                time.Duration
 }
 
-func newMover(s *Server) *mover { return &mover{s: s, running: map[moveGroup]context.CancelFunc{}} }
+func newMover(s *Server) *mover {
+	return &mover{s: s, running: map[moveGroup]context.CancelFunc{}, copying: map[moveGroup]*copyProgress{}}
+}
 
 // sync starts a worker for each group of moves into this server in m and
 // stops those whose moves ended.
@@ -168,6 +220,42 @@ func (mv *mover) stats() moveStats {
 	return mv.done
 }
 
+// progress sums the copies running now.
+func (mv *mover) progress() proto.CopyProgress {
+	mv.mu.Lock()
+	defer mv.mu.Unlock()
+	var p proto.CopyProgress
+	now := time.Now()
+	for _, c := range mv.copying {
+		c.addTo(&p, now)
+	}
+	return p
+}
+
+// MoveStats is what the moves into a server copy: those running now and,
+// since the server started, those that finished.
+type MoveStats struct {
+	// Copying is the moves that copy shards to this server now (every
+	// kind but a promotion): it is catching up on Copying.Shards shards.
+	Copying proto.CopyProgress
+	// ShardsMovedIn is the shards of the finished moves (promotions
+	// included), CopiedKeys and CopiedBytes what they copied, CopyTime
+	// how long their groups took from start to finish.
+	ShardsMovedIn, CopiedKeys, CopiedBytes uint64
+	CopyTime                               time.Duration
+	// PulledKeys and PulledBytes are what every copy pass brought since
+	// the start, of the moves finished, running or aborted: they only
+	// grow.
+	PulledKeys, PulledBytes uint64
+}
+
+// MoveStats returns what the moves into this server copy and copied.
+func (s *Server) MoveStats() MoveStats {
+	d := s.moves.stats()
+	return MoveStats{Copying: s.moves.progress(), ShardsMovedIn: d.shards, CopiedKeys: d.keys, CopiedBytes: d.bytes, CopyTime: d.took,
+		PulledKeys: s.moves.pulledKeys.Load(), PulledBytes: s.moves.pulledBytes.Load()}
+}
+
 func (mv *mover) add(d moveStats) {
 	mv.mu.Lock()
 	defer mv.mu.Unlock()
@@ -185,9 +273,21 @@ var errMoveGone = errors.New("server: the moves are no longer in the map")
 // server closes.
 func (mv *mover) run(ctx context.Context, g moveGroup) {
 	log := mv.s.log.With("from", g.from, "move_started", g.started)
+	var prog *copyProgress
+	if g.mode != promote {
+		prog = newCopyProgress(shardsOf(mv.groupMoves(mv.s.Map(), g)))
+		mv.mu.Lock()
+		mv.copying[g] = prog
+		mv.mu.Unlock()
+		defer func() {
+			mv.mu.Lock()
+			delete(mv.copying, g)
+			mv.mu.Unlock()
+		}()
+	}
 	backoff := 100 * time.Millisecond
 	for {
-		err := mv.attempt(ctx, g)
+		err := mv.attempt(ctx, g, prog)
 		switch {
 		case err == nil, errors.Is(err, errMoveGone), ctx.Err() != nil:
 			return
@@ -229,8 +329,9 @@ func shardsOf(moves []clustermap.Move) []proto.Shard {
 	return out
 }
 
-// attempt runs the protocol above from wherever the group's moves stand.
-func (mv *mover) attempt(ctx context.Context, g moveGroup) error {
+// attempt runs the protocol above from wherever the group's moves stand,
+// counting what it copies into prog (nil for a promotion).
+func (mv *mover) attempt(ctx context.Context, g moveGroup, prog *copyProgress) error {
 	s := mv.s
 	m := s.Map()
 	moves := mv.groupMoves(m, g)
@@ -239,6 +340,9 @@ func (mv *mover) attempt(ctx context.Context, g moveGroup) error {
 	}
 	shards := shardsOf(moves)
 	copying := g.mode != promote
+	if prog != nil {
+		prog.attempt(shards)
+	}
 	if !copying {
 		if err := mv.backsUp(shards); err != nil {
 			return err
@@ -251,6 +355,7 @@ func (mv *mover) attempt(ctx context.Context, g moveGroup) error {
 		return err
 	}
 	defer src.close()
+	src.prog = prog
 	log := s.log.With("from", g.from, "shards", len(shards), "mode", g.mode)
 	start := time.Now()
 	var total moveStats
@@ -362,6 +467,7 @@ type puller struct {
 	wrs   []rdma.SendWR
 	sges  []rdma.SGE
 	pages int
+	prog  *copyProgress // where the copy counts its progress, if anywhere
 }
 
 // pullBuffer is the registered buffer a batch of records is READ into;
@@ -427,6 +533,9 @@ func (p *puller) copyShards(ctx context.Context, shards []proto.Shard, final boo
 		if err := p.copyShard(ctx, sh, final, &st); err != nil {
 			return st, fmt.Errorf("shard %d: %w", sh, err)
 		}
+		if p.prog != nil {
+			p.prog.shardCopied(sh)
+		}
 	}
 	st.took = time.Since(start)
 	return st, nil
@@ -463,10 +572,17 @@ func (p *puller) copyShard(ctx context.Context, sh proto.Shard, final bool, st *
 				return err
 			}
 		}
+		var n uint64
 		for _, rec := range records {
-			st.keys++
-			st.bytes += uint64(len(rec))
+			n += uint64(len(rec))
 		}
+		st.keys, st.bytes = st.keys+uint64(len(records)), st.bytes+n
+		if p.prog != nil {
+			p.prog.keys.Add(uint64(len(records)))
+			p.prog.bytes.Add(n)
+		}
+		s.moves.pulledKeys.Add(uint64(len(records)))
+		s.moves.pulledBytes.Add(n)
 		if !reply.More || len(reply.Entries) == 0 {
 			break
 		}
@@ -482,6 +598,10 @@ func (p *puller) copyShard(ctx context.Context, sh proto.Shard, final bool, st *
 	}
 	slices.SortFunc(deletes, bytes.Compare)
 	st.keys += uint64(len(deletes))
+	if p.prog != nil {
+		p.prog.keys.Add(uint64(len(deletes)))
+	}
+	s.moves.pulledKeys.Add(uint64(len(deletes)))
 	return s.st.Ingest(ctx, sh, nil, nil, deletes)
 }
 

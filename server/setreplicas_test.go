@@ -68,7 +68,7 @@ func TestClientSetsReplicas(t *testing.T) {
 	}
 	c.WaitSettled(120 * time.Second)
 	m = c.Map()
-	if r := m.Replication(); r != (clustermap.Replication{Replicas: 2, Target: 2}) {
+	if r := m.Replication(); r != (clustermap.Replication{Replicas: 2, Target: 2, InSync: proto.NumShards}) {
 		t.Fatalf("settled at 2 replicas: %+v", r)
 	}
 	waitRoles(t, c, m) // every shard: two holders, the primary serving, the other a backup
@@ -86,7 +86,7 @@ func TestClientSetsReplicas(t *testing.T) {
 			t.Fatalf("SetReplicas(%d) on two servers: %v", n, err)
 		}
 		c.WaitSettled(30 * time.Second)
-		if r := c.Map().Replication(); r != (clustermap.Replication{Replicas: n, Target: min(n, 2)}) {
+		if r := c.Map().Replication(); r != (clustermap.Replication{Replicas: n, Target: min(n, 2), InSync: proto.NumShards}) {
 			t.Fatalf("at %d replicas on two servers: %+v", n, r)
 		}
 	}

@@ -325,31 +325,37 @@ type memberJSON struct {
 
 // shardsJSON is a server's part in the cluster map this client holds (the
 // freshest it got), in members' and status's rows: the shards it is
-// primary of and backs up, and, the same on every row, the map's replica
-// count and its shards with fewer holders than min(that count, active
-// servers).
+// primary of, backs up (an in-sync backup: every write waits for it) and
+// catches up on (the target of a move copying the shard to it, not an
+// owner yet: no write waits for it); and, the same on every row, the
+// map's replica count, its shards with fewer holders than min(that count,
+// active servers), with at least that many, and with a copy in progress.
 type shardsJSON struct {
 	ShardsPrimary      int `json:"shards_primary"`
 	ShardsBackup       int `json:"shards_backup"`
+	ShardsCatchingUp   int `json:"shards_catching_up"`
 	MapReplicas        int `json:"map_replicas"`
 	MapUnderReplicated int `json:"map_under_replicated"`
+	MapInSync          int `json:"map_in_sync"`
+	MapCatchingUp      int `json:"map_catching_up"`
 }
 
 // shardRoles is shardsJSON for each server of m.
 func shardRoles(m *clustermap.Map) func(name string) shardsJSON {
-	primaries, backups, r := m.Counts(), m.Backups(), m.Replication()
+	primaries, backups, catching, r := m.Counts(), m.Backups(), m.CatchingUp(), m.Replication()
 	return func(name string) shardsJSON {
-		return shardsJSON{ShardsPrimary: primaries[name], ShardsBackup: backups[name], MapReplicas: r.Replicas, MapUnderReplicated: r.UnderReplicated}
+		return shardsJSON{ShardsPrimary: primaries[name], ShardsBackup: backups[name], ShardsCatchingUp: catching[name],
+			MapReplicas: r.Replicas, MapUnderReplicated: r.UnderReplicated, MapInSync: r.InSync, MapCatchingUp: r.CatchingUp}
 	}
 }
 
-// replicationLine is the map's replica count and shards short of it, in
+// replicationLine is the map's replica count and how its shards stand, in
 // one line under members' and status's tables.
 func replicationLine(m *clustermap.Map) string {
 	r := toReplicationJSON(m)
-	line := fmt.Sprintf("map epoch %d: %s (%s a shard with %s), %s under-replicated, %s in progress",
-		r.MapEpoch, plural(r.Replicas, "replica"), plural(r.Target, "copy"), plural(r.ActiveServers, "active server"),
-		plural(r.UnderReplicated, "shard"), plural(r.AddingReplicas, "add-replica move"))
+	line := fmt.Sprintf("map epoch %d: replicas: %d wanted (%s a shard with %s), %s in sync at %d, %d under-replicated, %d catching up",
+		r.MapEpoch, r.Replicas, plural(r.Target, "copy"), plural(r.ActiveServers, "active server"),
+		plural(r.InSync, "shard"), r.Target, r.UnderReplicated, r.CatchingUp)
 	if r.OverReplicated > 0 {
 		line += fmt.Sprintf(", %d over-replicated", r.OverReplicated)
 	}
@@ -405,10 +411,13 @@ func membersCmd(g *globals) *cobra.Command {
 		Long: `members prints this client's view of the cluster, as the server asked
 (--endpoints) or the client's own gossip (--join) sees it: each server's
 state, zone, control address, RDMA provider and data endpoint, generation,
-the shards it is primary of and backs up in the cluster map, hash index
-(addr, rkey, geometry) and registered arenas (id, addr, length, rkey); under
-the table, the map's replica count and its shards with fewer copies than
-that (or than the active servers, when fewer).
+the shards it is primary of, backs up (in sync: every write waits for it)
+and catches up on (a move copying them to it, that no write waits for yet)
+in the cluster map, hash index (addr, rkey, geometry) and registered arenas
+(id, addr, length, rkey); under the table, the map's replica count and how
+many shards have that many copies in sync (or as many as there are active
+servers, when fewer), fewer (under-replicated), and a copy in progress
+(catching up). The shards command lists them shard by shard.
 Clients are listed with --all, through --join only (a server's answer lists
 servers alone).
 
@@ -466,7 +475,7 @@ cluster to settle.`,
 					return writeJSON(out, list)
 				}
 				tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-				fmt.Fprintln(tw, "NAME\tSTATE\tROLE\tZONE\tCONTROL\tPROVIDER\tENDPOINT\tGEN\tMAP\tPRIMARY\tBACKUP\tINDEX ADDR\tINDEX RKEY\tSLOTSxNBHD\tARENAS")
+				fmt.Fprintln(tw, "NAME\tSTATE\tROLE\tZONE\tCONTROL\tPROVIDER\tENDPOINT\tGEN\tMAP\tPRIMARY\tBACKUP\tCATCHING UP\tINDEX ADDR\tINDEX RKEY\tSLOTSxNBHD\tARENAS")
 				var arenas [][]string
 				for _, m := range ms {
 					j := toMemberJSON(m, roles)
@@ -482,12 +491,12 @@ cluster to settle.`,
 					if j.Leaving {
 						state += " (leaving)"
 					}
-					primary, backup := "-", "-"
+					primary, backup, catching := "-", "-", "-"
 					if cm.Member(j.Name) {
-						primary, backup = fmt.Sprint(j.ShardsPrimary), fmt.Sprint(j.ShardsBackup)
+						primary, backup, catching = fmt.Sprint(j.ShardsPrimary), fmt.Sprint(j.ShardsBackup), fmt.Sprint(j.ShardsCatchingUp)
 					}
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\n", j.Name, state, j.Role, dash(j.Zone), dash(j.ControlAddr), dash(j.Provider),
-						dash(j.Endpoint), j.Generation, j.MapEpoch, primary, backup, idx, narenas)
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\n", j.Name, state, j.Role, dash(j.Zone), dash(j.ControlAddr), dash(j.Provider),
+						dash(j.Endpoint), j.Generation, j.MapEpoch, primary, backup, catching, idx, narenas)
 					for _, a := range j.Arenas {
 						arenas = append(arenas, []string{j.Name, fmt.Sprint(a.ID), a.Addr, human(a.Length), a.RKey})
 					}
@@ -557,6 +566,9 @@ type statusJSON struct {
 	CopiedKeys     uint64  `json:"copied_keys"`
 	CopiedBytes    uint64  `json:"copied_bytes"`
 	CopyMiBPerSec  float64 `json:"copy_mib_per_s,omitempty"`
+	// CatchUp is the moves copying shards into the server now, by its
+	// Stats: how far it has come catching up.
+	CatchUp catchUpJSON `json:"catch_up"`
 	// Space: live, dead (for the cleaner) and free bytes of the arenas'
 	// capacity, and what the cleaner did.
 	LiveBytes         uint64            `json:"live_bytes"`
@@ -580,15 +592,20 @@ func statusCmd(g *globals) *cobra.Command {
 Stats) and adds what gossip says (state, arenas registered): keys, the arena
 bytes live (current records), dead (superseded or deleted, for the cleaner to
 reclaim) and free, the map epoch it holds, the shards it is primary of and
-backs up in the cluster map (shards_owned in the JSON output is what its
-store serves), shard moves into it (shards copying now, moved in since it
+backs up (in sync) and catches up on (the target of a copy, not awaited
+yet) in the cluster map (shards_owned in the JSON output is what its store
+serves), shard moves into it (shards copying now, moved in since it
 started, keys and bytes copied, MiB/s), commits,
 deletes, leases, connections and control requests. A server that answers but
 does not serve yet (no arena registered, or the map does not hold it) shows
 "not ready" in STATE, the reason in the JSON output. A server that does not
 answer is listed with its error, and the exit code is then 3. Under the
-table: the map's replica count and its shards with fewer copies than that
-(or than the active servers, when fewer), as in replicas.`,
+table: for each server copying shards in now, how far its copy has come by
+its own count (shards, of them those past their full first pass, bytes and
+keys copied, MiB/s since the copy began; catch_up in the JSON output); then
+the map's replica count and how many shards have that many copies in sync
+(or as many as there are active servers, when fewer), fewer
+(under-replicated) and a copy in progress (catching up).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return g.withClient(cmd, func(ctx context.Context, c *client.Client) error {
@@ -625,6 +642,7 @@ table: the map's replica count and its shards with fewer copies than that
 						if st.CopyTime > 0 {
 							r.CopyMiBPerSec = float64(st.CopiedBytes) / (1 << 20) / st.CopyTime.Seconds()
 						}
+						r.CatchUp = toCatchUpJSON(st.Copying)
 					}
 					rows = append(rows, r)
 				}
@@ -636,18 +654,23 @@ table: the map's replica count and its shards with fewer copies than that
 					}
 				} else {
 					tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-					fmt.Fprintln(tw, "NAME\tSTATE\tZONE\tCONTROL\tGEN\tARENAS\tKEYS\tLIVE\tDEAD\tFREE\tMAP\tPRIMARY\tBACKUP\tMOVING IN\tCOMMITS\tDELETES\tLEASES\tCONNS\tREQUESTS")
+					fmt.Fprintln(tw, "NAME\tSTATE\tZONE\tCONTROL\tGEN\tARENAS\tKEYS\tLIVE\tDEAD\tFREE\tMAP\tPRIMARY\tBACKUP\tCATCHING UP\tMOVING IN\tCOMMITS\tDELETES\tLEASES\tCONNS\tREQUESTS")
 					for _, r := range rows {
 						if r.Error != "" {
 							fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\terror: %s\n", r.Name, r.State, dash(r.Zone), r.ControlAddr, r.Generation, r.Arenas, r.Error)
 							continue
 						}
-						fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t%d\t%d\t%d\t%s\t%d\t%d\t%d\t%d\t%d\n", r.Name, r.State, dash(r.Zone), r.ControlAddr, r.Generation, r.Arenas,
+						fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%s\t%d\t%d\t%d\t%d\t%d\n", r.Name, r.State, dash(r.Zone), r.ControlAddr, r.Generation, r.Arenas,
 							r.Keys, humanBytes(r.LiveBytes), humanBytes(r.DeadBytes), humanBytes(r.FreeBytes),
-							r.MapEpoch, r.ShardsPrimary, r.ShardsBackup, moving(r), r.Commits, r.Deletes, r.LeasesActive, r.Connections, r.Handled)
+							r.MapEpoch, r.ShardsPrimary, r.ShardsBackup, r.ShardsCatchingUp, moving(r), r.Commits, r.Deletes, r.LeasesActive, r.Connections, r.Handled)
 					}
 					if err := tw.Flush(); err != nil {
 						return err
+					}
+					for _, r := range rows {
+						if r.CatchUp.Shards > 0 {
+							fmt.Fprintf(out, "%s catching up: %s\n", r.Name, catchUpLine(r.CatchUp))
+						}
 					}
 					if cm.Bootstrapped() {
 						fmt.Fprintln(out, replicationLine(cm))

@@ -162,7 +162,7 @@ Keys are arguments as they are spelled, or hex or base64 with --key-encoding
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return err })
 	root.SetUsageTemplate(root.UsageTemplate() + "\n" + exitCodesHelp + "\n")
 	g.register(root.PersistentFlags())
-	root.AddCommand(getCmd(g), putCmd(g), delCmd(g), mgetCmd(g), mputCmd(g), existsCmd(g), scanCmd(g), ownerCmd(g), membersCmd(g), statusCmd(g), mapCmd(g), forgetCmd(g), replicasCmd(g),
+	root.AddCommand(getCmd(g), putCmd(g), delCmd(g), mgetCmd(g), mputCmd(g), existsCmd(g), scanCmd(g), ownerCmd(g), membersCmd(g), statusCmd(g), mapCmd(g), forgetCmd(g), replicasCmd(g), shardsCmd(g),
 		benchCmd(g), devicesCmd())
 	return root
 }

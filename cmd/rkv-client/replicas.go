@@ -26,12 +26,14 @@ type replicationJSON struct {
 	UnderReplicated int `json:"under_replicated"` // shards with fewer holders than Target
 	AddingReplicas  int `json:"adding_replicas"`  // add-replica moves in progress
 	OverReplicated  int `json:"over_replicated"`  // shards with more holders than Replicas
+	InSync          int `json:"in_sync"`          // shards with at least Target holders, every one in sync
+	CatchingUp      int `json:"catching_up"`      // shards with a copy to a new replica in progress
 }
 
 func toReplicationJSON(m *clustermap.Map) replicationJSON {
 	r := m.Replication()
 	j := replicationJSON{MapEpoch: m.Epoch(), Replicas: r.Replicas, Target: r.Target, UnderReplicated: r.UnderReplicated,
-		AddingReplicas: r.Adding, OverReplicated: r.OverReplicated}
+		AddingReplicas: r.Adding, OverReplicated: r.OverReplicated, InSync: r.InSync, CatchingUp: r.CatchingUp}
 	for _, s := range m.Servers() {
 		if s.State == proto.ServerActive {
 			j.ActiveServers++
@@ -48,19 +50,22 @@ func writeReplication(w io.Writer, r replicationJSON) {
 		copies += fmt.Sprintf("; %d once there are %d", r.Replicas, r.Replicas)
 	}
 	fmt.Fprintln(w, copies+")")
+	fmt.Fprintf(w, "shards in sync at %d: %d\n", r.Target, r.InSync)
 	fmt.Fprintf(w, "under-replicated shards: %d\n", r.UnderReplicated)
+	fmt.Fprintf(w, "shards catching up (a copy to a new replica in progress): %d\n", r.CatchingUp)
 	fmt.Fprintf(w, "add-replica moves in progress: %d\n", r.AddingReplicas)
 	if r.OverReplicated > 0 {
 		fmt.Fprintf(w, "over-replicated shards: %d (the leader is dropping their surplus backups)\n", r.OverReplicated)
 	}
 }
 
-// plural is n and what, with an s unless n is 1 ("copy" makes "copies").
+// plural is n and what, with an s unless n is 1 ("copy" makes "copies",
+// "key" keys).
 func plural(n int, what string) string {
 	switch {
 	case n == 1:
 		return "1 " + what
-	case strings.HasSuffix(what, "y"):
+	case strings.HasSuffix(what, "y") && !strings.ContainsAny(what[max(len(what)-2, 0):len(what)-1], "aeiou"):
 		return fmt.Sprintf("%d %sies", n, what[:len(what)-1])
 	}
 	return fmt.Sprintf("%d %ss", n, what)
@@ -73,9 +78,12 @@ func replicasCmd(g *globals) *cobra.Command {
 		Long: `replicas prints the cluster map's replica count (the copies of each shard the
 cluster keeps, on distinct servers, and on distinct --zone labels first), the
 copies each shard should have now (the count, or the number of active servers
-when fewer), how many shards have fewer holders than that (under-replicated)
-how many replicas are being added, and how many shards hold more copies
-than the count (over-replicated, until the leader drops the surplus).
+when fewer), how many shards have that many copies in sync (their owners:
+every write waits for each), how many have fewer (under-replicated), how
+many have a copy to a new replica in progress (catching up: no write waits
+for it until its move finishes), how many replicas are being added, and how
+many shards hold more copies than the count (over-replicated, until the
+leader drops the surplus). shards lists them shard by shard.
 
 With N (1 to 16) it asks the cluster to keep N copies: the map's leader then
 copies each shard short of them from its primary to another server while

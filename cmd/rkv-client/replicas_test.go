@@ -42,7 +42,8 @@ func TestReplicasCommand(t *testing.T) {
 		}
 	}
 
-	contains("replicas", must("replicas"), "replicas: 1 (map epoch ", "copies of each shard: 1 (2 active servers)\n", "under-replicated shards: 0\n")
+	contains("replicas", must("replicas"), "replicas: 1 (map epoch ", "copies of each shard: 1 (2 active servers)\n", "under-replicated shards: 0\n",
+		"shards in sync at 1: 1024\n", "shards catching up (a copy to a new replica in progress): 0\n")
 	for _, arg := range []string{"0", "17", "-1", "two"} {
 		if _, errs, code := runCLI(env, "replicas", "--", arg); code != exitUsage || !strings.Contains(errs, "the replica count is a number from 1 to 16") {
 			t.Errorf("replicas %s: exit %d, %q; want a usage error", arg, code, errs)
@@ -69,12 +70,13 @@ func TestReplicasCommand(t *testing.T) {
 	}
 	for _, row := range rows {
 		if row.Zone != zones[row.Name] || row.ShardsPrimary+row.ShardsBackup != proto.NumShards || row.ShardsBackup == 0 || row.ShardsPrimary == 0 ||
-			row.MapReplicas != 2 || row.MapUnderReplicated != 0 {
+			row.MapReplicas != 2 || row.MapUnderReplicated != 0 || row.MapInSync != proto.NumShards || row.MapCatchingUp != 0 || row.ShardsCatchingUp != 0 ||
+			row.CatchUp != (catchUpJSON{}) {
 			t.Fatalf("status of %s: %+v", row.Name, row)
 		}
 	}
-	contains("status", must("status"), "ZONE", "PRIMARY", "BACKUP", "zone-a", "zone-b",
-		": 2 replicas (2 copies a shard with 2 active servers), 0 shards under-replicated, 0 add-replica moves in progress\n")
+	contains("status", must("status"), "ZONE", "PRIMARY", "BACKUP", "CATCHING UP", "zone-a", "zone-b",
+		": replicas: 2 wanted (2 copies a shard with 2 active servers), 1024 shards in sync at 2, 0 under-replicated, 0 catching up\n")
 
 	var members []memberJSON
 	if err := json.Unmarshal([]byte(must("-o", "json", "members")), &members); err != nil || len(members) != 2 {
@@ -85,7 +87,22 @@ func TestReplicasCommand(t *testing.T) {
 			t.Fatalf("members row of %s: %+v", m.Name, m)
 		}
 	}
-	contains("members", must("members"), "ZONE", "PRIMARY", "BACKUP", "zone-b", "0 shards under-replicated")
+	contains("members", must("members"), "ZONE", "PRIMARY", "BACKUP", "CATCHING UP", "zone-b", "1024 shards in sync at 2, 0 under-replicated, 0 catching up\n")
+
+	// The shards view: nothing to list, all of them, two of them.
+	contains("shards", must("shards"), ": all 1024 shards have 2 copies in sync, no move in progress\n(--all lists every shard)\n")
+	var sv shardsOutJSON
+	if err := json.Unmarshal([]byte(must("-o", "json", "shards", "--all")), &sv); err != nil || len(sv.Shards) != proto.NumShards || !sv.Healthy || sv.Target != 2 {
+		t.Fatalf("shards --all -o json: %v, %d shards, %+v", err, len(sv.Shards), sv)
+	}
+	for _, j := range sv.Shards {
+		if len(j.InSync) != 1 || j.InSync[0] == j.Primary || j.CatchingUp != "" || j.Move != nil || j.State != "in sync" {
+			t.Fatalf("shards --all: %+v", j)
+		}
+	}
+	if out := must("shards", "3", "1000"); strings.Count(out, "\n") != 4 || !strings.Contains(out, "\n3 ") || !strings.Contains(out, "\n1000 ") {
+		t.Fatalf("shards 3 1000: %q", out)
+	}
 
 	var mj struct {
 		Replicas int             `json:"replicas"`

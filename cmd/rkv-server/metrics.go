@@ -31,6 +31,8 @@ type collector struct {
 	commits, commitsRejected, deletes, batches, syncSeconds           *prometheus.Desc
 	keys, indexLoad, indexMoves, indexSlots, indexGrowths             *prometheus.Desc
 	handled, refused, connections, generation                         *prometheus.Desc
+	catchUpShards, catchUpKeys, catchUpBytes, catchUpSeconds          *prometheus.Desc
+	movedIn, pulledKeys, pulledBytes                                  *prometheus.Desc
 }
 
 func newCollector(srv *server.Server) *collector {
@@ -73,6 +75,13 @@ func newCollector(srv *server.Server) *collector {
 		refused:         d("control_errors_total", "Control RPC requests answered with an error, by its code (Hellos refused included).", "code"),
 		connections:     d("control_connections", "Open control connections."),
 		generation:      d("generation", "The store's generation of this start."),
+		catchUpShards:   d("catchup_shards", "Shards the moves into this server are copying now (catching up), by state: copying (all of them) and copied (a pass copied them completely; later passes take what changed).", "state"),
+		catchUpKeys:     d("catchup_copied_keys", "Records and deletes the moves copying now have copied so far."),
+		catchUpBytes:    d("catchup_copied_bytes", "Record bytes the moves copying now have copied so far."),
+		catchUpSeconds:  d("catchup_seconds", "Time since the earliest move copying now began; 0 when none runs."),
+		movedIn:         d("moved_in_shards_total", "Shards the moves into this server finished (promotions included)."),
+		pulledKeys:      d("copy_pulled_keys_total", "Records and deletes every copy pass into this server brought, of moves finished, running or aborted."),
+		pulledBytes:     d("copy_pulled_bytes_total", "Record bytes every copy pass into this server brought (its rate is the copy's MiB/s)."),
 	}
 }
 
@@ -148,6 +157,16 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	gauge(c.connections, float64(ss.Connections))
 	gauge(c.generation, float64(c.srv.Generation()))
+
+	ms := c.srv.MoveStats()
+	gauge(c.catchUpShards, float64(ms.Copying.Shards), "copying")
+	gauge(c.catchUpShards, float64(ms.Copying.Copied), "copied")
+	gauge(c.catchUpKeys, float64(ms.Copying.Keys))
+	gauge(c.catchUpBytes, float64(ms.Copying.Bytes))
+	gauge(c.catchUpSeconds, ms.Copying.Elapsed.Seconds())
+	counter(c.movedIn, float64(ms.ShardsMovedIn))
+	counter(c.pulledKeys, float64(ms.PulledKeys))
+	counter(c.pulledBytes, float64(ms.PulledBytes))
 }
 
 // metricsHandler serves the server's registry; its errors go to h.
