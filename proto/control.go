@@ -37,7 +37,7 @@ import (
 // the first result instead of being applied again.
 const (
 	// ControlVersion 7: StatsReply carries the copies in progress
-	// (Copying). 6: a Commit names its replica copies, and primaries
+	// (Copying); read leases (RenewReadLease, GetReadLease). 6: a Commit names its replica copies, and primaries
 	// forward commits and deletes to backups (ReplicaCommit,
 	// ReplicaDelete). 5: a session connects a write QP after its read QP
 	// (Hello.NoQP).
