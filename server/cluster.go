@@ -386,10 +386,18 @@ func (s *Server) lead() {
 	l := &leader{s: s, down: map[string]time.Time{}, warned: map[string]time.Time{}}
 	defer l.unwatch()
 	for {
+		// A map change wakes the leader at once, as well as the tick: the
+		// next group of moves starts as soon as one finishes (waiting for
+		// the tick cost a re-replication about a quarter second per group
+		// of 32 shards, whatever their size).
 		select {
 		case <-s.stop:
 			return
 		case <-tick.C:
+		case <-s.node.Changed():
+			if !l.active {
+				continue
+			}
 		}
 		if !s.node.IsLeader() {
 			if l.active {
