@@ -396,7 +396,14 @@ func (mv *mover) attempt(ctx context.Context, g moveGroup, prog *copyProgress) e
 		}
 	}
 	if m, err = s.propose(ctx, &proto.MapCommand{Op: proto.MapFinishMoves, Moves: commands(moves)}); err != nil {
-		return mv.gone(g, fmt.Errorf("finishing the moves: %w", err))
+		err = mv.gone(g, fmt.Errorf("finishing the moves: %w", err))
+		if errors.Is(err, errMoveGone) && mv.holdsAll(shards) {
+			// The finish was committed, its answer lost (a timeout, a
+			// leader change): the moves finished all the same.
+			total.shards, total.took = uint64(len(shards)), time.Since(start)
+			mv.add(total)
+		}
+		return err
 	}
 	total.shards, total.took = uint64(len(shards)), time.Since(start)
 	mv.add(total)
@@ -412,6 +419,18 @@ func (mv *mover) gone(g moveGroup, err error) error {
 		return errMoveGone
 	}
 	return err
+}
+
+// holdsAll reports whether the map gives this server a copy of every one
+// of shards.
+func (mv *mover) holdsAll(shards []proto.Shard) bool {
+	m := mv.s.Map()
+	for _, sh := range shards {
+		if !slices.Contains(m.Shard(sh).Owners, mv.s.cfg.Name) {
+			return false
+		}
+	}
+	return true
 }
 
 // backsUp checks that this server backs up the shards a promotion gives
