@@ -255,6 +255,8 @@ type scenario struct {
 	minFault, maxFault, minGap, maxGap time.Duration
 	// serverArgs are more flags for every server.
 	serverArgs []string
+	// servers is how many servers run (default 3).
+	servers int
 }
 
 func (sc scenario) String() string {
@@ -272,13 +274,17 @@ func quietSoft(t *testing.T) {
 	}
 }
 
-// runScenario starts three servers on nw, runs sc's workers and nemesis,
+// runScenario starts sc.servers servers (three by default) on nw, runs sc's workers and nemesis,
 // heals, reads every key and checks the history; it fails the test on an
 // anomaly, a server that died on its own or a nemesis error, saving the
 // artifacts. It returns the summary.
 func runScenario(t *testing.T, cfg runConfig, server string, nw network, netNote string, sc scenario) string {
 	t.Helper()
-	c := newCluster(t, server, nw, 3)
+	n := sc.servers
+	if n == 0 {
+		n = 3
+	}
+	c := newCluster(t, server, nw, n)
 	c.args = sc.serverArgs
 	defer c.stopAll()
 	for _, n := range c.nodes {
@@ -446,6 +452,22 @@ func TestChaosReplicated(t *testing.T) {
 		kinds: []string{faultKill, faultPause}, minFault: 6 * time.Second, maxFault: 9 * time.Second, minGap: 3 * time.Second, maxGap: 6 * time.Second,
 		serverArgs: []string{"--replicas", "3"}}
 	t.Logf("chaos at three replicas: %v", sc)
+	runScenario(t, cfg, buildServer(t, t.TempDir()), loopback{}, "", sc)
+}
+
+// TestChaosReplicatedFive: five servers keeping three copies of every
+// key, the same client and mix, and a server killed or paused for 6-9 s
+// every 8-12 s: long enough apart that the previous fault's shards have
+// their three copies again (re-replication takes a second or two here)
+// before the next fault, which may hit another server, so that every
+// fault meets a fully replicated cluster.
+func TestChaosReplicatedFive(t *testing.T) {
+	cfg := loadConfig(t)
+	quietSoft(t)
+	sc := scenario{seed: cfg.seed, duration: cfg.duration, clients: 1, workers: 6, keys: 60, mix: mix{put: 40, delete: 10},
+		kinds: []string{faultKill, faultPause}, minFault: 6 * time.Second, maxFault: 9 * time.Second, minGap: 8 * time.Second, maxGap: 12 * time.Second,
+		serverArgs: []string{"--replicas", "3"}, servers: 5}
+	t.Logf("chaos on five servers at three replicas: %v", sc)
 	runScenario(t, cfg, buildServer(t, t.TempDir()), loopback{}, "", sc)
 }
 
