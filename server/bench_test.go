@@ -38,24 +38,12 @@ func BenchmarkGrow(b *testing.B) {
 		key := func(i int) []byte { return []byte(fmt.Sprintf("grow-%08d", i)) }
 		value := make([]byte, size)
 		ctx := context.Background()
-		t0 := time.Now()
-		var next atomic.Int64
-		var wg sync.WaitGroup
-		for range 8 {
-			wg.Go(func() {
-				for i := int(next.Add(1)) - 1; i < nkeys; i = int(next.Add(1)) - 1 {
-					if err := cl.Put(ctx, key(i), value); err != nil {
-						b.Error(err)
-						return
-					}
-				}
-			})
-		}
-		wg.Wait()
+		loaded := putParallel(b, cl, nkeys, key, value)
 		if b.Failed() {
 			return
 		}
-		b.Logf("loaded %d keys of %d bytes in %v", nkeys, size, time.Since(t0).Round(time.Millisecond))
+		b.Logf("loaded %d keys of %d bytes in %v", nkeys, size, loaded.Round(time.Millisecond))
+		var wg sync.WaitGroup
 
 		// The load counts its operations; a phase reads the counters at
 		// its ends.
@@ -129,4 +117,26 @@ func growCluster(b *testing.B, nkeys, size int) (*testcluster.Cluster, *client.C
 	c := testcluster.Start(b, 3, testcluster.Options{Store: store.Options{ArenaSize: arena, ArenaCount: count,
 		IndexSlots: slots, LeaseSize: 4 << 20, Sync: store.SyncNone}})
 	return c, c.Client(b, nil)
+}
+
+// putParallel puts keys key(0) to key(n-1), each with value, from 8
+// goroutines sharing cl, and returns how long it took; a failed put fails
+// tb and stops its goroutine.
+func putParallel(tb testing.TB, cl *client.Client, n int, key func(int) []byte, value []byte) time.Duration {
+	ctx := context.Background()
+	t0 := time.Now()
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			for i := int(next.Add(1)) - 1; i < n; i = int(next.Add(1)) - 1 {
+				if err := cl.Put(ctx, key(i), value); err != nil {
+					tb.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return time.Since(t0)
 }

@@ -10,7 +10,6 @@ import (
 
 	"github.com/rkv-io/rkv/internal/testcluster"
 	"github.com/rkv-io/rkv/proto"
-	"github.com/rkv-io/rkv/store"
 )
 
 // While the replica count is raised from one to two, each server is the
@@ -23,9 +22,7 @@ func TestCatchingUpThenInSync(t *testing.T) {
 	if testing.Short() {
 		t.Skip("two servers and 1024 shard copies")
 	}
-	c := testcluster.Start(t, 2, testcluster.Options{Store: store.Options{ArenaSize: 16 << 20, ArenaCount: 2, IndexSlots: 1 << 12, LeaseSize: 64 << 10}})
-	c.WaitSettled(30 * time.Second)
-	cl := c.Client(t, nil)
+	c, cl := twoServers(t)
 	ctx := context.Background()
 	const nkeys = 2000
 	value := make([]byte, 2048)

@@ -29,9 +29,7 @@ func TestReplicasAddedForwardedAndPromoted(t *testing.T) {
 	if testing.Short() {
 		t.Skip("two servers and 1024 shard copies")
 	}
-	c := testcluster.Start(t, 2, testcluster.Options{Store: store.Options{ArenaSize: 16 << 20, ArenaCount: 2, IndexSlots: 1 << 12, LeaseSize: 64 << 10}})
-	c.WaitSettled(30 * time.Second)
-	cl := c.Client(t, nil)
+	c, cl := twoServers(t)
 	ctx := context.Background()
 	const nkeys = 400
 	a := newAcked()
@@ -107,6 +105,15 @@ func TestReplicasAddedForwardedAndPromoted(t *testing.T) {
 		t.Fatalf("%d keys on the replicas after deleting a quarter, want %d", n, nkeys-nkeys/4)
 	}
 	readAll(t, cl, a, keys[nkeys/4:], "after the writes")
+}
+
+// twoServers starts two servers at one replica, with small stores, and a
+// client, once the map settled.
+func twoServers(t *testing.T) (*testcluster.Cluster, *client.Client) {
+	t.Helper()
+	c := testcluster.Start(t, 2, testcluster.Options{Store: store.Options{ArenaSize: 16 << 20, ArenaCount: 2, IndexSlots: 1 << 12, LeaseSize: 64 << 10}})
+	c.WaitSettled(30 * time.Second)
+	return c, c.Client(t, nil)
 }
 
 // replicated starts n servers configured by mod, the first bootstrapping

@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"os"
 	"strconv"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -63,24 +61,11 @@ func TestReReplicationRate(t *testing.T) {
 	ctx := context.Background()
 	key := func(i int) []byte { return fmt.Appendf(nil, "rerep-%08d", i) }
 	value := make([]byte, size)
-	t0 := time.Now()
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	for range 8 {
-		wg.Go(func() {
-			for i := int(next.Add(1)) - 1; i < nkeys; i = int(next.Add(1)) - 1 {
-				if err := cl.Put(ctx, key(i), value); err != nil {
-					t.Error(err)
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
+	loaded := putParallel(t, cl, nkeys, key, value)
 	if t.Failed() {
 		return
 	}
-	t.Logf("loaded %d keys of %d bytes (%d MiB) at two replicas in %v", nkeys, size, mib, time.Since(t0).Round(time.Millisecond))
+	t.Logf("loaded %d keys of %d bytes (%d MiB) at two replicas in %v", nkeys, size, mib, loaded.Round(time.Millisecond))
 
 	leader := mapLeader(t, c)
 	victim := "s3"
