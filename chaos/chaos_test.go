@@ -347,7 +347,7 @@ func runScenario(t *testing.T, cfg runConfig, server string, nw network, netNote
 	}
 	clients = append(clients, fin)
 	if err := waitRecovered(rctx, c, fin.Client); err != nil {
-		t.Fatalf("recovery: %v\n%s", err, c.logTail(30))
+		t.Fatalf("recovery (seed %d): %v; server logs in %s\n%s", sc.seed, err, saveLogs(t, cfg, c), c.logTail(30))
 	}
 	finalReads(fin.Client, sc.clients*sc.workers, keys, h, time.Now().Add(30*time.Second))
 	recovered := time.Since(t0)
@@ -571,15 +571,8 @@ func writeFaultTable(b *strings.Builder, faults []Fault, sc scenario, nw network
 // saveArtifacts writes the history, the faults, porcupine's visualization
 // and the server logs to a directory that outlives the test.
 func saveArtifacts(t *testing.T, cfg runConfig, c *cluster, ops []Op, faults []Fault, res *Result) string {
-	dir := cfg.out
-	var err error
+	dir := saveLogs(t, cfg, c)
 	if dir == "" {
-		dir, err = os.MkdirTemp("", fmt.Sprintf("rkv-chaos-%d-", cfg.seed))
-	} else {
-		err = os.MkdirAll(dir, 0o755)
-	}
-	if err != nil {
-		t.Errorf("artifact directory: %v", err)
 		return "(nowhere)"
 	}
 	sorted := append([]Op(nil), ops...)
@@ -596,6 +589,23 @@ func saveArtifacts(t *testing.T, cfg runConfig, c *cluster, ops []Op, faults []F
 	}
 	if err := res.WriteVisualization(filepath.Join(dir, "linearizability.html"), faults); err != nil {
 		t.Errorf("%v", err)
+	}
+	return dir
+}
+
+// saveLogs copies the servers' logs into CHAOS_OUT, or a new directory
+// under the system's temporary one, and returns it ("" if it could not).
+func saveLogs(t *testing.T, cfg runConfig, c *cluster) string {
+	dir := cfg.out
+	var err error
+	if dir == "" {
+		dir, err = os.MkdirTemp("", fmt.Sprintf("rkv-chaos-%d-", cfg.seed))
+	} else {
+		err = os.MkdirAll(dir, 0o755)
+	}
+	if err != nil {
+		t.Errorf("artifact directory: %v", err)
+		return ""
 	}
 	for _, n := range c.nodes {
 		if b, err := os.ReadFile(n.log); err == nil {

@@ -36,10 +36,10 @@ func (sc *serverConn) ensureReadLease(ctx context.Context, t *target) error {
 	asked := time.Now()
 	r, err := sc.rpc(ctx, &proto.GetReadLease{})
 	if err != nil {
-		if time.Now().Before(sc.readLease.until) {
-			return nil // the lease still holds: the next read asks again
+		if sc.s != nil && time.Now().Before(sc.readLease.until) {
+			return nil // the session and the lease still hold: the next read asks again
 		}
-		return err
+		return err // the session is gone (rpc dropped it), or the lease ended
 	}
 	lr := r.(*proto.ReadLeaseReply)
 	if lr.TTL <= 0 {

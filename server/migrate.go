@@ -757,6 +757,19 @@ func (s *Server) frozenHere(m *clustermap.Map, shards []proto.Shard) error {
 	return nil
 }
 
+// madeBackupsFor reports whether this server, the primary of shards in m,
+// already made every one of them a backup for its promotion: only a
+// promotion's release leaves a primary's shard in backup state.
+func (s *Server) madeBackupsFor(m *clustermap.Map, shards []proto.Shard) bool {
+	for _, sh := range shards {
+		info := m.Shard(sh)
+		if info.Move == nil || info.Move.Kind != proto.MovePromote || s.st.ShardState(sh).State != store.ShardBackup {
+			return false
+		}
+	}
+	return len(shards) > 0
+}
+
 // fenceShards stops writes to shards a move is taking from this server.
 func (s *Server) fenceShards(req *proto.FenceShards) proto.Message {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -769,6 +782,12 @@ func (s *Server) fenceShards(req *proto.FenceShards) proto.Message {
 	defer s.shardMu.Unlock()
 	if err := s.frozenHere(m, req.Shards); err != nil {
 		return &proto.Error{Code: proto.CodeBadRequest, Message: err.Error()}
+	}
+	if s.madeBackupsFor(m, req.Shards) {
+		// A promotion retried after this server made them backups (its
+		// finish failed: a leader change): fenced since.
+		s.log.Info("shards already made backups for a promotion: fenced", "shards", len(req.Shards), "epoch", m.Epoch())
+		return &proto.FenceReply{Generation: s.gen}
 	}
 	if err := s.st.FreezeShards(ctx, req.Shards); err != nil {
 		return errorReply(err)
@@ -798,6 +817,9 @@ func (s *Server) releaseShards(req *proto.ReleaseShards) proto.Message {
 		// map's reconcile gives them the new primary's).
 		m := s.Map()
 		for _, sh := range req.Shards {
+			if s.st.ShardState(sh).State == store.ShardBackup {
+				continue // made a backup by an earlier attempt of the promotion
+			}
 			since := m.Shard(sh).Since
 			if err := s.st.BeginBackup([]proto.Shard{sh}, since); err != nil {
 				return errorReply(err)
