@@ -23,3 +23,19 @@ func TestLoopbackIsFreeForTCPAndUDP(t *testing.T) {
 	}
 	pc.Close()
 }
+
+// TestLoopbackNeverRepeats: ports handed out together differ, though each
+// is closed again before the next is asked for.
+func TestLoopbackNeverRepeats(t *testing.T) {
+	seen := map[int]bool{}
+	for range 200 {
+		port, err := Loopback()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if seen[port] {
+			t.Fatalf("port %d handed out twice", port)
+		}
+		seen[port] = true
+	}
+}
