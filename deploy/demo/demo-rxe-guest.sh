@@ -99,13 +99,14 @@ requests() {
 }
 
 # others: per node, the control requests it handled other than connection
-# setup (Hello), map fetches (GetMap) and status (Stats): what a GET served
-# by a handler would add to.
+# setup (Hello), map fetches (GetMap), status (Stats) and the servers' own
+# read lease renewals with the map's leader (RenewReadLease, one per server
+# a second): what a GET served by a handler would add to.
 others() {
 	"${cli[@]}" --output json status | tr -d ' \n' | grep -o '"name":"[^"]*"\|"requests_by_type":{[^}]*}' |
 		sed 's/"name":"\(.*\)"/\1/; s/"requests_by_type":{\(.*\)}/\1/' | paste - - |
 		awk -F'\t' '{ n = 0; k = split($2, kv, ","); for (i = 1; i <= k; i++) { split(kv[i], p, ":"); t = p[1]; gsub(/"/, "", t);
-			if (t != "Hello" && t != "GetMap" && t != "Stats") n += p[2] } print $1, n }'
+			if (t != "Hello" && t != "GetMap" && t != "Stats" && t != "RenewReadLease") n += p[2] } print $1, n }'
 }
 
 t0=$SECONDS
@@ -231,7 +232,7 @@ while read -r n b; do
 	a=$(awk -v n="$n" '$1 == n {print $2}' <<<"$req_after")
 	ob=$(awk -v n="$n" '$1 == n {print $2}' <<<"$others_before")
 	oa=$(awk -v n="$n" '$1 == n {print $2}' <<<"$others_after")
-	printf '    %-6s %6d -> %6d  (+%d; other than Hello, GetMap and Stats: +%d; %d READ requests = 2 per get: index + record)\n' \
+	printf '    %-6s %6d -> %6d  (+%d; other than Hello, GetMap, Stats and lease renewals: +%d; %d READ requests = 2 per get: index + record)\n' \
 		"$n" "$b" "$a" $((a - b)) $((oa - ob)) "${reads[$n]:-0}"
 	if ((oa != ob)); then
 		echo "    !! $n handled $((oa - ob)) requests besides connection setup, map fetches and status: GETs reached server handlers" >&2
