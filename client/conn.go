@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/rkv-io/rkv/internal/session"
@@ -320,24 +321,40 @@ func (sc *serverConn) leaseFor(ctx context.Context, t *target, size uint64) (*cl
 }
 
 // writeCopies writes record rec, of a key of shard sh whose primary is t,
-// into a lease on each of the shard's backups, and returns where.
+// into a lease on each of the shard's backups, all at once, and returns
+// where, in the backups' order.
 func (c *Client) writeCopies(ctx context.Context, t *target, sh proto.Shard, rec []byte) ([]proto.ReplicaCopy, error) {
 	r := c.routes()
-	owners := t.m.Shard(sh).Owners
-	copies := make([]proto.ReplicaCopy, 0, len(owners)-1)
-	for _, name := range owners[1:] {
-		bt := r.server(name)
-		if err := c.use(bt); err != nil {
+	backups := t.m.Shard(sh).Owners[1:]
+	if len(backups) == 0 {
+		return nil, nil
+	}
+	targets := make([]*target, len(backups))
+	for i, name := range backups {
+		targets[i] = r.server(name)
+		if err := c.use(targets[i]); err != nil {
 			// A backup down: the map's leader drops it from the shard
 			// after BackupTimeout. Retried as for a moving shard, with the
 			// map fetched again, for up to MoveWait.
 			return nil, retryMoving(name, "%v's backup %s is unavailable until the map drops it: %w", sh, name, err)
 		}
-		err := c.withCopyConn(ctx, name, func(bsc *serverConn) error {
-			cp, err := bsc.writeCopy(ctx, bt, rec)
-			copies = append(copies, cp)
+	}
+	copies := make([]proto.ReplicaCopy, len(backups))
+	errs := make([]error, len(backups))
+	write := func(i int) {
+		errs[i] = c.withCopyConn(ctx, backups[i], func(bsc *serverConn) error {
+			var err error
+			copies[i], err = bsc.writeCopy(ctx, targets[i], rec)
 			return err
 		})
+	}
+	var wg sync.WaitGroup
+	for i := range backups[1:] {
+		wg.Go(func() { write(i + 1) })
+	}
+	write(0)
+	wg.Wait()
+	for _, err := range errs {
 		if err != nil {
 			return nil, err
 		}

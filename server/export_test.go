@@ -10,3 +10,29 @@ func Isolate(s *Server) {
 	_ = s.ml.Shutdown()
 	_ = s.node.Close()
 }
+
+// IdlePeerSessions counts the idle sessions s keeps to each other server,
+// by name: the sessions it needed at once.
+func IdlePeerSessions(s *Server) map[string]int {
+	m := s.Map()
+	out := map[string]int{}
+	s.peers.mu.Lock()
+	defer s.peers.mu.Unlock()
+	for id, pc := range s.peers.conns {
+		pc.mu.Lock()
+		for _, srv := range m.Servers() {
+			if srv.ID == id {
+				out[srv.Name] = len(pc.idle)
+			}
+		}
+		pc.mu.Unlock()
+	}
+	return out
+}
+
+// LosePromotionFinishes makes s's next n promotions fail at their finish,
+// after the source made the shards backups, and be retried.
+func LosePromotionFinishes(s *Server, n int32) { s.moves.loseFinishes.Store(n) }
+
+// PromotionFinishesToLose is how many of those are left.
+func PromotionFinishesToLose(s *Server) int32 { return max(s.moves.loseFinishes.Load(), 0) }

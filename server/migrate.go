@@ -69,6 +69,9 @@ type mover struct {
 	// record byte any copy pass brought, of moves finished, running or
 	// aborted: a counter that only grows, for rates.
 	pulledKeys, pulledBytes atomic.Uint64
+	// loseFinishes, in tests, is how many promotion finishes still to
+	// drop before they are proposed, as a Raft leader change would.
+	loseFinishes atomic.Int32
 }
 
 // copyProgress is how far one group's copy has come, from its worker's
@@ -394,6 +397,9 @@ func (mv *mover) attempt(ctx context.Context, g moveGroup, prog *copyProgress) e
 		if err := src.release(ctx, shards, gen, g.mode == promote); err != nil {
 			return mv.gone(g, err)
 		}
+	}
+	if g.mode == promote && mv.loseFinishes.Load() > 0 && mv.loseFinishes.Add(-1) >= 0 {
+		return errors.New("finishing the moves: dropped by the test")
 	}
 	if m, err = s.propose(ctx, &proto.MapCommand{Op: proto.MapFinishMoves, Moves: commands(moves)}); err != nil {
 		err = mv.gone(g, fmt.Errorf("finishing the moves: %w", err))

@@ -1,4 +1,4 @@
-// Sessions to other servers for requests (map changes forwarded to the leader, fences, releases), one per peer, reused.
+// Sessions to other servers for requests (replica forwards, map changes forwarded to the leader, fences, releases), a few per peer, reused.
 
 package server
 
@@ -11,26 +11,35 @@ import (
 	"github.com/rkv-io/rkv/proto"
 )
 
-// peers keeps one control session (without a QP) to each server this one
-// talks to, dialed on first use and again after it breaks. Requests to one
-// peer are serialized; to different peers they run in parallel.
+// peers keeps control sessions (without a QP) to each server this one
+// talks to, dialed on first use and again after they break: up to
+// maxPeerSessions to one peer, so that the forwards of concurrent client
+// writes reach a backup together (where its commit loop applies them in
+// one batch) rather than one round trip after another, and a lease
+// renewal does not queue behind them.
 type peers struct {
 	cfg session.Config
 
 	mu     sync.Mutex
 	closed bool
-	conns  map[string]*peerConn // by server ID
+	conns  map[string]*peerConns // by server ID
 }
 
-type peerConn struct {
-	mu   chan struct{} // a lock a ctx can give up on
-	addr string
-	c    *session.Conn
+// maxPeerSessions bounds the sessions to one peer, so the requests in
+// flight to it: a call beyond it waits for one to end.
+const maxPeerSessions = 8
+
+// peerConns is the sessions to one peer.
+type peerConns struct {
+	slots chan struct{} // one per call in flight; a ctx can give up waiting
+
+	mu   sync.Mutex
+	idle []*session.Conn
 }
 
 func newPeers(cfg session.Config) *peers {
 	cfg.PD, cfg.Device = nil, nil
-	return &peers{cfg: cfg, conns: map[string]*peerConn{}}
+	return &peers{cfg: cfg, conns: map[string]*peerConns{}}
 }
 
 // errPeersClosed: the server is closing.
@@ -41,7 +50,9 @@ var errPeersClosed = errors.New("server: closing")
 // session that turns out broken is dialed again and the request sent once
 // more: every peer request is safe to repeat (map commands that already
 // applied are refused or change nothing, replica commits carry their
-// idempotency session, fences and releases are idempotent).
+// idempotency session, fences and releases are idempotent). Calls to one
+// peer run in parallel, up to maxPeerSessions; call is safe for
+// concurrent use.
 func (p *peers) call(ctx context.Context, id, addr string, req proto.Message) (proto.Message, error) {
 	p.mu.Lock()
 	if p.closed {
@@ -50,50 +61,88 @@ func (p *peers) call(ctx context.Context, id, addr string, req proto.Message) (p
 	}
 	pc := p.conns[id]
 	if pc == nil {
-		pc = &peerConn{mu: make(chan struct{}, 1)}
+		pc = &peerConns{slots: make(chan struct{}, maxPeerSessions)}
 		p.conns[id] = pc
 	}
 	p.mu.Unlock()
 	select {
-	case pc.mu <- struct{}{}:
+	case pc.slots <- struct{}{}:
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
-	defer func() { <-pc.mu }()
-	for reused := pc.c != nil; ; reused = false {
-		if pc.c != nil && (pc.c.Broken() || pc.addr != addr) {
-			pc.c.Close()
-			pc.c = nil
-		}
-		if pc.c == nil {
-			c, err := session.Dial(ctx, addr, id, p.cfg)
-			if err != nil {
+	defer func() { <-pc.slots }()
+	c := pc.take(addr)
+	defer func() { p.put(pc, c) }()
+	for reused := c != nil; ; reused = false {
+		if c == nil {
+			var err error
+			if c, err = session.Dial(ctx, addr, id, p.cfg); err != nil {
 				return nil, err
 			}
-			pc.c, pc.addr = c, addr
 		}
-		r, err := pc.c.Call(ctx, req)
+		r, err := c.Call(ctx, req)
 		// A session kept from before the peer restarted on the same
 		// address breaks at its first use: dial the new process once.
 		if reused && errors.Is(err, session.ErrBroken) && ctx.Err() == nil {
+			c.Close()
+			c = nil
 			continue
 		}
 		return r, err
 	}
 }
 
-// close closes every session; calls after it fail.
+// take returns an idle session to addr, or nil (dial one), closing the
+// idle sessions that broke or lead to an address the peer left.
+func (pc *peerConns) take(addr string) *session.Conn {
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	for len(pc.idle) > 0 {
+		c := pc.idle[len(pc.idle)-1]
+		pc.idle = pc.idle[:len(pc.idle)-1]
+		if !c.Broken() && c.Addr() == addr {
+			return c
+		}
+		c.Close()
+	}
+	return nil
+}
+
+// put keeps session c (nil: none) for the next call, unless it broke or
+// the peers are closed.
+func (p *peers) put(pc *peerConns, c *session.Conn) {
+	if c == nil {
+		return
+	}
+	p.mu.Lock()
+	closed := p.closed
+	p.mu.Unlock()
+	if closed || c.Broken() {
+		c.Close()
+		return
+	}
+	pc.mu.Lock()
+	pc.idle = append(pc.idle, c)
+	pc.mu.Unlock()
+}
+
+// close closes every session, waiting for the calls in flight; calls
+// after it fail.
 func (p *peers) close() {
 	p.mu.Lock()
 	p.closed = true
 	conns := p.conns
-	p.conns = map[string]*peerConn{}
+	p.conns = map[string]*peerConns{}
 	p.mu.Unlock()
 	for _, pc := range conns {
-		pc.mu <- struct{}{}
-		if pc.c != nil {
-			pc.c.Close()
+		for range maxPeerSessions {
+			pc.slots <- struct{}{}
 		}
-		<-pc.mu
+		pc.mu.Lock()
+		for _, c := range pc.idle {
+			c.Close()
+		}
+		pc.idle = nil
+		pc.mu.Unlock()
 	}
 }

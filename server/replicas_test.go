@@ -520,3 +520,77 @@ func putKeys(t *testing.T, cl *client.Client, a *acked, n int) []string {
 	}
 	return keys
 }
+
+// TestForwardsToABackupRunTogether: a primary forwards concurrent writes
+// to a backup over several sessions at once, not one round trip after
+// another on a single session (where a backup applied one write per
+// batch, and a read lease renewal queued behind the forwards).
+func TestForwardsToABackupRunTogether(t *testing.T) {
+	c, cl, _ := replicated(t, 2, 2, func(*server.Config) {})
+	key := func(i int) []byte { return fmt.Appendf(nil, "together-%d", i) }
+	putParallel(t, cl, 2000, key, make([]byte, 512))
+	most := 0
+	for _, s := range c.Running() {
+		for peer, n := range server.IdlePeerSessions(s) {
+			t.Logf("%s keeps %d sessions to %s", s.Name(), n, peer)
+			most = max(most, n)
+		}
+	}
+	if most < 2 {
+		t.Fatalf("after 2,000 puts from 8 goroutines at two replicas, each server keeps at most %d session to the other: its forwards ran one at a time", most)
+	}
+	m := c.Map()
+	if n := sameReplicas(t, c, m); n != 2000 {
+		t.Fatalf("%d keys on the replicas, want 2000", n)
+	}
+}
+
+// TestPromotionRetriedAfterItsSourceMadeBackups: a promotion whose finish
+// fails after its source made the shards backups (a Raft leader change
+// does this) is retried, and the retry's fence and release find the
+// source's shards already backups for it and go through, instead of
+// being refused for good ("FreezeShards of a shard which is backup here").
+func TestPromotionRetriedAfterItsSourceMadeBackups(t *testing.T) {
+	c, cl, leader := replicated(t, 2, 2, func(*server.Config) {})
+	ctx := context.Background()
+	a := newAcked()
+	keys := make([]string, 200)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("retried-%03d", i)
+		put(t, cl, a, keys[i])
+	}
+	for _, s := range c.Running() {
+		server.LosePromotionFinishes(s, 1)
+	}
+	m := c.Map()
+	var promotions []proto.MoveCommand
+	for i := range proto.NumShards {
+		if info := m.Shard(proto.Shard(i)); info.Owner() == "s1" && len(promotions) < 4 {
+			promotions = append(promotions, proto.MoveCommand{Shard: proto.Shard(i), From: "s1", To: info.Owners[1], Kind: proto.MovePromote})
+		}
+	}
+	if _, err := leader.MapNode().Propose(ctx, &proto.MapCommand{Op: proto.MapStartMoves, Moves: promotions}); err != nil {
+		t.Fatal(err)
+	}
+	testcluster.WaitFor(t, 30*time.Second, "the promotions finished on their retry", func() error {
+		now := c.Map()
+		for _, p := range promotions {
+			if got := now.Shard(p.Shard).Owners; !slices.Equal(got, []string{p.To, p.From}) {
+				return fmt.Errorf("shard %d: owners %v, want [%s %s]", p.Shard, got, p.To, p.From)
+			}
+		}
+		return nil
+	})
+	if n := server.PromotionFinishesToLose(c.Server(promotions[0].To)); n != 0 {
+		t.Fatalf("the promotions' target dropped no finish (%d left to drop): nothing was retried", n)
+	}
+	after := c.Map()
+	waitRoles(t, c, after)
+	readAll(t, cl, a, keys, "after the retried promotions")
+	for _, k := range keys {
+		put(t, cl, a, k)
+	}
+	if n := sameReplicas(t, c, after); n != len(keys) {
+		t.Fatalf("%d keys on the replicas, want %d", n, len(keys))
+	}
+}

@@ -63,9 +63,10 @@ func (f *forwarder) Forward(ctx context.Context, w store.Forwarded) error {
 	defer cancel()
 	errs := make([]error, len(backups))
 	var wg sync.WaitGroup
-	for i := range backups {
-		wg.Go(func() { errs[i] = f.s.sendReplica(ctx, m, backups[i], reqs[i]) })
+	for i := range backups[1:] {
+		wg.Go(func() { errs[i+1] = f.s.sendReplica(ctx, m, backups[i+1], reqs[i+1]) })
 	}
+	errs[0] = f.s.sendReplica(ctx, m, backups[0], reqs[0])
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
 		return &proto.Error{Code: proto.CodeUnavailable, Message: err.Error()}

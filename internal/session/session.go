@@ -224,6 +224,9 @@ func (c *Conn) Call(ctx context.Context, req proto.Message) (proto.Message, erro
 // unusable.
 func (c *Conn) Broken() bool { return c.broken }
 
+// Addr is the address the connection was dialed to.
+func (c *Conn) Addr() string { return c.addr }
+
 // Close closes the connection (the server then ends the session's leases
 // and releases its PD) and the QPs and CQs.
 func (c *Conn) Close() error {
