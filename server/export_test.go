@@ -1,5 +1,11 @@
 package server
 
+import (
+	"testing"
+
+	"github.com/rkv-io/rkv/proto"
+)
+
 // Isolate cuts s off from the other servers, as a partition would, while
 // its clients' sessions and their one-sided reads go on: its gossip and
 // its Raft replica stop, so it learns no map again, it asks for no read
@@ -36,3 +42,22 @@ func LosePromotionFinishes(s *Server, n int32) { s.moves.loseFinishes.Store(n) }
 
 // PromotionFinishesToLose is how many of those are left.
 func PromotionFinishesToLose(s *Server) int32 { return max(s.moves.loseFinishes.Load(), 0) }
+
+// CommitWithCopies writes key=value as a client of a replicated cluster
+// does, the record into a lease on primary and the same bytes into one on
+// each of backups, commits it at primary at primary's map epoch, and
+// returns the commit's reply.
+func CommitWithCopies(t *testing.T, primary *Server, backups []*Server, key, value []byte) proto.Message {
+	t.Helper()
+	ps := openSession(t, primary, "")
+	pl := ps.lease()
+	n := ps.writeRecord(pl, 0, pl.VersionBase, key, value, -1)
+	commit := &proto.Commit{LeaseID: pl.ID, Length: uint64(n), Epoch: primary.Map().Epoch()}
+	for _, b := range backups {
+		bs := openSession(t, b, "")
+		bl := bs.lease()
+		bs.writeRecord(bl, 0, pl.VersionBase, key, value, -1)
+		commit.Copies = append(commit.Copies, proto.ReplicaCopy{Server: b.Name(), LeaseID: bl.ID, Length: uint64(n)})
+	}
+	return ps.call(commit)
+}

@@ -17,7 +17,8 @@ import (
 // servers, but not from a client whose map comes from it alone, keeps its
 // records live. Its shards fail over only after its read lease ended, and
 // the client, whose map never learns the failover, trusts no read of it
-// after that: it never returns the value the new primary overwrote.
+// after that: it never returns the value the new primary overwrote. A
+// write through it is not acknowledged.
 func TestCutOffPrimaryIsNotReadPastItsLease(t *testing.T) {
 	if testing.Short() {
 		t.Skip("three servers at three replicas, a partition and a failover")
@@ -81,6 +82,26 @@ func TestCutOffPrimaryIsNotReadPastItsLease(t *testing.T) {
 	}
 	if refused == 0 {
 		t.Fatal("every read through the cut-off primary succeeded, and none said old: the test did not read it")
+	}
+	// Nor can it acknowledge a write. Its client does not reach the
+	// backups (the cut-off server's view has them dead), and a client that
+	// does, and commits at it with copies on both, is refused: the new
+	// primary, one of the backups its map names, takes no forward of the
+	// shard from it.
+	if err := stale.Put(ctx, key, []byte("stale"), client.WithTimeout(2*time.Second)); err == nil {
+		t.Fatal("the cut-off primary acknowledged a write after its shard failed over")
+	}
+	var others []*server.Server
+	for _, s := range c.Running() {
+		if s != cut {
+			others = append(others, s)
+		}
+	}
+	r := server.CommitWithCopies(t, cut, others, key, []byte("stale"))
+	if e, ok := r.(*proto.Error); !ok || e.Code != proto.CodeUnavailable {
+		t.Fatalf("a commit at the cut-off primary with copies on its backups: %#v, want CodeUnavailable", r)
+	} else {
+		t.Logf("a commit at the cut-off primary with copies on its backups: %v", e)
 	}
 	if v, err := cl.Get(ctx, key); err != nil || string(v) != "new" {
 		t.Fatalf("through the new primary: %q, %v", v, err)
