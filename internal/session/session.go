@@ -5,11 +5,13 @@
 package session
 
 import (
+	"bufio"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"time"
 
@@ -74,6 +76,10 @@ type Conn struct {
 	nextID uint64
 	rbuf   []byte
 	broken bool
+	// replies reads NC once Dial is done: a reply is written in one
+	// piece, so one read syscall takes its header and body. Dial's own
+	// Hello reads NC directly, as the QP exchange after it does.
+	replies *bufio.Reader
 }
 
 // Dial connects to a server's control address, says Hello (with target,
@@ -115,6 +121,7 @@ func Dial(ctx context.Context, addr, target string, cfg Config) (_ *Conn, err er
 	}
 	c.Hello = *r.(*proto.HelloReply)
 	if noQP {
+		c.replies = bufio.NewReader(nc)
 		return c, nil
 	}
 	size := cfg.CQSize
@@ -142,6 +149,7 @@ func Dial(ctx context.Context, addr, target string, cfg Config) (_ *Conn, err er
 	if _, err := rdma.ConnectQP(ctx, nc, c.WriteQP); err != nil {
 		return nil, fmt.Errorf("%w: connecting the write QP to %s: %w", ErrBroken, addr, err)
 	}
+	c.replies = bufio.NewReader(nc)
 	return c, nil
 }
 
@@ -198,7 +206,11 @@ func (c *Conn) Call(ctx context.Context, req proto.Message) (proto.Message, erro
 	if err := proto.WriteFrame(c.NC, id, req); err != nil {
 		return fail("%v to %s: %w", req.Type(), c.addr, err)
 	}
-	rid, reply, b, err := proto.ReadFrame(c.NC, c.rbuf)
+	var from io.Reader = c.NC
+	if c.replies != nil {
+		from = c.replies
+	}
+	rid, reply, b, err := proto.ReadFrame(from, c.rbuf)
 	c.rbuf = b
 	if err != nil {
 		return fail("%v to %s: reading the reply: %w", req.Type(), c.addr, err)
