@@ -56,6 +56,15 @@ func TestClusterPutGetDeleteScan(t *testing.T) {
 			t.Fatalf("put %d: %v", i, err)
 		}
 	}
+	// Every commit came on a write QP, in the PUT's one round trip.
+	var commits, onQP uint64
+	for _, s := range c.Running() {
+		st := s.Stats()
+		commits, onQP = commits+st.Handled[proto.MsgCommit], onQP+st.CommitsOnQP
+	}
+	if commits < n || onQP != commits {
+		t.Fatalf("%d puts: %d commits, %d of them on a write QP; want every one", n, commits, onQP)
+	}
 	// Every key lies where the map says, and nowhere else.
 	m := c.Map()
 	for i := range n {

@@ -29,7 +29,13 @@ type serverConn struct {
 	mr  rdma.MR
 	s   *session.Conn // nil while down
 	gen uint64        // the server's generation, from its HelloReply
-	wc  [1]rdma.Completion
+	wc  [2]rdma.Completion
+	// The last commit sent on the write QP: its request ID, and its frame
+	// before it is copied to its slot (qpcommit.go).
+	qpSeq      uint64
+	frame      []byte
+	commitSGEs [2]rdma.SGE // the reply's RECV, the commit's SEND
+	recv       [1]rdma.RecvWR
 	// Scratch for posts of READs, and for one read's key states.
 	wrs   []rdma.SendWR
 	sges  []rdma.SGE
@@ -122,13 +128,13 @@ func (sc *serverConn) ready(ctx context.Context, mb *membership.Member) error {
 	c := sc.c
 	var err error
 	want := max(c.cfg.BufferSize, proto.RecordSize(int(mb.Meta.Limits.MaxKeyLen), int(mb.Meta.Limits.MaxValueLen)))
-	if sc.mem != nil && len(sc.mem.Bytes()) < want { // the server restarted taking larger records
+	if sc.mem != nil && len(sc.buf()) < want { // the server restarted taking larger records
 		_ = sc.mr.Deregister()
 		_ = sc.mem.Close()
 		sc.mem = nil
 	}
 	if sc.mem == nil {
-		if sc.mem, err = rdma.Alloc(want); err != nil {
+		if sc.mem, err = rdma.Alloc(want + commitSlots*proto.CommitSlotSize); err != nil {
 			return fmt.Errorf("rkv: client buffer: %w", err)
 		}
 		if sc.mr, err = c.pd.Register(sc.mem.Bytes(), rdma.AccessLocalWrite); err != nil {
@@ -235,7 +241,7 @@ func (sc *serverConn) put(ctx context.Context, t *target, key, value []byte, w p
 	if err != nil {
 		return err
 	}
-	n, err := proto.EncodeRecord(sc.mem.Bytes(), l.version, 0, key, value)
+	n, err := proto.EncodeRecord(sc.buf(), l.version, 0, key, value)
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrTooLarge, err)
 	}
@@ -244,15 +250,33 @@ func (sc *serverConn) put(ctx context.Context, t *target, key, value []byte, w p
 	var copies []proto.ReplicaCopy
 	var copyErr error
 	copied := func() {}
-	if sh := proto.ShardOf(key); t.m.Holders(sh) > 1 {
+	sh := proto.ShardOf(key)
+	backedUp := t.m.Holders(sh) > 1
+	if backedUp {
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
-			copies, copyErr = sc.c.writeCopies(ctx, t, sh, sc.mem.Bytes()[:n])
+			copies, copyErr = sc.c.writeCopies(ctx, t, sh, sc.buf()[:n])
 		}()
 		copied = func() { <-done }
 	}
-	err = sc.post(ctx, rdma.OpWrite, 0, n, l.Addr+l.off, l.RKey)
+	// With a commit on the write QP the WRITE is not waited for: the
+	// commit's SEND follows it on the QP, and RC delivers them in order.
+	// It is posted with the SEND, in one post, unless there are copies to
+	// wait for first.
+	onQP := sc.s.Hello.CommitSlot > 0
+	sc.sges = append(sc.sges[:0], rdma.SGE{MR: sc.mr, Length: n})
+	write := rdma.SendWR{Op: rdma.OpWrite, SGL: sc.sges[:1], RemoteAddr: l.Addr + l.off, RKey: l.RKey}
+	switch {
+	case !onQP:
+		err = sc.post(ctx, rdma.OpWrite, 0, n, write.RemoteAddr, write.RKey)
+	case backedUp:
+		sc.wrs = append(sc.wrs[:0], write)
+		if err = sc.s.WriteQP.PostSend(sc.wrs); err != nil {
+			sc.drop()
+			err = retryLost(sc.name, "a WRITE to %s: posting: %w", sc.name, err)
+		}
+	}
 	copied()
 	if err != nil {
 		return err
@@ -264,7 +288,24 @@ func (sc *serverConn) put(ctx context.Context, t *target, key, value []byte, w p
 	l.off += uint64(n)
 	l.version++
 	commit := &proto.Commit{LeaseID: l.ID, Offset: off, Length: uint64(n), Epoch: t.epoch, Write: w, Copies: copies}
-	r, err := sc.rpc(ctx, commit)
+	var r proto.Message
+	sent := false
+	if onQP {
+		withWrite := &write
+		if backedUp {
+			withWrite = nil
+		}
+		r, sent, err = sc.commitOnQP(ctx, commit, withWrite)
+		if !sent && err == nil {
+			// The frame does not fit the server's slot: the WRITE must
+			// be complete before the control request (posted again, the
+			// same bytes to the same place, and waited for).
+			err = sc.post(ctx, rdma.OpWrite, 0, n, write.RemoteAddr, write.RKey)
+		}
+	}
+	if !sent && err == nil {
+		r, err = sc.rpc(ctx, commit)
+	}
 	if err != nil {
 		var pe *proto.Error
 		if errors.As(err, &pe) && (pe.Code == proto.CodeShardMoving || pe.Code == proto.CodeNotOwner) {
@@ -289,8 +330,8 @@ func (sc *serverConn) put(ctx context.Context, t *target, key, value []byte, w p
 // bytes (and a version), ending the current one and taking a new one when
 // it has none.
 func (sc *serverConn) leaseFor(ctx context.Context, t *target, size uint64) (*clientLease, error) {
-	if size > uint64(len(sc.mem.Bytes())) {
-		return nil, fmt.Errorf("%w: a record of %d bytes exceeds the client buffer (%d)", ErrTooLarge, size, len(sc.mem.Bytes()))
+	if size > uint64(len(sc.buf())) {
+		return nil, fmt.Errorf("%w: a record of %d bytes exceeds the client buffer (%d)", ErrTooLarge, size, len(sc.buf()))
 	}
 	l := sc.lease
 	if l != nil && (time.Now().After(l.expires) || l.off+size > l.Size || l.version >= l.VersionBase+l.VersionCount) {
@@ -375,7 +416,7 @@ func (sc *serverConn) writeCopy(ctx context.Context, t *target, rec []byte) (pro
 	if err != nil {
 		return proto.ReplicaCopy{}, err
 	}
-	n := copy(sc.mem.Bytes(), rec)
+	n := copy(sc.buf(), rec)
 	if err := sc.post(ctx, rdma.OpWrite, 0, n, l.Addr+l.off, l.RKey); err != nil {
 		return proto.ReplicaCopy{}, err
 	}
@@ -438,7 +479,7 @@ func (sc *serverConn) postOn(ctx context.Context, qp rdma.QP, cq rdma.CQ) error 
 	if err := qp.PostSend(wrs); err != nil {
 		return fail("posting", err)
 	}
-	if _, err := cq.Wait(ctx, sc.wc[:]); err != nil {
+	if _, err := cq.Wait(ctx, sc.wc[:1]); err != nil {
 		return fail("waiting", err)
 	}
 	if err := sc.wc[0].Err(); err != nil {

@@ -83,7 +83,7 @@ func (sc *serverConn) get(ctx context.Context, t *target, dst, key []byte) (_ []
 		if err := sc.post(ctx, rdma.OpRead, 0, n, raddr, rkey); err != nil {
 			return dst, false, err
 		}
-		if rec, err := proto.VerifyRecord(sc.mem.Bytes()[:n], key, 0); err == nil {
+		if rec, err := proto.VerifyRecord(sc.buf()[:n], key, 0); err == nil {
 			if err := sc.trustReads(t); err != nil {
 				return dst, false, err
 			}
@@ -219,7 +219,7 @@ func (sc *serverConn) recordAt(meta *proto.NodeMeta, key []byte, loc proto.Locat
 
 // fits checks that a READ of n bytes fits the client buffer.
 func (sc *serverConn) fits(n int) error {
-	if size := len(sc.mem.Bytes()); n > size {
+	if size := len(sc.buf()); n > size {
 		return fmt.Errorf("%w: a record of %d bytes does not fit the client buffer (%d)", ErrTooLarge, n, size)
 	}
 	return nil
@@ -400,7 +400,7 @@ func (b *readBatch) addFenced(ctx context.Context, n int, raddr uint64, rkey uin
 	if err := sc.fits(n); err != nil {
 		return err
 	}
-	size := len(sc.mem.Bytes())
+	size := len(sc.buf())
 	if !fence && (b.off+n > size || len(b.then) >= maxReadBatch) {
 		if err := b.flush(ctx); err != nil {
 			return err
@@ -430,7 +430,7 @@ func (b *readBatch) flush(ctx context.Context) error {
 	}
 	err := sc.postAll(ctx)
 	if err == nil {
-		buf := sc.mem.Bytes()
+		buf := sc.buf()
 		for i, then := range b.then {
 			g := sc.sges[i]
 			then(buf[g.Offset : g.Offset+g.Length])

@@ -36,12 +36,13 @@ import (
 // number, so that a retry whose first attempt was applied is answered with
 // the first result instead of being applied again.
 const (
-	// ControlVersion 7: StatsReply carries the copies in progress
+	// ControlVersion 8: HelloReply offers commits on the write QP
+	// (CommitSlot). 7: StatsReply carries the copies in progress
 	// (Copying); read leases (RenewReadLease, GetReadLease). 6: a Commit names its replica copies, and primaries
 	// forward commits and deletes to backups (ReplicaCommit,
 	// ReplicaDelete). 5: a session connects a write QP after its read QP
 	// (Hello.NoQP).
-	ControlVersion = 7
+	ControlVersion = 8
 
 	// MaxFrame bounds a frame's body. Scan replies are cut to fit.
 	MaxFrame = 1 << 20
@@ -233,7 +234,22 @@ type HelloReply struct {
 	Generation uint64
 	ServerID   string
 	MapEpoch   uint64
+	// CommitSlot, when not 0, is the size of the buffers the server keeps
+	// posted as RECVs on the session's write QP: a Commit frame of at most
+	// that many bytes may be sent there with a SEND after the record's
+	// WRITE, instead of by a control round trip, and its reply comes back
+	// as a SEND into a RECV the client posted (CommitOverQP). 0: the
+	// session has no write QP, or the server takes commits only as
+	// control requests.
+	CommitSlot uint32
 }
+
+// CommitSlotSize is the CommitSlot a server offers: a Commit with two
+// copies and server names of 64 bytes takes under 300, and the client
+// sends one that does not fit (up to 15 copies of names up to
+// MaxMetaNodeNameLen) as a control request instead. Any reply the server
+// sends there fits (an Error's message is cut to fit).
+const CommitSlotSize = 4096
 
 // GrantLease asks for a write lease of Size bytes, and of at least Min (the
 // record the writer has at hand): the server rounds both up to its lease
@@ -731,11 +747,12 @@ func (m *Hello) encode(e *encoder) {
 func (m *HelloReply) encode(e *encoder) {
 	e.limit("server name", len(m.Server), MaxControlName)
 	e.limit("server ID", len(m.ServerID), MaxServerIDLen)
-	e.array(4)
+	e.array(5)
 	e.str(m.Server)
 	e.uint(m.Generation)
 	e.str(m.ServerID)
 	e.uint(m.MapEpoch)
+	e.uint(uint64(m.CommitSlot))
 }
 
 func (m *GrantLease) encode(e *encoder) { e.uints(m.Epoch, m.Size, m.Min) }
@@ -1137,7 +1154,7 @@ func (m *Hello) decode(d *decoder) error {
 }
 
 func (m *HelloReply) decode(d *decoder) error {
-	if err := d.fields("HelloReply", 4); err != nil {
+	if err := d.fields("HelloReply", 5); err != nil {
 		return err
 	}
 	var err error
@@ -1150,7 +1167,11 @@ func (m *HelloReply) decode(d *decoder) error {
 	if m.ServerID, err = d.str("server ID", MaxServerIDLen); err != nil {
 		return err
 	}
-	m.MapEpoch, err = d.u64("map epoch")
+	if m.MapEpoch, err = d.u64("map epoch"); err != nil {
+		return err
+	}
+	slot, err := d.uint("commit slot", MaxFrame)
+	m.CommitSlot = uint32(slot)
 	return err
 }
 

@@ -19,6 +19,7 @@ func controlSamples() []Message {
 		&Hello{Client: "client-1", Token: []byte("secret")},
 		&Hello{Client: "c", Kind: SessionRaft, Target: "0123456789abcdef", NoQP: true},
 		&HelloReply{Server: "s1", Generation: 7, ServerID: "0123456789abcdef", MapEpoch: 12},
+		&HelloReply{Server: "s1", Generation: 7, ServerID: "0123456789abcdef", MapEpoch: 12, CommitSlot: CommitSlotSize},
 		&GrantLease{Epoch: 4, Size: 1 << 20, Min: 4096},
 		&LeaseReply{ID: 3, Arena: 1, Addr: 0x7f00_1234_5000, Size: 1 << 20, RKey: 0xdeadbeef, TTL: 30 * time.Second, VersionBase: 100, VersionCount: 32768},
 		&Commit{LeaseID: 3, Offset: 4096, Length: 48, Epoch: 9, Write: Write{Session: 1<<64 - 1, Seq: 77}},

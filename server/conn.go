@@ -12,6 +12,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"sync"
 	"time"
 
 	"github.com/rkv-io/rkv/proto"
@@ -90,13 +91,19 @@ type conn struct {
 	nc     net.Conn
 	qp     rdma.QP
 	wqp    rdma.QP
-	lpd    *leasePD // nil for a session without QPs: it gets no lease
-	host   string   // remote IP address
+	wcq    rdma.CQ    // wqp's, for the commits sent on it
+	lpd    *leasePD   // nil for a session without QPs: it gets no lease
+	qpc    *qpCommits // the commits sent on wqp; nil without QPs
+	host   string     // remote IP address
 	client string
 	kind   proto.SessionKind
+	// mu guards leases: the commits on the write QP are served on a
+	// goroutine of their own.
+	mu     sync.Mutex
 	leases map[uint64]struct{} // granted on this connection, not yet ended
-	// fwd forwards the request being served to the backups of its key's
-	// shard, if it has any (a session serves one request at a time).
+	// fwd forwards the control request being served to the backups of
+	// its key's shard, if it has any (the connection's goroutine serves
+	// one at a time).
 	fwd forwarder
 }
 
@@ -104,6 +111,9 @@ func (c *conn) serve() {
 	s := c.s
 	handedOff := false
 	defer func() {
+		if c.qpc != nil {
+			c.qpc.close() // before the leases end: it may be committing in one
+		}
 		for id := range c.leases {
 			_ = s.st.EndLease(id) // revokes the write rkey
 		}
@@ -115,6 +125,14 @@ func (c *conn) serve() {
 		}
 		if c.wqp != nil {
 			_ = c.wqp.Close()
+		}
+		if c.wcq != nil {
+			_ = c.wcq.Close()
+		}
+		if c.qpc != nil {
+			if err := c.qpc.free(); err != nil {
+				s.log.Error("freeing a connection's commit slots", "remote", c.nc.RemoteAddr().String(), "err", err)
+			}
 		}
 		if c.lpd != nil {
 			// After the leases ended: it waits for their regions to be
@@ -145,6 +163,11 @@ func (c *conn) serve() {
 		return
 	}
 	log = log.With("client", c.client, "kind", c.kind.String())
+	if c.qpc != nil {
+		ctx, stop := context.WithCancel(context.Background())
+		c.qpc.stop = stop
+		go c.qpc.serve(ctx)
+	}
 	var buf []byte
 	fr := &frameReader{nc: c.nc, timeout: s.cfg.FrameTimeout}
 	for {
@@ -259,10 +282,18 @@ func (c *conn) handshake() error {
 		return fmt.Errorf("%s session from %q for server ID %s, not this one", h.Kind, h.Client, h.Target)
 	}
 	c.client, c.kind = h.Client, h.Kind
-	if err := proto.WriteFrame(c.nc, id, &proto.HelloReply{Server: s.cfg.Name, Generation: s.gen, ServerID: s.id, MapEpoch: s.Map().Epoch()}); err != nil {
+	noQP := c.kind == proto.SessionRaft || h.NoQP
+	reply := &proto.HelloReply{Server: s.cfg.Name, Generation: s.gen, ServerID: s.id, MapEpoch: s.Map().Epoch()}
+	if !noQP {
+		reply.CommitSlot = proto.CommitSlotSize
+		if n := s.commitSlot.Load(); n != 0 {
+			reply.CommitSlot = n // tests
+		}
+	}
+	if err := proto.WriteFrame(c.nc, id, reply); err != nil {
 		return err
 	}
-	if c.kind == proto.SessionRaft || h.NoQP {
+	if noQP {
 		_ = c.nc.SetDeadline(time.Time{})
 		return nil
 	}
@@ -278,13 +309,21 @@ func (c *conn) handshake() error {
 		return err
 	}
 	s.leasePDs.Add(1)
-	// The server posts nothing on either QP, so the write QP shares the
-	// one CQ too, though not the PD.
-	if c.wqp, err = c.lpd.CreateQP(rdma.QPConfig{SendCQ: s.cq, RecvCQ: s.cq}); err != nil {
+	// The server posts nothing on the read QP, so it shares the server's
+	// one CQ; the write QP takes commits (qpcommit.go) and has its own.
+	if c.wcq, err = s.dev.CreateCQ(2 * (commitRecvs + 1)); err != nil {
+		return err
+	}
+	if c.wqp, err = c.lpd.CreateQP(rdma.QPConfig{SendCQ: c.wcq, RecvCQ: c.wcq}); err != nil {
 		return err
 	}
 	if _, err := rdma.ConnectQP(ctx, c.nc, c.wqp); err != nil {
 		return fmt.Errorf("connecting the write QP: %w", err)
+	}
+	// Posted before the connection's first reply, so every commit the
+	// client can send (it needs a lease first) finds a RECV.
+	if c.qpc, err = newQPCommits(c, c.wqp, c.wcq); err != nil {
+		return err
 	}
 	_ = c.nc.SetDeadline(time.Time{})
 	return nil
@@ -404,20 +443,26 @@ func (c *conn) grantLease(m *proto.GrantLease) proto.Message {
 	if err != nil {
 		return errorReply(err)
 	}
+	c.mu.Lock()
 	c.leases[l.ID] = struct{}{}
+	c.mu.Unlock()
 	return &proto.LeaseReply{ID: l.ID, Arena: l.Arena, Addr: l.Addr, Size: uint64(l.Size), RKey: l.RKey,
 		TTL: max(time.Until(l.Expires), 0), VersionBase: l.VersionBase, VersionCount: l.VersionCount}
 }
 
-func (c *conn) commit(m *proto.Commit) proto.Message {
-	if _, ok := c.leases[m.LeaseID]; !ok {
+func (c *conn) commit(m *proto.Commit) proto.Message { return c.commitWith(m, &c.fwd) }
+
+// commitWith commits m, forwarding it through fwd, which is the caller's
+// goroutine's own.
+func (c *conn) commitWith(m *proto.Commit, fwd *forwarder) proto.Message {
+	if !c.hasLease(m.LeaseID) {
 		return &proto.Error{Code: proto.CodeLeaseInvalid, Message: fmt.Sprintf("lease %d was not granted on this connection", m.LeaseID)}
 	}
 	if m.Offset > 1<<62 || m.Length > 1<<62 {
 		return &proto.Error{Code: proto.CodeLeaseInvalid, Message: fmt.Sprintf("commit of %d bytes at offset %d in lease %d: out of range", m.Length, m.Offset, m.LeaseID)}
 	}
-	c.fwd = forwarder{s: c.s, epoch: m.Epoch, write: m.Write, copies: m.Copies}
-	r, err := c.s.st.CommitForwarded(context.Background(), m.LeaseID, int64(m.Offset), int64(m.Length), m.Write, &c.fwd)
+	*fwd = forwarder{s: c.s, epoch: m.Epoch, write: m.Write, copies: m.Copies}
+	r, err := c.s.st.CommitForwarded(context.Background(), m.LeaseID, int64(m.Offset), int64(m.Length), m.Write, fwd)
 	if err != nil {
 		return c.s.fenceReply(m.Epoch, err)
 	}
@@ -432,11 +477,23 @@ func (c *conn) delete(m *proto.Delete) proto.Message {
 	return &proto.Ack{}
 }
 
+// hasLease reports whether lease id was granted on this connection and
+// not ended.
+func (c *conn) hasLease(id uint64) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	_, ok := c.leases[id]
+	return ok
+}
+
 func (c *conn) endLease(m *proto.EndLease) proto.Message {
-	if _, ok := c.leases[m.ID]; !ok {
+	c.mu.Lock()
+	_, ok := c.leases[m.ID]
+	delete(c.leases, m.ID)
+	c.mu.Unlock()
+	if !ok {
 		return &proto.Error{Code: proto.CodeLeaseInvalid, Message: fmt.Sprintf("lease %d was not granted on this connection", m.ID)}
 	}
-	delete(c.leases, m.ID)
 	if err := c.s.st.EndLease(m.ID); err != nil {
 		return errorReply(err)
 	}

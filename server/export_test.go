@@ -61,3 +61,7 @@ func CommitWithCopies(t *testing.T, primary *Server, backups []*Server, key, val
 	}
 	return ps.call(commit)
 }
+
+// OfferCommitSlot makes s offer new sessions a commit slot of n bytes on
+// their write QP (0: proto.CommitSlotSize).
+func OfferCommitSlot(s *Server, n uint32) { s.commitSlot.Store(n) }

@@ -604,3 +604,39 @@ func TestPromotionRetriedAfterItsSourceMadeBackups(t *testing.T) {
 		t.Fatalf("%d keys on the replicas, want %d", n, len(keys))
 	}
 }
+
+// TestCommitsThatDoNotFitTheSlotGoByControl: a commit whose frame is
+// larger than the slot the server offers on the write QP (a Commit
+// naming many copies with long server names; here, a server offering 64
+// bytes) goes as a control request once its WRITE completed; at two
+// replicas the WRITE was posted before the copies were written, and is
+// posted again and waited for (TestCommitOnTheWriteQP's fallback case has
+// one replica).
+func TestCommitsThatDoNotFitTheSlotGoByControl(t *testing.T) {
+	c, _, _ := replicated(t, 2, 2, func(*server.Config) {})
+	for _, s := range c.Running() {
+		server.OfferCommitSlot(s, 16)
+	}
+	cl := c.Client(t, nil)
+	before := map[string]server.Stats{}
+	for _, s := range c.Running() {
+		before[s.Name()] = s.Stats()
+	}
+	a := newAcked()
+	keys := putKeys(t, cl, a, 100)
+	readAll(t, cl, a, keys, "committed by control requests")
+	var commits uint64
+	for _, s := range c.Running() {
+		st, was := s.Stats(), before[s.Name()]
+		if st.CommitsOnQP != was.CommitsOnQP {
+			t.Fatalf("%s took %d commits on a write QP offering 16 bytes", s.Name(), st.CommitsOnQP-was.CommitsOnQP)
+		}
+		commits += st.Handled[proto.MsgCommit] - was.Handled[proto.MsgCommit]
+	}
+	if commits < 100 {
+		t.Fatalf("%d commits for 100 puts", commits)
+	}
+	if n := sameReplicas(t, c, c.Map()); n != 100 {
+		t.Fatalf("%d keys on the replicas, want 100", n)
+	}
+}

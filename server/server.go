@@ -303,11 +303,15 @@ type Server struct {
 	refused     [proto.NumErrorCodes]atomic.Uint64 // requests answered with an Error, by code
 	refusals    *refusalLog
 	connections atomic.Int64
+	commitsOnQP atomic.Uint64
 	leasePDs    atomic.Int64 // connections' own PDs open (tests)
 
 	// dropReply, set by tests, closes a connection instead of sending the
 	// reply to a request it reports true for.
 	dropReply atomic.Pointer[func(proto.Message) bool]
+	// commitSlot, set by tests, is the CommitSlot new sessions are
+	// offered instead of proto.CommitSlotSize.
+	commitSlot atomic.Uint32
 	// isolated, set by tests (Isolate), makes GetView report every other
 	// server dead, as the gossip of a server cut off from them would.
 	isolated atomic.Bool
@@ -644,6 +648,10 @@ type Stats struct {
 	// code c (Hellos refused included).
 	Refused     [proto.NumErrorCodes]uint64
 	Connections int64 // open control connections
+	// CommitsOnQP is how many of the commits (Handled[proto.MsgCommit])
+	// came on a session's write QP, the one-round-trip PUT, rather than as
+	// control requests.
+	CommitsOnQP uint64
 }
 
 // Total is the number of requests handled, all types.
@@ -673,6 +681,7 @@ func (s *Server) Stats() Stats {
 		st.Refused[i] = s.refused[i].Load()
 	}
 	st.Connections = s.connections.Load()
+	st.CommitsOnQP = s.commitsOnQP.Load()
 	return st
 }
 

@@ -31,6 +31,7 @@ type collector struct {
 	commits, commitsRejected, deletes, batches, syncSeconds           *prometheus.Desc
 	keys, indexLoad, indexMoves, indexSlots, indexGrowths             *prometheus.Desc
 	handled, refused, connections, generation                         *prometheus.Desc
+	commitsOnQP                                                       *prometheus.Desc
 	catchUpShards, catchUpKeys, catchUpBytes, catchUpSeconds          *prometheus.Desc
 	movedIn, pulledKeys, pulledBytes                                  *prometheus.Desc
 }
@@ -72,6 +73,7 @@ func newCollector(srv *server.Server) *collector {
 		indexSlots:      d("index_slots", "Home slots of the hash index (it doubles while serving)."),
 		indexGrowths:    d("index_growths_total", "Times the hash index grew while serving."),
 		handled:         d("control_requests_total", "Control RPC requests handled, by type.", "type"),
+		commitsOnQP:     d("qp_commits_total", "Commits that came on a session's write QP after their record's WRITE (a PUT in one round trip), not as control RPCs; control_requests_total{type=\"Commit\"} counts them too."),
 		refused:         d("control_errors_total", "Control RPC requests answered with an error, by its code (Hellos refused included).", "code"),
 		connections:     d("control_connections", "Open control connections."),
 		generation:      d("generation", "The store's generation of this start."),
@@ -155,6 +157,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	for code := proto.ErrorCode(1); int(code) < proto.NumErrorCodes; code++ {
 		counter(c.refused, float64(ss.Refused[code]), code.String())
 	}
+	counter(c.commitsOnQP, float64(ss.CommitsOnQP))
 	gauge(c.connections, float64(ss.Connections))
 	gauge(c.generation, float64(c.srv.Generation()))
 

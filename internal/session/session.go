@@ -232,6 +232,27 @@ func (c *Conn) Call(ctx context.Context, req proto.Message) (proto.Message, erro
 	return reply, nil
 }
 
+// PeerGone reports whether the server has closed the connection (or it
+// broke), without waiting: the server sends nothing unasked, so a read
+// that finds anything but a timeout means the session is over. It is for
+// a caller waiting on the session's QPs for a reply that a dead server
+// would never send (a verbs RECV never times out). Not concurrently with
+// Call.
+func (c *Conn) PeerGone() bool {
+	if c.broken || c.replies == nil {
+		return c.broken
+	}
+	_ = c.NC.SetReadDeadline(time.Now().Add(time.Millisecond))
+	_, err := c.replies.Peek(1)
+	_ = c.NC.SetReadDeadline(time.Time{})
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return false
+	}
+	c.broken = true
+	return true
+}
+
 // Broken reports whether a call failed in a way that left the connection
 // unusable.
 func (c *Conn) Broken() bool { return c.broken }

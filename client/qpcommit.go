@@ -1,0 +1,126 @@
+// Commits sent on the write QP: a PUT in one round trip.
+
+package client
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/rkv-io/rkv/proto"
+	"github.com/rkv-io/rkv/rdma"
+)
+
+// commitSlots is the room at the end of a connection's registered buffer
+// for a commit sent on the write QP: the commit's frame, then the RECV
+// its reply lands in.
+const commitSlots = 2
+
+// Work request IDs on the write QP while a commit is in flight.
+const (
+	commitSendID = iota + 1
+	commitRecvID
+)
+
+// liveCheckEvery is how long a commit's reply is waited for before the
+// control connection is checked for a server that went away: a verbs
+// RECV waits for ever for a reply that never comes, where the connection
+// sees the server's process exit at once.
+const liveCheckEvery = 100 * time.Millisecond
+
+// buf is the part of the registered buffer that records are encoded and
+// read into; the commit slots follow it.
+func (sc *serverConn) buf() []byte {
+	b := sc.mem.Bytes()
+	return b[:len(b)-commitSlots*proto.CommitSlotSize]
+}
+
+// commitOnQP commits on the write QP, as the server offered in its
+// HelloReply: it posts a RECV for the reply, then the record's WRITE (when
+// write is not nil; else the caller posted it already, on the same QP) and
+// the commit's frame as a SEND, which RC delivers after the WRITE, and
+// waits for both the SEND's completion and the reply. ok is false when the
+// frame does not fit the server's slot: nothing was posted, and the
+// caller commits by a control request instead.
+func (sc *serverConn) commitOnQP(ctx context.Context, commit *proto.Commit, write *rdma.SendWR) (_ proto.Message, ok bool, _ error) {
+	slot := int(sc.s.Hello.CommitSlot)
+	sendOff := len(sc.buf())
+	recvOff := sendOff + proto.CommitSlotSize
+	sc.qpSeq++
+	var err error
+	if sc.frame, err = proto.AppendFrame(sc.frame[:0], sc.qpSeq, commit); err != nil {
+		return nil, false, fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	if len(sc.frame) > min(slot, proto.CommitSlotSize) {
+		return nil, false, nil
+	}
+	copy(sc.mem.Bytes()[sendOff:], sc.frame)
+	fail := func(what string, err error) (proto.Message, bool, error) {
+		sc.drop()
+		return nil, true, retryLost(sc.name, "a commit on the write QP to %s: %s: %w", sc.name, what, err)
+	}
+	// Their own SGEs: write's may be sc.sges.
+	sc.commitSGEs = [2]rdma.SGE{
+		{MR: sc.mr, Offset: recvOff, Length: proto.CommitSlotSize},
+		{MR: sc.mr, Offset: sendOff, Length: len(sc.frame)},
+	}
+	sc.recv[0] = rdma.RecvWR{ID: commitRecvID, SGL: sc.commitSGEs[:1]}
+	if err := sc.s.WriteQP.PostRecv(sc.recv[:]); err != nil {
+		return fail("posting the reply's RECV", err)
+	}
+	sc.wrs = sc.wrs[:0]
+	if write != nil {
+		sc.wrs = append(sc.wrs, *write)
+	}
+	sc.wrs = append(sc.wrs, rdma.SendWR{ID: commitSendID, Op: rdma.OpSend, Flags: rdma.Signaled, SGL: sc.commitSGEs[1:]})
+	if err := sc.s.WriteQP.PostSend(sc.wrs); err != nil {
+		return fail("posting", err)
+	}
+	var sent, replied bool
+	var n uint32
+	for !sent || !replied {
+		wctx, cancel := context.WithTimeout(ctx, liveCheckEvery)
+		got, err := sc.s.WriteCQ.Wait(wctx, sc.wc[:])
+		cancel()
+		switch {
+		case errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil:
+			if sc.s.PeerGone() {
+				return fail("waiting for the reply", errors.New("the server closed the connection"))
+			}
+			continue
+		case err != nil:
+			return fail("waiting", err)
+		}
+		for _, w := range sc.wc[:got] {
+			if err := w.Err(); err != nil {
+				return fail("connection lost", err)
+			}
+			switch w.ID {
+			case commitSendID:
+				sent = true
+			case commitRecvID:
+				replied, n = true, w.ByteLen
+			}
+		}
+	}
+	frame := sc.mem.Bytes()[recvOff : recvOff+int(n)]
+	if n < 4 || binary.BigEndian.Uint32(frame) != n-4 {
+		return fail("reading the reply", fmt.Errorf("a reply of %d bytes that is not one frame", n))
+	}
+	id, reply, err := proto.DecodeFrame(frame[4:])
+	switch {
+	case err != nil:
+		return fail("decoding the reply", err)
+	case id != sc.qpSeq:
+		return fail("reading the reply", fmt.Errorf("a reply to commit %d, want %d", id, sc.qpSeq))
+	}
+	if pe, isErr := reply.(*proto.Error); isErr {
+		return nil, true, serverError(sc.name, proto.MsgCommit, pe)
+	}
+	if reply.Type() != proto.MsgCommitReply {
+		return fail("reading the reply", fmt.Errorf("a Commit answered with %v", reply.Type()))
+	}
+	return reply, true, nil
+}

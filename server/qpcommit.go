@@ -1,0 +1,197 @@
+// Commits sent on a session's write QP: the PUT in one round trip.
+
+package server
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+
+	"github.com/rkv-io/rkv/proto"
+	"github.com/rkv-io/rkv/rdma"
+)
+
+// commitRecvs is how many commit slots a session keeps posted as RECVs. A
+// client sends its next commit only once it has the reply to the last, so
+// one would do; the second takes a commit that arrives before the last
+// reply's SEND has completed here, instead of leaving it to wait.
+const commitRecvs = 2
+
+// qpCommits takes the commits a client sends with a SEND on its session's
+// write QP, right after the record's WRITE on the same QP: RC executes
+// them in order, so the record is in the lease when the commit's RECV
+// completes, and the PUT is one round trip instead of the WRITE's and then
+// the control request's. The reply goes back as a SEND into a RECV the
+// client posted before its own SEND.
+//
+// Its buffers are registered in the session's own PD, as its leases are:
+// commitRecvs slots for RECVs, then one for the reply.
+type qpCommits struct {
+	c    *conn
+	qp   rdma.QP
+	cq   rdma.CQ // the write QP's, sends and receives
+	mem  *rdma.Memory
+	mr   rdma.MR
+	fwd  forwarder
+	wc   [commitRecvs + 1]rdma.Completion
+	sges [1]rdma.SGE
+	// replying: the last reply's SEND has not completed, so its slot is
+	// still the NIC's.
+	replying bool
+	pending  []rdma.Completion // commits received while replying
+	out      []byte            // the reply's frame, before it is copied to its slot
+	stop     context.CancelFunc
+	done     chan struct{}
+}
+
+// newQPCommits registers the slots and posts their RECVs on qp, which
+// must be connected; cq is qp's CQ for both queues. The caller starts
+// serve and, when the session ends, calls close.
+func newQPCommits(c *conn, qp rdma.QP, cq rdma.CQ) (_ *qpCommits, err error) {
+	q := &qpCommits{c: c, qp: qp, cq: cq, done: make(chan struct{})}
+	if q.mem, err = rdma.Alloc((commitRecvs + 1) * proto.CommitSlotSize); err != nil {
+		return nil, fmt.Errorf("commit slots: %w", err)
+	}
+	// In the PD itself, not through the leasePD, whose MRs are wrapped
+	// (a provider takes only its own MRs in a local SGE); serve's caller
+	// frees them before it closes the PD.
+	if q.mr, err = c.lpd.PD.Register(q.mem.Bytes(), rdma.AccessLocalWrite); err != nil {
+		_ = q.mem.Close()
+		return nil, fmt.Errorf("registering the commit slots: %w", err)
+	}
+	for i := range commitRecvs {
+		if err := q.postRecv(i); err != nil {
+			_ = q.free()
+			return nil, err
+		}
+	}
+	return q, nil
+}
+
+func (q *qpCommits) slot(i int) []byte {
+	return q.mem.Bytes()[i*proto.CommitSlotSize : (i+1)*proto.CommitSlotSize]
+}
+
+func (q *qpCommits) postRecv(i int) error {
+	q.sges[0] = rdma.SGE{MR: q.mr, Offset: i * proto.CommitSlotSize, Length: proto.CommitSlotSize}
+	if err := q.qp.PostRecv([]rdma.RecvWR{{ID: uint64(i), SGL: q.sges[:]}}); err != nil {
+		return fmt.Errorf("posting a commit RECV: %w", err)
+	}
+	return nil
+}
+
+// serve answers commits until ctx ends or the QP fails (the client went
+// away, or broke the protocol: its own QP fails too, and it dials again).
+// It runs on a goroutine of its own, beside the connection's, which
+// serves the control requests.
+func (q *qpCommits) serve(ctx context.Context) {
+	defer close(q.done)
+	log := q.c.s.log.With("remote", q.c.nc.RemoteAddr().String(), "client", q.c.client)
+	for {
+		n, err := q.cq.Wait(ctx, q.wc[:])
+		if err != nil {
+			return
+		}
+		for _, w := range q.wc[:n] {
+			switch {
+			case w.Status != rdma.StatusSuccess:
+				if ctx.Err() == nil {
+					log.Debug("write QP failed: no more commits on it", "op", w.Op.String(), "status", w.Status.String())
+				}
+				return
+			case w.Op == rdma.OpSend:
+				q.replying = false
+			default:
+				q.pending = append(q.pending, w)
+			}
+		}
+		for len(q.pending) > 0 && !q.replying {
+			w := q.pending[0]
+			q.pending = q.pending[1:]
+			if !q.answer(int(w.ID), int(w.ByteLen)) {
+				return
+			}
+		}
+	}
+}
+
+// answer takes the commit in slot i, n bytes long, posts the slot's RECV
+// again and SENDs the reply. It reports false when the session is to end.
+func (q *qpCommits) answer(i, n int) bool {
+	s := q.c.s
+	id, m, reply := uint64(0), proto.Message(&proto.Commit{}), proto.Message(nil)
+	frame := q.slot(i)[:n]
+	if n < 4 || int(binary.BigEndian.Uint32(frame)) != n-4 {
+		reply = &proto.Error{Code: proto.CodeBadRequest, Message: fmt.Sprintf("a SEND of %d bytes on the write QP that is not one control frame", n)}
+	} else {
+		var err error
+		if id, m, err = proto.DecodeFrame(frame[4:]); err != nil {
+			m, reply = &proto.Commit{}, &proto.Error{Code: proto.CodeBadRequest, Message: err.Error()}
+		} else if cm, ok := m.(*proto.Commit); !ok {
+			reply = &proto.Error{Code: proto.CodeBadRequest, Message: fmt.Sprintf("%v sent on the write QP, which takes Commit only", m.Type())}
+		} else {
+			s.handled[proto.MsgCommit].Add(1)
+			s.commitsOnQP.Add(1)
+			reply = q.c.commitWith(cm, &q.fwd)
+			if drop := s.dropReply.Load(); drop != nil && (*drop)(m) {
+				_ = q.c.nc.Close() // tests: the reply lost, as in a crash of the connection
+				return false
+			}
+		}
+	}
+	if e, ok := reply.(*proto.Error); ok {
+		s.refused[e.Code].Add(1)
+		s.logRefusal(m, e)
+	}
+	if err := q.postRecv(i); err != nil {
+		return false
+	}
+	var err error
+	if q.out, err = appendReply(q.out[:0], id, reply); err != nil {
+		s.log.Error("encoding a commit's reply", "err", err)
+		return false
+	}
+	copy(q.slot(commitRecvs), q.out)
+	q.sges[0] = rdma.SGE{MR: q.mr, Offset: commitRecvs * proto.CommitSlotSize, Length: len(q.out)}
+	if err := q.qp.PostSend([]rdma.SendWR{{Op: rdma.OpSend, Flags: rdma.Signaled, SGL: q.sges[:]}}); err != nil {
+		return false
+	}
+	q.replying = true
+	return true
+}
+
+// appendReply appends reply's frame to dst, cutting an Error's message so
+// that the frame fits a commit slot.
+func appendReply(dst []byte, id uint64, reply proto.Message) ([]byte, error) {
+	out, err := proto.AppendFrame(dst, id, reply)
+	if err != nil || len(out) <= proto.CommitSlotSize {
+		return out, err
+	}
+	e, ok := reply.(*proto.Error)
+	if !ok {
+		return nil, fmt.Errorf("a %v of %d bytes does not fit a commit slot", reply.Type(), len(out))
+	}
+	cut := *e
+	cut.Message = cut.Message[:proto.CommitSlotSize/2] + "..."
+	return proto.AppendFrame(dst[:0], id, &cut)
+}
+
+// close stops serve and waits for it; the caller then closes the QP and
+// the CQ, and only then frees the slots.
+func (q *qpCommits) close() {
+	if q.stop == nil {
+		return // the handshake failed before serve started
+	}
+	q.stop()
+	<-q.done
+}
+
+// free deregisters and frees the slots, once the QP that used them is
+// closed.
+func (q *qpCommits) free() error {
+	err := q.mr.Deregister()
+	if cerr := q.mem.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
