@@ -73,8 +73,8 @@ grep -q '^| 65536 ' "$tmp" || { echo "bench-rxe: the VM run did not produce ever
 	echo "(verbs provider, \`--sync none\`) on rxe1, \`rkv-client bench --concurrency 1 --conns 1\` on rxe0,"
 	echo "perftest between the same two devices with the record's size (key + value + 32-byte header),"
 	echo "in one qemu VM under software emulation (TCG). A warm GET is one RDMA_READ of the record;"
-	echo "a PUT is an RDMA_WRITE plus a commit round trip over TCP. ib_write_lat reports half a round"
-	echo "trip, so the table doubles it."
+	echo "a PUT is an RDMA_WRITE and the commit as a SEND after it on the same QP, answered by a SEND"
+	echo "(one round trip). ib_write_lat reports half a round trip, so the table doubles it."
 	echo
 	cat "$tmp"
 } >"$out"
