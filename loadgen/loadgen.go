@@ -6,8 +6,8 @@
 // that every system is measured by the same code.
 //
 // Load writes keys 0..Keys-1 once; Run then drives a Workload (a mix of
-// GETs, PUTs and MultiGets over keys drawn uniformly or from a scrambled
-// zipfian) from Concurrency goroutines, each with one request in flight
+// GETs, PUTs, MultiGets and MultiPuts over keys drawn uniformly or from a
+// scrambled zipfian) from Concurrency goroutines, each with one request in flight
 // (a closed loop), and returns a Result: throughput, latency percentiles
 // and a CDF per operation kind, and errors by kind. Every value written
 // encodes its key and a version, so Options.Verify can check that a read
@@ -50,11 +50,19 @@ type MultiGetter interface {
 	MultiGet(ctx context.Context, keys [][]byte) ([][]byte, error)
 }
 
+// MultiPutter is implemented by Targets with a batched write; the
+// multiput workload requires it. values[i] is keys[i]'s value; both
+// slices and what they hold belong to the caller, as with Put.
+type MultiPutter interface {
+	MultiPut(ctx context.Context, keys, values [][]byte) error
+}
+
 // WorkerTargets is implemented by Targets that give each worker
 // goroutine its own Target (its own connection, or one of several
 // clients): Load and Run call ForWorker(i) once for each goroutine
 // i in 0..Concurrency-1, before starting any, and that goroutine then
-// uses only the returned Target (and its MultiGetter, if any). The
+// uses only the returned Target (and its MultiGetter and MultiPutter,
+// if any). The
 // returned Targets are not closed by loadgen.
 type WorkerTargets interface {
 	ForWorker(i int) Target
@@ -72,23 +80,27 @@ type Counters interface {
 
 // Workload is an operation mix. The fractions add up to 1.
 type Workload struct {
-	Name     string  `json:"name"`     // "a", "b", "c", "put", "multiget"
-	Read     float64 `json:"read"`     // fraction of single-key GETs
-	Update   float64 `json:"update"`   // fraction of PUTs of an existing key
-	MultiGet float64 `json:"multiget"` // fraction of MultiGets of BatchSize keys
+	Name     string  `json:"name"`               // "a", "b", "c", "put", "multiget", "multiput"
+	Read     float64 `json:"read"`               // fraction of single-key GETs
+	Update   float64 `json:"update"`             // fraction of PUTs of an existing key
+	MultiGet float64 `json:"multiget"`           // fraction of MultiGets of BatchSize keys
+	MultiPut float64 `json:"multiput,omitempty"` // fraction of MultiPuts of BatchSize keys
 }
 
-// The standard workloads (YCSB's core workloads A, B, C, plus a pure-put
-// and a multi-get load).
+// The standard workloads (YCSB's core workloads A, B, C, plus a pure-put,
+// a multi-get and a multi-put load).
 var (
 	WorkloadA        = Workload{Name: "a", Read: 0.5, Update: 0.5}
 	WorkloadB        = Workload{Name: "b", Read: 0.95, Update: 0.05}
 	WorkloadC        = Workload{Name: "c", Read: 1}
 	WorkloadPut      = Workload{Name: "put", Update: 1}
 	WorkloadMultiGet = Workload{Name: "multiget", MultiGet: 1}
+	WorkloadMultiPut = Workload{Name: "multiput", MultiPut: 1}
 )
 
-// Workloads lists the standard workloads, by name.
+// Workloads lists the standard workloads, by name: the ones rkv-client
+// bench offers. WorkloadMultiPut joins them once rkv's client has a
+// MultiPut to run it on.
 var Workloads = map[string]Workload{
 	"a": WorkloadA, "b": WorkloadB, "c": WorkloadC, "put": WorkloadPut, "multiget": WorkloadMultiGet,
 }
@@ -98,6 +110,7 @@ const (
 	KindGet      = "get"
 	KindPut      = "put"
 	KindMultiGet = "multiget"
+	KindMultiPut = "multiput"
 	KindAll      = "all" // every successful operation, whatever its kind
 )
 
@@ -192,12 +205,13 @@ type Result struct {
 	Ops     int64   `json:"ops"`
 	Seconds float64 `json:"seconds"` // the measured phase's wall time
 	OpsPerS float64 `json:"ops_per_s"`
-	// Latency and CDF are by kind ("get", "put", "multiget", and "all"),
-	// over successful operations only.
+	// Latency and CDF are by kind ("get", "put", "multiget", "multiput",
+	// and "all"), over successful operations only.
 	Latency map[string]Latency `json:"latency"`
 	CDF     map[string][]Point `json:"cdf"`
 	// Failed counts failed operations by operation kind ("get", "put",
-	// "multiget"): with Latency[kind].Count, every operation of the kind.
+	// "multiget", "multiput"): with Latency[kind].Count, every operation
+	// of the kind.
 	Failed map[string]int64 `json:"failed"`
 	// Errors counts failed operations by kind of error (Options.Classify):
 	// "timeout", "notfound", "wrong-value", "other", or the Target's own.

@@ -442,6 +442,53 @@ func TestMultiGetNeedsAMultiGetter(t *testing.T) {
 	}
 }
 
+// batchMem adds MultiGet and MultiPut to memTarget.
+type batchMem struct{ multiMem }
+
+func (t batchMem) MultiPut(ctx context.Context, keys, values [][]byte) error {
+	if len(keys) != len(values) {
+		return fmt.Errorf("%d keys, %d values", len(keys), len(values))
+	}
+	for i := range keys {
+		if err := t.Put(ctx, keys[i], values[i]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func TestMultiPut(t *testing.T) {
+	o := Options{Keys: 50, ValueSize: 32, Ops: 200, Concurrency: 2, Workload: WorkloadMultiPut, BatchSize: 5}
+	m := newMem()
+	_, err := Run(context.Background(), multiMem{m}, o)
+	if err == nil || !strings.Contains(err.Error(), "no MultiPut method") {
+		t.Fatalf("multiput on a Target without MultiPut: %v", err)
+	}
+	r, err := Run(context.Background(), batchMem{multiMem{m}}, o)
+	if err != nil || len(r.Errors) != 0 {
+		t.Fatalf("%v %v", err, r.Errors)
+	}
+	if r.Latency[KindMultiPut].Count != 200 || m.puts.Load() != 1000 || r.Workload != "multiput" {
+		t.Fatalf("%d multiputs, %d keys written; want 200 of 5 keys", r.Latency[KindMultiPut].Count, m.puts.Load())
+	}
+	// Every value written is its key's, so a verified read accepts it.
+	for k, v := range m.m {
+		if err := checkValue(v, uint64(keyIndex(t, []byte(k))), 32); err != nil {
+			t.Fatalf("%s: %v", k, err)
+		}
+	}
+	// A mix of both batched kinds does both, in about the proportion asked.
+	o.Workload = Workload{Name: "mix", MultiGet: 0.5, MultiPut: 0.5}
+	o.Ops, o.Keys, o.Verify = 2000, 50, true
+	r, err = Run(context.Background(), batchMem{multiMem{loaded(t, o)}}, o)
+	if err != nil || len(r.Errors) != 0 {
+		t.Fatalf("%v %v", err, r.Errors)
+	}
+	if g, p := r.Latency[KindMultiGet].Count, r.Latency[KindMultiPut].Count; g+p != 2000 || g < 800 || p < 800 {
+		t.Fatalf("%d multigets and %d multiputs, want about 1000 of each", g, p)
+	}
+}
+
 func TestContextCancelStopsRun(t *testing.T) {
 	o := Options{Keys: 10, ValueSize: 8, Concurrency: 4, Duration: time.Minute}
 	m := loaded(t, o)

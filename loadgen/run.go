@@ -84,9 +84,9 @@ func (o Options) withDefaults() (Options, error) {
 		return o, fmt.Errorf("loadgen: Concurrency %d: must be at least 1", o.Concurrency)
 	case o.Ops < 0 || o.Duration < 0 || o.Warmup < 0:
 		return o, fmt.Errorf("loadgen: Ops %d, Duration %v, Warmup %v: must not be negative", o.Ops, o.Duration, o.Warmup)
-	case w.Read < 0 || w.Update < 0 || w.MultiGet < 0 || math.Abs(w.Read+w.Update+w.MultiGet-1) > 1e-9:
-		return o, fmt.Errorf("loadgen: workload %q: fractions %v+%v+%v must be non-negative and add up to 1",
-			w.Name, w.Read, w.Update, w.MultiGet)
+	case w.Read < 0 || w.Update < 0 || w.MultiGet < 0 || w.MultiPut < 0 || math.Abs(w.Read+w.Update+w.MultiGet+w.MultiPut-1) > 1e-9:
+		return o, fmt.Errorf("loadgen: workload %q: fractions %v+%v+%v+%v must be non-negative and add up to 1",
+			w.Name, w.Read, w.Update, w.MultiGet, w.MultiPut)
 	}
 	return o, nil
 }
@@ -105,10 +105,11 @@ const (
 	opGet = iota
 	opPut
 	opMultiGet
+	opMultiPut
 	numOps
 )
 
-var opKinds = [numOps]string{KindGet, KindPut, KindMultiGet}
+var opKinds = [numOps]string{KindGet, KindPut, KindMultiGet, KindMultiPut}
 
 // worker is one goroutine's state. Only its goroutine touches it, but
 // for done and errs, which the progress ticker reads.
@@ -119,14 +120,16 @@ type worker struct {
 	id      int
 	t       Target
 	mg      MultiGetter
+	mp      MultiPutter
 	o       *Options
 	keys    keyChooser
 	rng     *rand.Rand
 	seq     uint64 // puts issued, for versions
 	key     []byte
-	batch   [][]byte // MultiGet keys
+	batch   [][]byte // MultiGet and MultiPut keys
 	batchIx []uint64
 	val     []byte
+	vals    [][]byte // MultiPut values
 
 	measure bool
 	last    time.Time // when the last operation ended (or the phase began)
@@ -164,11 +167,22 @@ func newWorkers(t Target, o *Options, keys keyChooser, measured bool) ([]*worker
 			}
 		}
 		w.mg, _ = w.t.(MultiGetter)
-		if o.Workload.MultiGet > 0 {
-			if w.mg == nil {
-				return nil, fmt.Errorf("loadgen: workload %q does MultiGets but the Target (%T) has no MultiGet method",
+		w.mp, _ = w.t.(MultiPutter)
+		if o.Workload.MultiGet > 0 && w.mg == nil {
+			return nil, fmt.Errorf("loadgen: workload %q does MultiGets but the Target (%T) has no MultiGet method",
+				o.Workload.Name, w.t)
+		}
+		if o.Workload.MultiPut > 0 {
+			if w.mp == nil {
+				return nil, fmt.Errorf("loadgen: workload %q does MultiPuts but the Target (%T) has no MultiPut method",
 					o.Workload.Name, w.t)
 			}
+			w.vals = make([][]byte, o.BatchSize)
+			for j := range w.vals {
+				w.vals[j] = make([]byte, o.ValueSize)
+			}
+		}
+		if o.Workload.MultiGet > 0 || o.Workload.MultiPut > 0 {
 			w.batch = make([][]byte, o.BatchSize)
 			w.batchIx = make([]uint64, o.BatchSize)
 			for j := range w.batch {
@@ -184,7 +198,7 @@ func newWorkers(t Target, o *Options, keys keyChooser, measured bool) ([]*worker
 		shards := make([]*histShard, min(o.Concurrency, 2*runtime.GOMAXPROCS(0)))
 		for i := range shards {
 			shards[i] = &histShard{}
-			for k, frac := range [numOps]float64{o.Workload.Read, o.Workload.Update, o.Workload.MultiGet} {
+			for k, frac := range [numOps]float64{o.Workload.Read, o.Workload.Update, o.Workload.MultiGet, o.Workload.MultiPut} {
 				if frac > 0 {
 					shards[i].h[k] = newHist()
 				}
@@ -229,8 +243,10 @@ func (w *worker) op(ctx context.Context) (int, time.Duration, error) {
 		case f < wl.Read:
 		case f < wl.Read+wl.Update:
 			kind = opPut
-		default:
+		case wl.MultiPut == 0 || wl.MultiGet > 0 && f < wl.Read+wl.Update+wl.MultiGet:
 			kind = opMultiGet
+		default:
+			kind = opMultiPut
 		}
 	}
 	if w.o.Timeout > 0 {
@@ -267,6 +283,17 @@ func (w *worker) op(ctx context.Context) (int, time.Duration, error) {
 			err = w.checkBatch(vs)
 		} else {
 			err = fmt.Errorf("multiget of %d keys from %s: %w", len(w.batch), w.batch[0], err)
+		}
+	case opMultiPut:
+		for j := range w.batch {
+			k := w.keys.next(w.rng)
+			w.seq++
+			fillValue(w.vals[j], k, w.seq<<16|uint64(w.id&0xffff))
+			w.batch[j] = appendKey(w.batch[j][:0], w.o.KeyPrefix, k)
+		}
+		start = time.Now()
+		if err = w.mp.MultiPut(ctx, w.batch, w.vals); err != nil {
+			err = fmt.Errorf("multiput of %d keys from %s: %w", len(w.batch), w.batch[0], err)
 		}
 	}
 	w.last = time.Now()
@@ -464,8 +491,8 @@ func Load(ctx context.Context, t Target, o Options) error {
 // o.Concurrency goroutines with one request in flight. A failed
 // operation is counted (Result.Errors, by o.Classify) and the run goes
 // on; Run returns an error with the Result if every measured operation
-// failed, or if the options are invalid (among them a MultiGet workload
-// on a Target that is no MultiGetter). If ctx ends, Run returns what was
+// failed, or if the options are invalid (among them a MultiGet or MultiPut
+// workload on a Target that is no MultiGetter or MultiPutter). If ctx ends, Run returns what was
 // measured so far and ctx's error; operations it interrupted are not
 // counted.
 func Run(ctx context.Context, t Target, o Options) (Result, error) {
