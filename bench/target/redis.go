@@ -10,8 +10,10 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
+	"github.com/cespare/xxhash/v2"
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
 
@@ -140,30 +142,59 @@ func RedisVersion(bin string) (string, error) {
 	return strings.TrimSpace(string(out)), nil
 }
 
-// RedisTarget is a loadgen target on a go-redis client whose pool holds
-// one connection per loadgen worker, without pipelining: every GET and
-// SET is one round trip on a connection of its own.
+// RedisTarget is a loadgen target on go-redis clients, one for each of
+// its redis-servers, each client with a pool of one connection per
+// loadgen worker. With several servers, a key's server is its xxhash
+// modulo their number: redis-server processes do not talk to each other,
+// so the client shards the keys, as rkv's client spreads them over its
+// servers by the cluster map. Get and Put are one command each, on a
+// connection of their own, without pipelining; MultiGet and MultiPut send
+// a batch as one pipeline (GETs or SETs) to each server holding some of
+// its keys, to all of them at once.
 type RedisTarget struct {
-	c *redis.Client
+	shards []*redis.Client
 }
 
-// NewTarget returns a target with a pool of workers connections, dialed
-// at once.
+// NewTarget returns a target on r alone, with a pool of workers
+// connections.
 func (r *Redis) NewTarget(ctx context.Context, workers int) (*RedisTarget, error) {
+	return NewRedisTarget(ctx, []*Redis{r}, workers)
+}
+
+// NewRedisTarget returns a target sharding the keys over servers, with a
+// pool of workers connections to each (as an rkv client has
+// ConnsPerServer connections to each of its servers). It pings every
+// server first.
+func NewRedisTarget(ctx context.Context, servers []*Redis, workers int) (*RedisTarget, error) {
+	if len(servers) == 0 {
+		return nil, errors.New("redis target: no servers")
+	}
 	if workers <= 0 {
 		workers = 1
 	}
-	c := redis.NewClient(r.clientOptions(workers))
-	if err := c.Ping(ctx).Err(); err != nil {
-		c.Close()
-		return nil, fmt.Errorf("redis target on %s: %w", r.Addr, err)
+	t := &RedisTarget{}
+	for _, r := range servers {
+		c := redis.NewClient(r.clientOptions(workers))
+		t.shards = append(t.shards, c)
+		if err := c.Ping(ctx).Err(); err != nil {
+			t.Close()
+			return nil, fmt.Errorf("redis target on %s: %w", r.Addr, err)
+		}
 	}
-	return &RedisTarget{c: c}, nil
+	return t, nil
+}
+
+// shard returns the index of key's server.
+func (t *RedisTarget) shard(key []byte) int {
+	if len(t.shards) == 1 {
+		return 0
+	}
+	return int(xxhash.Sum64(key) % uint64(len(t.shards)))
 }
 
 // Get is GET key; an absent key is loadgen.ErrNotFound.
 func (t *RedisTarget) Get(ctx context.Context, key []byte) ([]byte, error) {
-	v, err := t.c.Get(ctx, string(key)).Bytes()
+	v, err := t.shards[t.shard(key)].Get(ctx, string(key)).Bytes()
 	if errors.Is(err, redis.Nil) {
 		return nil, loadgen.ErrNotFound
 	}
@@ -172,8 +203,91 @@ func (t *RedisTarget) Get(ctx context.Context, key []byte) ([]byte, error) {
 
 // Put is SET key value.
 func (t *RedisTarget) Put(ctx context.Context, key, value []byte) error {
-	return t.c.Set(ctx, string(key), value, 0).Err()
+	return t.shards[t.shard(key)].Set(ctx, string(key), value, 0).Err()
 }
 
-// Close closes the pool.
-func (t *RedisTarget) Close() error { return t.c.Close() }
+// MultiGet GETs keys in a pipeline per server (loadgen.MultiGetter); an
+// absent key's value is nil.
+func (t *RedisTarget) MultiGet(ctx context.Context, keys [][]byte) ([][]byte, error) {
+	cmds, err := t.pipelined(ctx, keys, func(p redis.Pipeliner, i int) redis.Cmder {
+		return p.Get(ctx, string(keys[i]))
+	})
+	vals := make([][]byte, len(keys))
+	for i, c := range cmds {
+		v, cerr := c.(*redis.StringCmd).Bytes()
+		switch {
+		case errors.Is(cerr, redis.Nil):
+		case cerr != nil:
+			return nil, fmt.Errorf("GET %s in a pipeline of %d: %w", keys[i], len(keys), cerr)
+		default:
+			vals[i] = v
+		}
+	}
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return nil, err
+	}
+	return vals, nil
+}
+
+// MultiPut SETs keys in a pipeline per server (loadgen.MultiPutter).
+func (t *RedisTarget) MultiPut(ctx context.Context, keys, values [][]byte) error {
+	if len(keys) != len(values) {
+		return fmt.Errorf("redis target: MultiPut of %d keys with %d values", len(keys), len(values))
+	}
+	cmds, err := t.pipelined(ctx, keys, func(p redis.Pipeliner, i int) redis.Cmder {
+		return p.Set(ctx, string(keys[i]), values[i], 0)
+	})
+	for i, c := range cmds {
+		if cerr := c.Err(); cerr != nil {
+			return fmt.Errorf("SET %s in a pipeline of %d: %w", keys[i], len(keys), cerr)
+		}
+	}
+	return err
+}
+
+// pipelined sends a pipeline to each server holding some of keys, all at
+// once, queue adding key i's command, and returns the commands in key
+// order, with the first error (a redis.Nil reply among them).
+func (t *RedisTarget) pipelined(ctx context.Context, keys [][]byte, queue func(p redis.Pipeliner, i int) redis.Cmder) ([]redis.Cmder, error) {
+	cmds := make([]redis.Cmder, len(keys))
+	send := func(c *redis.Client, idx []int) error {
+		_, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for _, i := range idx {
+				cmds[i] = queue(p, i)
+			}
+			return nil
+		})
+		return err
+	}
+	byShard := make([][]int, len(t.shards))
+	for i, k := range keys {
+		s := t.shard(k)
+		byShard[s] = append(byShard[s], i)
+	}
+	if len(t.shards) == 1 {
+		return cmds, send(t.shards[0], byShard[0])
+	}
+	errs := make([]error, len(t.shards))
+	var wg sync.WaitGroup
+	for s, idx := range byShard {
+		if len(idx) > 0 {
+			wg.Go(func() { errs[s] = send(t.shards[s], idx) })
+		}
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return cmds, err
+		}
+	}
+	return cmds, nil
+}
+
+// Close closes the pools.
+func (t *RedisTarget) Close() error {
+	var errs []error
+	for _, c := range t.shards {
+		errs = append(errs, c.Close())
+	}
+	return errors.Join(errs...)
+}

@@ -471,6 +471,12 @@ func (r *RKV) Get(ctx context.Context, key []byte) ([]byte, error) { return r.t.
 // Put writes key.
 func (r *RKV) Put(ctx context.Context, key, value []byte) error { return r.t.Put(ctx, key, value) }
 
+// MultiGet reads keys with one client.MultiGet (loadgen.MultiGetter); an
+// absent key's value is nil.
+func (r *RKV) MultiGet(ctx context.Context, keys [][]byte) ([][]byte, error) {
+	return rkvtarget.Client{C: r.c}.MultiGet(ctx, keys)
+}
+
 // CounterReads is the Counters name of the RDMA READs posted.
 const CounterReads = rkvtarget.CounterReads
 

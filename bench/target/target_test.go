@@ -130,7 +130,7 @@ func TestRedis(t *testing.T) {
 				t.Fatalf("get: %q, %v", v, err)
 			}
 			// The persistence is what was asked for.
-			info, err := tg.c.Info(ctx, "persistence").Result()
+			info, err := tg.shards[0].Info(ctx, "persistence").Result()
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -138,18 +138,94 @@ func TestRedis(t *testing.T) {
 			if !strings.Contains(info, want) {
 				t.Fatalf("INFO persistence lacks %q:\n%s", want, info)
 			}
-			fsync, err := tg.c.ConfigGet(ctx, "appendfsync").Result()
+			fsync, err := tg.shards[0].ConfigGet(ctx, "appendfsync").Result()
 			if err != nil {
 				t.Fatal(err)
 			}
 			if durable && fsync["appendfsync"] != "always" {
 				t.Fatalf("appendfsync = %q, want always", fsync["appendfsync"])
 			}
-			save, err := tg.c.ConfigGet(ctx, "save").Result()
+			save, err := tg.shards[0].ConfigGet(ctx, "save").Result()
 			if err != nil || save["save"] != "" {
 				t.Fatalf("save = %q (%v), want none", save["save"], err)
 			}
 		})
+	}
+}
+
+// A batch is a pipeline per server: every key lands on its own server,
+// absent keys read as nil, and a MultiPut's values read back.
+func TestRedisShardedPipelines(t *testing.T) {
+	needRedis(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var servers []*Redis
+	defer func() {
+		for _, r := range servers {
+			if err := r.Close(); err != nil {
+				t.Error(err)
+			}
+		}
+	}()
+	for i := range 3 {
+		r, err := StartRedis(ctx, RedisOptions{Dir: t.TempDir()})
+		if err != nil {
+			t.Fatalf("redis-server %d: %v", i, err)
+		}
+		servers = append(servers, r)
+	}
+	tg, err := NewRedisTarget(ctx, servers, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tg.Close()
+	var keys, vals [][]byte
+	for i := range 40 {
+		keys = append(keys, []byte(fmt.Sprintf("k%d", i)))
+		vals = append(vals, []byte(fmt.Sprintf("v%d", i)))
+	}
+	if err := tg.MultiPut(ctx, keys[:20], vals[:20]); err != nil {
+		t.Fatal(err)
+	}
+	for i := 20; i < 30; i++ {
+		if err := tg.Put(ctx, keys[i], vals[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := tg.MultiGet(ctx, keys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range keys {
+		want := vals[i]
+		if i >= 30 {
+			want = nil
+		}
+		if !bytes.Equal(got[i], want) || (want == nil) != (got[i] == nil) {
+			t.Fatalf("MultiGet: %s = %q, want %q", keys[i], got[i], want)
+		}
+	}
+	// Each key is on its shard's server alone, and every server has some.
+	for s, c := range tg.shards {
+		n, err := c.DBSize(ctx).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			t.Errorf("server %d holds no key of 30", s)
+		}
+		for i := range 30 {
+			_, err := c.Get(ctx, string(keys[i])).Result()
+			if onIt := err == nil; onIt != (tg.shard(keys[i]) == s) {
+				t.Errorf("key %s on server %d: %v; its shard is %d", keys[i], s, err, tg.shard(keys[i]))
+			}
+		}
+	}
+	if v, err := tg.Get(ctx, keys[3]); err != nil || string(v) != "v3" {
+		t.Fatalf("get %s: %q, %v", keys[3], v, err)
+	}
+	if err := tg.MultiPut(ctx, keys[:2], vals[:1]); err == nil {
+		t.Fatal("MultiPut of 2 keys with 1 value succeeded")
 	}
 }
 
@@ -206,6 +282,11 @@ func TestRKVCluster(t *testing.T) {
 	// Every GET is one or two READs.
 	if d := r.Counters()[CounterReads] - before; d < 20 || d > 40 {
 		t.Fatalf("%d READs for 20 GETs, want 20..40", d)
+	}
+	// A MultiGet reads keys of both servers, nil for an absent one.
+	vs, err := r.MultiGet(ctx, [][]byte{[]byte("k3"), []byte("absent"), []byte("k17"), []byte("k0")})
+	if err != nil || len(vs) != 4 || string(vs[0]) != "v3" || vs[1] != nil || string(vs[2]) != "v17" || string(vs[3]) != "v0" {
+		t.Fatalf("MultiGet: %q, %v", vs, err)
 	}
 	if _, ok := r.Counters()["retries_get"]; !ok {
 		t.Fatalf("no retries_get counter in %v", r.Counters())
