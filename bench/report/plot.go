@@ -34,6 +34,7 @@ func WritePlots(r *Results, dir string) ([]string, error) {
 		{"cdf-get.png", plotCDFGet},
 		{"cdf-put.png", plotCDFPut},
 		{"throughput-concurrency.png", plotConcurrency},
+		{"throughput-servers.png", plotServers},
 		{"latency-size.png", plotSize},
 		{"registration.png", plotRegistration},
 	}
@@ -250,6 +251,54 @@ func plotConcurrency(r *Results) (*plot.Plot, error) {
 		return nil, err
 	}
 	p.Y.Min = 0
+	p.Y.Tick.Marker = rateTicks{}
+	return p, nil
+}
+
+// plotServers is GET and PUT throughput against the server processes
+// of each system.
+func plotServers(r *Results) (*plot.Plot, error) {
+	c := r.Config
+	if len(c.ScaleServers) == 0 {
+		return nil, errNoData
+	}
+	p := newPlot(fmt.Sprintf("Throughput against server processes (%s, %d clients; median, min–max of %d runs)",
+		fmtSize(c.BaseSize), c.BaseConcurrency, c.Runs), "server processes of each system", "operations per second")
+	pow2Axis(&p.X, c.ScaleServers, strconv.Itoa)
+	lines := []struct {
+		name    string
+		sys, op string
+		color   color.Color
+		dashed  bool
+	}{
+		{"rkv GET", SystemRKV, OpGet, colorRKV, false},
+		{"Redis GET", SystemRedis, OpGet, colorRedis, false},
+		{"rkv PUT", SystemRKV, OpPut, colorRKV, true},
+		{"Redis PUT", SystemRedis, OpPut, colorRedis, true},
+	}
+	var xs []float64
+	for _, n := range c.ScaleServers {
+		xs = append(xs, float64(n))
+	}
+	stats := make([][]Stat, len(lines))
+	for i, l := range lines {
+		for _, n := range c.ScaleServers {
+			stats[i] = append(stats[i], r.Stat(ScaledPoint(c, l.sys, l.op, n), Throughput))
+		}
+	}
+	if !hasData(stats...) {
+		return nil, errNoData
+	}
+	top := 0.0
+	for i, l := range lines {
+		if err := addSpread(p, l.name, xs, stats[i], l.color, l.dashed); err != nil {
+			return nil, err
+		}
+		top = math.Max(top, maxStat(stats[i]))
+	}
+	// Room at the top for the legend: the lines may fall to the right as
+	// well as rise.
+	p.Y.Min, p.Y.Max = 0, top*1.35
 	p.Y.Tick.Marker = rateTicks{}
 	return p, nil
 }

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"text/template"
 	"time"
+
+	"github.com/rkv-io/rkv/loadgen"
 )
 
 //go:embed BENCHMARKS.md.tmpl
@@ -106,11 +108,21 @@ type View struct {
 	Config                                Config
 	Targets                               []Target
 	Echo, Redis, Registration, Conc, Size Table
+	Batch, Servers                        Table
 	Errors                                []string
-	Plots                                 map[string]string // base name without .png -> path
-	RXE                                   string
-	ResultsFile                           string
-	MaxArenas                             int
+	// Points is the configurations measured, each in every run.
+	Points int
+	// BatchDescs say what each batched comparison compares.
+	BatchDescs []string
+	// MaxServers is the most server processes of comparison 4.
+	MaxServers int
+	// HottestShare is the percentage of the operations that go to the
+	// hottest key under the zipfian distribution (0 under another).
+	HottestShare float64
+	Plots        map[string]string // base name without .png -> path
+	RXE          string
+	ResultsFile  string
+	MaxArenas    int
 }
 
 // Render writes the markdown report for r.
@@ -126,8 +138,9 @@ func Render(w io.Writer, r *Results, opts RenderOptions) error {
 		v.Plots[strings.TrimSuffix(p, ".png")] = opts.PlotDir + "/" + p
 	}
 	t, err := template.New("BENCHMARKS.md").Funcs(template.FuncMap{
-		"dur":   func(d time.Duration) string { return fmtDur(d.Seconds()) },
-		"bytes": fmtBytes,
+		"dur":     func(d time.Duration) string { return fmtDur(d.Seconds()) },
+		"elapsed": fmtElapsed,
+		"bytes":   fmtBytes,
 		"membytes": func(n any) string {
 			switch x := n.(type) {
 			case uint64:
@@ -160,6 +173,14 @@ func Render(w io.Writer, r *Results, opts RenderOptions) error {
 func BuildView(r *Results) View {
 	c := r.Config
 	v := View{R: r, Env: r.Env, Config: c}
+	if c.Distribution == loadgen.Zipfian && c.Keys > 0 {
+		// loadgen's zipfian draws rank k with probability k^-θ / ζ(Keys, θ).
+		zeta := 0.0
+		for k := 1; k <= c.Keys; k++ {
+			zeta += math.Pow(float64(k), -loadgen.DefaultTheta)
+		}
+		v.HottestShare = 100 / zeta
+	}
 	rkv := func(op string, size, conc int, durable bool) Point {
 		return Point{System: SystemRKV, Op: op, ValueSize: size, Concurrency: conc, Durable: durable}
 	}
@@ -218,6 +239,34 @@ func BuildView(r *Results) View {
 		v.Targets = append(v.Targets, target(fmt.Sprintf("%s, %s, concurrency %d", row.target, fmtSize(c.BaseSize), c.BaseConcurrency), ratio, bound, false))
 	}
 
+	// 2b. Batches against Redis pipelines of as many commands, in keys/s.
+	v.Batch.Header = []string{"operation", "rkv keys/s", "Redis keys/s", "ratio", "rkv p50", "Redis p50", "rkv p99", "Redis p99", "rkv READs/key"}
+	for _, op := range c.BatchOps {
+		a := rkv(op, c.BaseSize, c.BaseConcurrency, false)
+		b := other(SystemRedis, a)
+		if len(r.Runs(a)) == 0 {
+			continue
+		}
+		names, ok := batchNames[op]
+		if !ok {
+			names = [2]string{op, op}
+		}
+		v.BatchDescs = append(v.BatchDescs, fmt.Sprintf("rkv's `%s` of %d keys against a Redis pipeline of %d %ss", names[0], c.Batch, c.Batch, names[1]))
+		reads := "–"
+		if op == OpMultiGet {
+			reads = fmtStat(r.Stat(a, ReadsPerKey), plainUnit)
+		}
+		ratio := r.Ratio(a, b, KeysPerS)
+		v.Batch.Rows = append(v.Batch.Rows, []string{fmt.Sprintf("%s of %d / pipeline of %d %ss", names[0], c.Batch, c.Batch, names[1]),
+			fmtStat(r.Stat(a, KeysPerS), rateUnit), fmtStat(r.Stat(b, KeysPerS), rateUnit), fmtStat(ratio, ratioUnit),
+			fmtStat(r.Stat(a, P50), durUnit), fmtStat(r.Stat(b, P50), durUnit),
+			fmtStat(r.Stat(a, P99), durUnit), fmtStat(r.Stat(b, P99), durUnit), reads})
+		if bound, ok := batchTargets[op]; ok {
+			v.Targets = append(v.Targets, target(fmt.Sprintf("%s of %d / Redis pipelined %d, keys/s, %s, concurrency %d",
+				names[0], c.Batch, c.Batch, fmtSize(c.BaseSize), c.BaseConcurrency), ratio, bound, false))
+		}
+	}
+
 	// 3. Registration.
 	v.Registration.Header = []string{"arenas", "memory", "start", "ready", "first arena registered", "first GET", "all registered (sync. baseline)", "first GET / all registered"}
 	firstOverAll := func(g Registration) float64 { return g.FirstGet.Seconds() / g.Registered.Seconds() }
@@ -269,6 +318,23 @@ func BuildView(r *Results) View {
 			fmtStat(r.Stat(a, P50), durUnit), fmtStat(r.Stat(a, P99), durUnit), fmtStat(r.Stat(a, ReadsPerGet), plainUnit)})
 	}
 
+	// Server processes, each system's keys spread over them.
+	v.Servers.Header = []string{"servers", "rkv GET ops/s", "Redis GET ops/s", "GET ratio", "rkv PUT ops/s", "Redis PUT ops/s", "PUT ratio"}
+	for _, n := range c.ScaleServers {
+		row := []string{fmt.Sprint(n)}
+		measured := false
+		for _, op := range []string{OpGet, OpPut} {
+			a := ScaledPoint(c, SystemRKV, op, n)
+			b := ScaledPoint(c, SystemRedis, op, n)
+			measured = measured || len(r.Runs(a)) > 0
+			row = append(row, fmtStat(r.Stat(a, Throughput), rateUnit), fmtStat(r.Stat(b, Throughput), rateUnit), fmtStat(r.Ratio(a, b, Throughput), ratioUnit))
+		}
+		if measured {
+			v.Servers.Rows = append(v.Servers.Rows, row)
+			v.MaxServers = max(v.MaxServers, n)
+		}
+	}
+
 	// Errors, by point.
 	seen := map[Point]bool{}
 	for _, m := range r.Measurements {
@@ -276,6 +342,7 @@ func BuildView(r *Results) View {
 			continue
 		}
 		seen[m.Point] = true
+		v.Points++
 		errs := r.Errors(m.Point)
 		var kinds []string
 		for k, n := range errs {
@@ -289,6 +356,20 @@ func BuildView(r *Results) View {
 		}
 	}
 	return v
+}
+
+// batchNames name a batched operation for rkv and the command Redis
+// pipelines for it.
+var batchNames = map[string][2]string{OpMultiGet: {"MultiGet", "GET"}, OpMultiPut: {"MultiPut", "SET"}}
+
+// batchTargets are the targets of the batched operations' keys/s, rkv /
+// Redis.
+var batchTargets = map[string]float64{OpMultiGet: 1}
+
+// ScaledPoint is comparison 4's point of sys's op (c.BaseSize,
+// c.BaseConcurrency, not durable) on n server processes of each system.
+func ScaledPoint(c Config, sys, op string, n int) Point {
+	return Point{System: sys, Op: op, ValueSize: c.BaseSize, Concurrency: c.BaseConcurrency, Servers: ScaledServers(c.RKVServers, n)}
 }
 
 // Formatting.
@@ -316,6 +397,15 @@ func fmtStat(s Stat, f unitFormat) string {
 // unitFormat formats x in the unit that suits ref (so a spread shares
 // its median's unit), returning the number and the unit.
 type unitFormat func(x, ref float64) (num, unit string)
+
+// fmtElapsed formats a session's length: 42 s, 11 min 30 s.
+func fmtElapsed(d time.Duration) string {
+	d = d.Round(time.Second)
+	if d < time.Minute {
+		return fmt.Sprintf("%d s", int(d.Seconds()))
+	}
+	return fmt.Sprintf("%d min %d s", int(d.Minutes()), int(d.Seconds())%60)
+}
 
 // fmtDur formats seconds in µs, ms or s with three significant digits.
 func fmtDur(sec float64) string { n, u := durUnit(sec, sec); return n + u }

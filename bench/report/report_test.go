@@ -8,6 +8,7 @@ import (
 	"image/png"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -27,13 +28,19 @@ func fixture() *Results {
 			Redis: "Redis server v=7.0.15", Commit: "abc1234"},
 		Config: Config{Runs: 3, Duration: 4 * time.Second, Warmup: time.Second, Keys: 10000, Distribution: "zipfian",
 			RKVServers: 1, BaseSize: 1024, BaseConcurrency: 16, EchoSizes: []int{64, 1024}, Concurrencies: []int{1, 16},
-			Sizes: []int{64, 1024}, Arenas: []int{1, 8}, ArenaBytes: 1 << 30},
-		Notes: []string{"a note from the session"},
+			Sizes: []int{64, 1024}, Arenas: []int{1, 8}, ArenaBytes: 1 << 30,
+			Batch: 16, BatchOps: []string{OpMultiGet}, ScaleServers: []int{1, 2, 4}},
+		Notes:   []string{"a note from the session"},
+		Elapsed: 11*time.Minute + 30*time.Second,
 	}
 	add := func(p Point, run int, ops float64, p50, p99 float64, extra map[string]float64, errs map[string]int64) {
 		n := int64(ops * 4)
+		var o loadgen.Options
+		if p.Op == OpMultiGet {
+			o.BatchSize = 16
+		}
 		r.Measurements = append(r.Measurements, Measurement{Point: p, Run: run, Result: loadgen.Result{
-			Ops: n, Seconds: 4, OpsPerS: ops,
+			Options: o, Ops: n, Seconds: 4, OpsPerS: ops,
 			Latency: map[string]loadgen.Latency{p.Op: {Count: n, P50: us(p50), P99: us(p99), Max: us(p99 * 2)}},
 			CDF: map[string][]loadgen.Point{p.Op: {{Latency: us(p50 / 2), Fraction: 0.01}, {Latency: us(p50), Fraction: 0.5},
 				{Latency: us(p99), Fraction: 0.99}, {Latency: us(p99 * 2), Fraction: 1}}},
@@ -71,6 +78,24 @@ func fixture() *Results {
 		add(pn, run, 20000, 700, 2000, nil, nil)
 		pn.System = SystemRedis
 		add(pn, run, 25000, 600, 1800, nil, nil)
+		// Batches of 16: rkv 5000f MultiGets/s (2 READs a key), Redis 4000f
+		// pipelines/s.
+		mg := Point{System: SystemRKV, Op: OpMultiGet, ValueSize: 1024, Concurrency: 16}
+		add(mg, run, 5000*f, 3000, 9000, map[string]float64{"rdma_reads": 5000 * f * 4 * 16 * 2}, nil)
+		mg.System = SystemRedis
+		add(mg, run, 4000*f, 4000, 8000, nil, nil)
+		// 2 and 4 server processes each (1 is the standard points above).
+		for _, s := range []struct {
+			n                                  int
+			rkvGet, redisGet, rkvPut, redisPut float64
+		}{{2, 50000, 40000, 15000, 30000}, {4, 45000, 38000, 12000, 28000}} {
+			for _, x := range []struct {
+				sys, op string
+				ops     float64
+			}{{SystemRKV, OpGet, s.rkvGet}, {SystemRedis, OpGet, s.redisGet}, {SystemRKV, OpPut, s.rkvPut}, {SystemRedis, OpPut, s.redisPut}} {
+				add(Point{System: x.sys, Op: x.op, ValueSize: 1024, Concurrency: 16, Servers: s.n}, run, x.ops*f, 300, 1000, nil, nil)
+			}
+		}
 		for _, n := range []int{1, 8} {
 			reg := time.Duration(n) * 150 * time.Millisecond
 			r.Registrations = append(r.Registrations, Registration{Run: run, Arenas: n, ArenaBytes: 1 << 30, Cold: true,
@@ -137,6 +162,7 @@ func TestTargets(t *testing.T) {
 		"GET throughput, rkv / Redis, 1 KiB, concurrency 16":                                        "**met**",
 		"PUT throughput at equal durability (fsync before ack), rkv / Redis, 1 KiB, concurrency 16": "**not met** (median; met in some runs)",
 		"PUT throughput without fsync, rkv / Redis, 1 KiB, concurrency 16":                          "**not met**",
+		"MultiGet of 16 / Redis pipelined 16, keys/s, 1 KiB, concurrency 16":                        "**met**",
 		"time to first GET / total registration time, 8 arenas of 1 GiB, cold start":                "**met**",
 		"time to first GET / total registration time, 8 arenas of 1 GiB, warm start":                "**not met**",
 	}
@@ -168,8 +194,8 @@ func TestRender(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(plots) != 5 {
-		t.Fatalf("wrote %v, want all 5 plots", plots)
+	if len(plots) != 6 {
+		t.Fatalf("wrote %v, want all 6 plots", plots)
 	}
 	for _, p := range plots {
 		f, err := os.Open(filepath.Join(dir, p))
@@ -200,6 +226,16 @@ func TestRender(t *testing.T) {
 		"a note from the session",
 		"Not run in this session",
 		"| 64 B | 32.7k (32.4–33.0) |",
+		// Batches in keys/s: 5000f and 4000f batches of 16, 2 READs a key.
+		"| MultiGet of 16 / pipeline of 16 GETs | 81.6k (80.8–82.4) | 65.3k (64.6–65.9) | 1.25× | 3.00 ms | 4.00 ms | 9.00 ms | 8.00 ms | 2.00 |",
+		"rkv's `MultiGet` of 16 keys against a Redis pipeline of 16 GETs",
+		// Server processes: 1 is the standard GET and non-durable PUT.
+		"| 1 | 61.2k (60.6–61.8) | 30.6k (30.3–30.9) | 2.00× | 20.0k | 25.0k | 0.800× |",
+		"| 4 | 45.9k (45.5–46.4) | 38.8k (38.4–39.1) | 1.18× | 12.2k (12.1–12.4) | 28.6k (28.3–28.8) | 0.429× |",
+		"![throughput against server processes](bench/throughput-servers.png)",
+		"more server processes mostly share the same 2 CPUs",
+		"the hottest of the 10000 zipfian keys alone\ndraws 9.8% of them",
+		"This session took 11 min 30 s\n(24 points x 3 runs",
 	} {
 		if !strings.Contains(md, want) {
 			t.Errorf("report lacks %q", want)
@@ -232,6 +268,58 @@ func TestFormat(t *testing.T) {
 		if c.got != c.want {
 			t.Errorf("got %q, want %q", c.got, c.want)
 		}
+	}
+}
+
+// Results from before the batched and scaling comparisons render
+// without them, and without debris.
+func TestRenderOlderResults(t *testing.T) {
+	r := load(t)
+	r.Config.Batch, r.Config.BatchOps, r.Config.ScaleServers, r.Elapsed = 0, nil, nil, 0
+	plots, err := WritePlots(r, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if slices.Contains(plots, "throughput-servers.png") || len(plots) != 5 {
+		t.Errorf("plots %v, want the 5 of the older comparisons", plots)
+	}
+	var b bytes.Buffer
+	if err := Render(&b, r, RenderOptions{Plots: plots}); err != nil {
+		t.Fatal(err)
+	}
+	md := b.String()
+	for _, absent := range []string{"MultiGet", "pipelined", "**Batches.**", "**Server processes.**", "against server processes", "This session took", "<no value>", "%!"} {
+		if strings.Contains(md, absent) {
+			t.Errorf("report of older results has %q:\n%s", absent, md)
+		}
+	}
+	if v := BuildView(r); len(v.Targets) != 7 {
+		t.Errorf("%d targets, want the 7 older ones", len(v.Targets))
+	}
+}
+
+func TestScaledPoints(t *testing.T) {
+	c := Config{RKVServers: 1, BaseSize: 1024, BaseConcurrency: 16}
+	// One server each is the standard point; more are points of their own.
+	if p := ScaledPoint(c, SystemRedis, OpGet, 1); p != (Point{System: SystemRedis, Op: OpGet, ValueSize: 1024, Concurrency: 16}) {
+		t.Errorf("1 server: %+v, want the standard point", p)
+	}
+	if p := ScaledPoint(c, SystemRKV, OpPut, 4); p.Servers != 4 || p.String() != "rkv put 1024B c=16 on 4" {
+		t.Errorf("4 servers: %+v (%s)", p, p)
+	}
+	// With a standard rkv cluster of 2, one of each is not the standard.
+	c.RKVServers = 2
+	if p := ScaledPoint(c, SystemRKV, OpGet, 1); p.Servers != 1 {
+		t.Errorf("1 server with 2 standard rkv-servers: %+v", p)
+	}
+	m := Measurement{Point: Point{Op: OpMultiGet}, Result: loadgen.Result{OpsPerS: 10, Options: loadgen.Options{BatchSize: 16},
+		Latency: map[string]loadgen.Latency{OpMultiGet: {Count: 40}}, Extra: map[string]float64{"rdma_reads": 960}}}
+	if KeysPerS(m) != 160 || ReadsPerKey(m) != 1.5 {
+		t.Errorf("batch of 16: %v keys/s, %v READs/key; want 160 and 1.5", KeysPerS(m), ReadsPerKey(m))
+	}
+	m.Op = OpGet
+	if KeysPerS(m) != 10 {
+		t.Errorf("GET: %v keys/s, want 10", KeysPerS(m))
 	}
 }
 

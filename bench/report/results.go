@@ -21,11 +21,16 @@ const (
 
 	OpGet = loadgen.KindGet
 	OpPut = loadgen.KindPut
+	// OpMultiGet and OpMultiPut are batches of Config.Batch keys: rkv's
+	// client.MultiGet and MultiPut, Redis pipelines of as many GETs or
+	// SETs.
+	OpMultiGet = loadgen.KindMultiGet
+	OpMultiPut = loadgen.KindMultiPut
 )
 
 // Point is one measured configuration: a system, an operation, a value
 // size and a concurrency (loadgen workers, each with one request in
-// flight), at a durability.
+// flight), at a durability, on some server processes.
 type Point struct {
 	System      string `json:"system"`
 	Op          string `json:"op"`
@@ -35,6 +40,11 @@ type Point struct {
 	// otherwise rkv runs sync=none and Redis appendonly no. The echo is
 	// never durable.
 	Durable bool `json:"durable"`
+	// Servers is the system's server processes, the keys spread over
+	// them (rkv by its cluster map, Redis by the client's hash: see
+	// comparison 4). 0 is the session's standard: Config.RKVServers
+	// rkv-servers, one redis-server, one echo server.
+	Servers int `json:"servers,omitempty"`
 }
 
 func (p Point) String() string {
@@ -42,7 +52,21 @@ func (p Point) String() string {
 	if p.Durable {
 		d = " durable"
 	}
+	if p.Servers > 0 {
+		d += fmt.Sprintf(" on %d", p.Servers)
+	}
 	return fmt.Sprintf("%s %s %dB c=%d%s", p.System, p.Op, p.ValueSize, p.Concurrency, d)
+}
+
+// ScaledServers is Point.Servers for n server processes of each system,
+// with rkvServers (Config.RKVServers) in the standard ones: 0 when n is
+// the standard for both (one rkv-server, one redis-server), so the
+// scaling comparison's first point is the standard one, measured once.
+func ScaledServers(rkvServers, n int) int {
+	if n == 1 && rkvServers == 1 {
+		return 0
+	}
+	return n
 }
 
 // Measurement is one run of one Point.
@@ -113,6 +137,13 @@ type Config struct {
 	Sizes           []int `json:"sizes"`         // comparison 4, rkv GET at concurrency 1
 	Arenas          []int `json:"arenas"`        // comparison 3
 	ArenaBytes      int64 `json:"arena_bytes"`   // comparison 3
+	// Batch is the keys of a batched operation, BatchOps the batched
+	// operations compared with Redis pipelines (comparison 2).
+	Batch    int      `json:"batch,omitempty"`
+	BatchOps []string `json:"batch_ops,omitempty"`
+	// ScaleServers are the server process counts of comparison 4's GETs
+	// and PUTs.
+	ScaleServers []int `json:"scale_servers,omitempty"`
 }
 
 // Results is everything a session measured; it is what the JSON file
@@ -126,6 +157,8 @@ type Results struct {
 	// too short for the largest arena count, errors), printed in the
 	// report.
 	Notes []string `json:"notes,omitempty"`
+	// Elapsed is the session's wall time.
+	Elapsed time.Duration `json:"elapsed_ns,omitempty"`
 }
 
 // Load reads results written by Save.
@@ -194,6 +227,17 @@ var (
 	Throughput Metric = func(m Measurement) float64 { return m.Result.OpsPerS }
 	P50        Metric = func(m Measurement) float64 { return seconds(m.Result.Latency[m.Op].P50) }
 	P99        Metric = func(m Measurement) float64 { return seconds(m.Result.Latency[m.Op].P99) }
+	// KeysPerS is the keys read or written per second: Throughput times
+	// the keys of a batched operation.
+	KeysPerS Metric = func(m Measurement) float64 { return m.Result.OpsPerS * keysPerOp(m) }
+	// ReadsPerKey is the RDMA READs rkv posted per key read, on average.
+	ReadsPerKey Metric = func(m Measurement) float64 {
+		n := float64(m.Result.Latency[m.Op].Count) * keysPerOp(m)
+		if n == 0 {
+			return 0
+		}
+		return m.Result.Extra["rdma_reads"] / n
+	}
 	// ReadsPerGet is the RDMA READs an rkv GET posted, on average.
 	ReadsPerGet Metric = func(m Measurement) float64 {
 		n := m.Result.Latency[m.Op].Count
@@ -205,6 +249,14 @@ var (
 )
 
 func seconds(d time.Duration) float64 { return d.Seconds() }
+
+// keysPerOp is the keys one of m's operations reads or writes.
+func keysPerOp(m Measurement) float64 {
+	if (m.Op == OpMultiGet || m.Op == OpMultiPut) && m.Result.Options.BatchSize > 0 {
+		return float64(m.Result.Options.BatchSize)
+	}
+	return 1
+}
 
 // Stat summarizes metric over p's runs.
 func (r *Results) Stat(p Point, metric Metric) Stat {
