@@ -31,7 +31,14 @@ func TestParseFlagsDefaults(t *testing.T) {
 	if q.runs != 2 || q.duration != 300*time.Millisecond || q.arenaBytes != 64<<20 || !slices.Equal(q.concurrency, []int{1, 16}) {
 		t.Fatalf("--quick --runs 2: %+v", q)
 	}
-	for _, bad := range [][]string{{"--sizes", "1,x"}, {"--arena-size", "0"}, {"--distribution", "normal"}, {"extra"}, {"--concurrency", "-1"}} {
+	if !slices.Equal(o.scaleServers, []int{1, 2, 4}) || o.batch != 16 || !slices.Equal(o.batchOps, []string{report.OpMultiGet}) {
+		t.Fatalf("defaults: %d server processes, batches of %d %v", o.scaleServers, o.batch, o.batchOps)
+	}
+	if s, err := parseFlags([]string{"--scale-servers", "1,3", "--only", "servers"}); err != nil || !slices.Equal(s.scaleServers, []int{1, 3}) {
+		t.Fatalf("--scale-servers 1,3: %v, %v", s, err)
+	}
+	for _, bad := range [][]string{{"--sizes", "1,x"}, {"--arena-size", "0"}, {"--distribution", "normal"}, {"extra"}, {"--concurrency", "-1"},
+		{"--scale-servers", "0"}, {"--only", "echo"}} {
 		if _, err := parseFlags(bad); err == nil {
 			t.Errorf("parseFlags(%q) succeeded", bad)
 		}
@@ -77,6 +84,10 @@ func TestPlan(t *testing.T) {
 		{System: "rkv", Op: "put", ValueSize: 1 << 10, Concurrency: 16},
 		{System: "redis", Op: "get", ValueSize: 1 << 10, Concurrency: 64},
 		{System: "rkv", Op: "get", ValueSize: 1 << 20, Concurrency: 1},
+		{System: "rkv", Op: "multiget", ValueSize: 1 << 10, Concurrency: 16},
+		{System: "redis", Op: "multiget", ValueSize: 1 << 10, Concurrency: 16},
+		{System: "rkv", Op: "get", ValueSize: 1 << 10, Concurrency: 16, Servers: 2},
+		{System: "redis", Op: "put", ValueSize: 1 << 10, Concurrency: 16, Servers: 4},
 	}
 	for _, p := range want {
 		if !seen[p] {
@@ -84,12 +95,84 @@ func TestPlan(t *testing.T) {
 		}
 	}
 	// 3 sizes x 2 ops x 2 systems against the echo, + redis GET at c=1,
-	// 2 + 4 against Redis, 5 more concurrencies x 2, 5 more sizes.
-	if len(seen) != 12+1+6+10+5 {
-		t.Errorf("%d points planned, want 34", len(seen))
+	// 2 + 4 against Redis, 2 batched, 5 more concurrencies x 2, 5 more
+	// sizes, 2 server counts (1 is the standard) x GET and PUT x 2.
+	if len(seen) != 12+1+6+2+10+5+8 {
+		t.Errorf("%d points planned, want 44", len(seen))
+	}
+	// One server process each is the standard point, not measured twice.
+	for p := range seen {
+		if p.Servers == 1 {
+			t.Errorf("%s planned beside the standard point", p)
+		}
+	}
+	// The groups on more server processes come together, by count (each
+	// count's Redis processes are started once a run).
+	var runs []int
+	for _, g := range gs {
+		if len(runs) == 0 || runs[len(runs)-1] != g.servers {
+			runs = append(runs, g.servers)
+		}
+	}
+	if want := []int{0, 2, 4}; !slices.Equal(runs, want) {
+		t.Errorf("groups by server processes, in plan order: %v, want %v", runs, want)
 	}
 	if got := getSizes(gs); !slices.Equal(got, o.sizes) {
 		t.Errorf("GET data sets %v, want %v", got, o.sizes)
+	}
+}
+
+// --only batch or servers plans that part's points alone, the standard
+// ones it shares included.
+func TestPlanOnlyPart(t *testing.T) {
+	points := func(args ...string) []string {
+		t.Helper()
+		o, err := parseFlags(args)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ps []string
+		for _, g := range plan(o) {
+			for _, s := range g.systems {
+				ps = append(ps, g.point(s).String())
+			}
+		}
+		return ps
+	}
+	if got, want := points("--only", "batch"), []string{"rkv multiget 1024B c=16", "redis multiget 1024B c=16"}; !slices.Equal(got, want) {
+		t.Errorf("--only batch: %q, want %q", got, want)
+	}
+	want := []string{"rkv get 1024B c=16", "redis get 1024B c=16", "rkv put 1024B c=16", "redis put 1024B c=16",
+		"rkv get 1024B c=16 on 2", "redis get 1024B c=16 on 2", "rkv put 1024B c=16 on 2", "redis put 1024B c=16 on 2"}
+	if got := points("--only", "servers", "--scale-servers", "1,2"); !slices.Equal(got, want) {
+		t.Errorf("--only servers: %q, want %q", got, want)
+	}
+	// With two standard rkv-servers, one of each is a point of its own;
+	// the standard systems then load nothing.
+	o, err := parseFlags([]string{"--only", "servers", "--scale-servers", "1", "--rkv-servers", "2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := plan(o)
+	if len(gs) != 2 || gs[0].servers != 1 || len(getSizes(gs)) != 0 {
+		t.Errorf("--rkv-servers 2, one process each: %+v", gs)
+	}
+}
+
+func TestPutArenas(t *testing.T) {
+	o, err := parseFlags(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for servers, want := range map[int]int{1: 4, 2: 4, 3: 3, 4: 2} {
+		if size, count := putArenas(o, servers); size != 512<<20 || count != want {
+			t.Errorf("%d servers: %d arenas of %d MiB, want %d of 512", servers, count, size>>20, want)
+		}
+	}
+	// 16 arenas at most, whatever the duration.
+	o.duration = time.Minute
+	if _, count := putArenas(o, 1); count != 16 {
+		t.Errorf("a minute of PUTs: %d arenas, want 16", count)
 	}
 }
 
@@ -121,7 +204,7 @@ func TestRerender(t *testing.T) {
 	if !strings.Contains(string(md), "## On Soft-RoCE (rxe)\n\nnumbers from the VM") {
 		t.Errorf("rxe.md not included:\n%s", md)
 	}
-	for _, p := range []string{"cdf-get.png", "throughput-concurrency.png", "registration.png"} {
+	for _, p := range []string{"cdf-get.png", "throughput-concurrency.png", "throughput-servers.png", "registration.png"} {
 		if _, err := os.Stat(filepath.Join(out, "bench", p)); err != nil {
 			t.Error(err)
 		}

@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -37,56 +38,90 @@ type group struct {
 	size    int
 	conc    int
 	durable bool
+	// servers is report.Point.Servers: 0 for the session's standard
+	// systems, else the server processes of each (comparison 4).
+	servers int
 	systems []string
+	// parts are the parts of the session (--only) that need the group.
+	parts []string
 }
 
 func (g group) point(system string) report.Point {
-	return report.Point{System: system, Op: g.op, ValueSize: g.size, Concurrency: g.conc, Durable: g.durable}
+	return report.Point{System: system, Op: g.op, ValueSize: g.size, Concurrency: g.conc, Durable: g.durable, Servers: g.servers}
 }
 
+// Parts of the throughput comparisons that --only can pick alone.
+const (
+	partBatch   = "batch"
+	partServers = "servers"
+)
+
 // plan lists the session's groups, each configuration once, with the
-// systems every comparison that needs it wants.
+// systems every comparison that needs it wants; with --only batch or
+// servers, only that part's groups.
 func plan(o *options) []group {
 	var gs []group
-	add := func(op string, size, conc int, durable bool, systems ...string) {
+	add := func(part, op string, size, conc int, durable bool, servers int, systems ...string) {
 		for i := range gs {
 			g := &gs[i]
-			if g.op == op && g.size == size && g.conc == conc && g.durable == durable {
+			if g.op == op && g.size == size && g.conc == conc && g.durable == durable && g.servers == servers {
 				for _, s := range systems {
 					if !slices.Contains(g.systems, s) {
 						g.systems = append(g.systems, s)
 					}
 				}
+				if !slices.Contains(g.parts, part) {
+					g.parts = append(g.parts, part)
+				}
 				return
 			}
 		}
-		gs = append(gs, group{op: op, size: size, conc: conc, durable: durable, systems: systems})
+		gs = append(gs, group{op: op, size: size, conc: conc, durable: durable, servers: servers, systems: systems, parts: []string{part}})
 	}
 	rkv, redis, echo := report.SystemRKV, report.SystemRedis, report.SystemEcho
 	// 1. rkv against the echo, one request at a time.
 	for _, size := range o.echoSizes {
-		add(report.OpGet, size, 1, false, rkv, echo)
-		add(report.OpPut, size, 1, false, rkv, echo)
+		add("echo", report.OpGet, size, 1, false, 0, rkv, echo)
+		add("echo", report.OpPut, size, 1, false, 0, rkv, echo)
 	}
-	// 2. rkv against Redis at equal durability.
-	add(report.OpGet, o.baseSize, o.baseConc, false, rkv, redis)
-	add(report.OpPut, o.baseSize, o.baseConc, true, rkv, redis)
-	add(report.OpPut, o.baseSize, o.baseConc, false, rkv, redis)
-	// 4. Scaling.
+	// 2. rkv against Redis at equal durability, then batches against
+	// Redis pipelines of as many commands (not durable, as a MultiPut
+	// would be compared with SETs to Redis without an append-only file).
+	add("redis", report.OpGet, o.baseSize, o.baseConc, false, 0, rkv, redis)
+	add("redis", report.OpPut, o.baseSize, o.baseConc, true, 0, rkv, redis)
+	add("redis", report.OpPut, o.baseSize, o.baseConc, false, 0, rkv, redis)
+	for _, op := range o.batchOps {
+		add(partBatch, op, o.baseSize, o.baseConc, false, 0, rkv, redis)
+	}
+	// 4. Scaling: concurrency, value size, then server processes, each
+	// count's groups together (measure starts their servers for them).
 	for _, c := range o.concurrency {
-		add(report.OpGet, o.baseSize, c, false, rkv, redis)
+		add("concurrency", report.OpGet, o.baseSize, c, false, 0, rkv, redis)
 	}
 	for _, size := range o.sizes {
-		add(report.OpGet, size, 1, false, rkv)
+		add("sizes", report.OpGet, size, 1, false, 0, rkv)
 	}
-	return gs
+	for _, n := range o.scaleServers {
+		servers := report.ScaledServers(o.rkvServers, n)
+		add(partServers, report.OpGet, o.baseSize, o.baseConc, false, servers, rkv, redis)
+		add(partServers, report.OpPut, o.baseSize, o.baseConc, false, servers, rkv, redis)
+	}
+	if o.only != partBatch && o.only != partServers {
+		return gs
+	}
+	return slices.DeleteFunc(gs, func(g group) bool { return !slices.Contains(g.parts, o.only) })
 }
 
-// getSizes are the value sizes some GET reads: the data sets to load.
+// isWrite reports whether op writes: its rkv points need a cluster of
+// their own (see ownRKV).
+func isWrite(op string) bool { return op == report.OpPut || op == report.OpMultiPut }
+
+// getSizes are the value sizes the standard systems read: the data sets
+// to load into them.
 func getSizes(gs []group) []int {
 	var sizes []int
 	for _, g := range gs {
-		if g.op == report.OpGet && !slices.Contains(sizes, g.size) {
+		if !isWrite(g.op) && g.servers == 0 && !slices.Contains(sizes, g.size) {
 			sizes = append(sizes, g.size)
 		}
 	}
@@ -96,7 +131,9 @@ func getSizes(gs []group) []int {
 
 // systems are the servers that live for the whole session: the echo,
 // the rkv cluster that serves GETs (sync=none, loaded once), and the two
-// Redis servers. PUTs to rkv get a fresh cluster each (see putRKV).
+// Redis servers. PUTs to rkv, and GETs on more server processes, get a
+// fresh cluster each (see ownRKV); the more Redis processes live for a
+// run's points on them (see scaleTo).
 type systems struct {
 	o         *options
 	work, bin string
@@ -106,8 +143,11 @@ type systems struct {
 	rkvGet    *target.RKV
 	redisND   *target.Redis // appendonly no
 	redisD    *target.Redis // appendonly yes, appendfsync always
-	puts      int           // rkv PUT clusters started
+	clusters  int           // rkv clusters started for a point (ownRKV)
 	groups    []group
+	// redisN is comparison 4's redis-servers on more processes, while
+	// its groups are measured.
+	redisN *redisN
 }
 
 // clientLogger is the rkv clients' logger: errors only (the cluster runs
@@ -169,6 +209,10 @@ func startSystems(ctx context.Context, o *options, work, bin string) (_ *systems
 
 func (s *systems) close() error {
 	var errs []error
+	if s.redisN != nil {
+		errs = append(errs, s.redisN.close())
+		s.redisN = nil
+	}
 	if s.rkvGet != nil {
 		errs = append(errs, s.rkvGet.Close())
 	}
@@ -186,14 +230,17 @@ func (s *systems) close() error {
 	return errors.Join(errs...)
 }
 
-// options returns the loadgen options of p in run.
+// workloads are the loadgen workloads of the points' operations.
+var workloads = map[string]loadgen.Workload{
+	report.OpGet: loadgen.WorkloadC, report.OpPut: loadgen.WorkloadPut,
+	report.OpMultiGet: loadgen.WorkloadMultiGet, report.OpMultiPut: loadgen.WorkloadMultiPut,
+}
+
+// options returns the loadgen options of p in run: the same keys, in
+// the same order, for every system of a run.
 func (s *systems) options(p report.Point, run int) loadgen.Options {
-	w := loadgen.WorkloadC
-	if p.Op == report.OpPut {
-		w = loadgen.WorkloadPut
-	}
-	return loadgen.Options{Workload: w, Keys: keysFor(s.o, p.ValueSize), KeyPrefix: keyPrefix(p.ValueSize),
-		ValueSize: p.ValueSize, Distribution: s.o.distribution, Concurrency: p.Concurrency,
+	return loadgen.Options{Workload: workloads[p.Op], Keys: keysFor(s.o, p.ValueSize), KeyPrefix: keyPrefix(p.ValueSize),
+		ValueSize: p.ValueSize, Distribution: s.o.distribution, BatchSize: s.o.batch, Concurrency: p.Concurrency,
 		Duration: s.o.duration, Warmup: s.o.warmup, Seed: int64(run)}
 }
 
@@ -214,16 +261,14 @@ func (s *systems) measure(ctx context.Context, res *report.Results) error {
 			}
 		}
 	}
-	// Dial the GET client's connections up to the highest concurrency
-	// (the pool grows as requests need it) before anything is measured.
 	top := 1
 	for _, g := range s.groups {
 		top = max(top, g.conc)
 	}
-	o := s.options(report.Point{Op: report.OpGet, ValueSize: s.o.baseSize, Concurrency: top}, 0)
-	o.Duration, o.Warmup = max(time.Second, s.o.warmup), 0
-	if _, err := loadgen.Run(ctx, s.rkvGet, o); err != nil {
-		return fmt.Errorf("warming the rkv client up: %w", err)
+	if slices.Contains(getSizes(s.groups), s.o.baseSize) {
+		if err := s.warm(ctx, s.rkvGet, top); err != nil {
+			return err
+		}
 	}
 	points := 0
 	for _, g := range s.groups {
@@ -232,6 +277,12 @@ func (s *systems) measure(ctx context.Context, res *report.Results) error {
 	for run := 1; run <= s.o.runs; run++ {
 		n := 0
 		for gi, g := range s.groups {
+			if err := s.scaleTo(ctx, g.servers, run); err != nil {
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
+				s.note(res, fmt.Sprintf("run %d: %v", run, err))
+			}
 			order := slices.Clone(g.systems)
 			if (run+gi)%2 == 0 {
 				slices.Reverse(order)
@@ -244,9 +295,7 @@ func (s *systems) measure(ctx context.Context, res *report.Results) error {
 					return ctx.Err()
 				}
 				if err != nil {
-					note := fmt.Sprintf("run %d, %s: %v", run, p, err)
-					logf("%s", note)
-					res.Notes = append(res.Notes, note)
+					s.note(res, fmt.Sprintf("run %d, %s: %v", run, p, err))
 					if r.Ops == 0 {
 						continue
 					}
@@ -257,8 +306,13 @@ func (s *systems) measure(ctx context.Context, res *report.Results) error {
 				res.Measurements = append(res.Measurements, report.Measurement{Point: p, Run: run, Result: r})
 				lat := r.Latency[p.Op]
 				extra := ""
-				if p.System == report.SystemRKV && p.Op == report.OpGet && lat.Count > 0 {
-					extra = fmt.Sprintf(" READs/GET %.2f", r.Extra[target.CounterReads]/float64(lat.Count))
+				keys := float64(lat.Count)
+				if p.Op == report.OpMultiGet || p.Op == report.OpMultiPut {
+					keys *= float64(s.o.batch)
+					extra = fmt.Sprintf(" %.0f keys/s", r.OpsPerS*float64(s.o.batch))
+				}
+				if p.System == report.SystemRKV && !isWrite(p.Op) && keys > 0 {
+					extra += fmt.Sprintf(" READs/key %.2f", r.Extra[target.CounterReads]/keys)
 				}
 				var errs int64
 				for _, e := range r.Errors {
@@ -268,6 +322,29 @@ func (s *systems) measure(ctx context.Context, res *report.Results) error {
 					r.OpsPerS, lat.P50, lat.P99, errs, extra)
 			}
 		}
+		// The next run starts its own: idle servers would take CPU from
+		// the next points.
+		if err := s.scaleTo(ctx, 0, run); err != nil {
+			s.note(res, fmt.Sprintf("run %d: %v", run, err))
+		}
+	}
+	return nil
+}
+
+// note logs what went wrong and keeps it for the report.
+func (s *systems) note(res *report.Results, note string) {
+	logf("%s", note)
+	res.Notes = append(res.Notes, note)
+}
+
+// warm runs GETs against an rkv client, unmeasured, before anything is
+// measured on it: they dial its connections up to conc (the pool grows
+// as requests need it) and fill its location cache.
+func (s *systems) warm(ctx context.Context, t *target.RKV, conc int) error {
+	o := s.options(report.Point{Op: report.OpGet, ValueSize: s.o.baseSize, Concurrency: conc}, 0)
+	o.Duration, o.Warmup = max(time.Second, s.o.warmup), 0
+	if _, err := loadgen.Run(ctx, t, o); err != nil {
+		return fmt.Errorf("warming the rkv client up: %w", err)
 	}
 	return nil
 }
@@ -276,16 +353,25 @@ func (s *systems) measure(ctx context.Context, res *report.Results) error {
 func (s *systems) measurePoint(ctx context.Context, p report.Point, run int) (loadgen.Result, error) {
 	o := s.options(p, run)
 	switch {
-	case p.System == report.SystemRKV && p.Op == report.OpGet:
-		return loadgen.Run(ctx, s.rkvGet, o)
+	case p.System == report.SystemRKV && (isWrite(p.Op) || p.Servers != 0):
+		return s.ownRKV(ctx, p, o)
 	case p.System == report.SystemRKV:
-		return s.putRKV(ctx, p, o)
+		return loadgen.Run(ctx, s.rkvGet, o)
 	case p.System == report.SystemRedis:
-		r := s.redisND
-		if p.Durable {
-			r = s.redisD
+		servers := []*target.Redis{s.redisND}
+		switch {
+		case p.Servers != 0:
+			if s.redisN == nil || s.redisN.n != p.Servers {
+				return loadgen.Result{}, fmt.Errorf("no %d redis-servers running", p.Servers)
+			}
+			if s.redisN.err != nil {
+				return loadgen.Result{}, fmt.Errorf("not measured: the %d redis-servers did not start", p.Servers)
+			}
+			servers = s.redisN.servers
+		case p.Durable:
+			servers = []*target.Redis{s.redisD}
 		}
-		t, err := r.NewTarget(ctx, p.Concurrency)
+		t, err := target.NewRedisTarget(ctx, servers, p.Concurrency)
 		if err != nil {
 			return loadgen.Result{}, err
 		}
@@ -302,35 +388,143 @@ func (s *systems) measurePoint(ctx context.Context, p report.Point, run int) (lo
 	return loadgen.Result{}, fmt.Errorf("no system %q", p.System)
 }
 
-// putRKV measures rkv PUTs on a cluster of its own, started for the
-// point and removed after it: rkv does not compact yet, so the arenas of
-// a long-lived cluster would fill.
-func (s *systems) putRKV(ctx context.Context, p report.Point, o loadgen.Options) (_ loadgen.Result, err error) {
-	s.puts++
-	dir := filepath.Join(s.work, fmt.Sprintf("rkv-put-%d", s.puts))
+// ownRKV measures p on an rkv cluster of its own, started for the point
+// and removed after it. A PUT's (or MultiPut's), because rkv does not
+// compact yet, so the arenas of a long-lived cluster would fill; a GET's
+// on more server processes (comparison 4), loaded and warmed up first,
+// so that no idle cluster takes CPU from the other points (four idle
+// rkv-servers take an eighth of a CPU).
+func (s *systems) ownRKV(ctx context.Context, p report.Point, o loadgen.Options) (_ loadgen.Result, err error) {
+	s.clusters++
+	dir := filepath.Join(s.work, fmt.Sprintf("rkv-%s-%d", p.Op, s.clusters))
 	sync := "none"
 	if p.Durable {
 		sync = "always"
 	}
-	// 2 GiB of arenas per 5 s of PUTs (quick: 256 MiB), at most 8 GiB.
-	arenaSize := int64(512 << 20)
-	if s.o.quick {
-		arenaSize = 64 << 20
+	servers := s.o.rkvServers
+	if p.Servers != 0 {
+		servers = p.Servers
 	}
-	count := min(16, 4*int(math.Ceil((s.o.duration+s.o.warmup).Seconds()/5)))
-	c, err := target.StartCluster(ctx, target.ClusterOptions{Servers: s.o.rkvServers, Server: target.ServerOptions{
-		Binary: s.bin, Dir: dir, Sync: sync, ArenaSize: arenaSize, ArenaCount: count,
-	}})
+	so := target.ServerOptions{Binary: s.bin, Dir: dir, Sync: sync}
+	if isWrite(p.Op) {
+		so.ArenaSize, so.ArenaCount = putArenas(s.o, servers)
+	} else {
+		// Only the point's data set: at most dataPerSize.
+		so.ArenaSize, so.ArenaCount, so.IndexSlots = dataPerSize, 4, 1<<17
+	}
+	c, err := target.StartCluster(ctx, target.ClusterOptions{Servers: servers, Server: so})
 	if err != nil {
 		return loadgen.Result{}, err
 	}
 	defer func() {
 		err = errors.Join(err, c.Close(), os.RemoveAll(dir))
 	}()
-	t, err := target.NewRKV(ctx, target.RKVOptions{Seeds: c.Seeds(), Conns: p.Concurrency, Servers: s.o.rkvServers, Arenas: count, Logger: clientLogger})
+	t, err := target.NewRKV(ctx, target.RKVOptions{Seeds: c.Seeds(), Conns: p.Concurrency, Servers: servers, Arenas: so.ArenaCount, Logger: clientLogger})
 	if err != nil {
 		return loadgen.Result{}, err
 	}
 	defer t.Close()
+	if !isWrite(p.Op) {
+		if err := loadgen.Load(ctx, t, o); err != nil {
+			return loadgen.Result{}, fmt.Errorf("loading %d keys of %d bytes: %w", o.Keys, o.ValueSize, err)
+		}
+		if err := s.warm(ctx, t, p.Concurrency); err != nil {
+			return loadgen.Result{}, err
+		}
+	}
 	return loadgen.Run(ctx, t, o)
+}
+
+// putArenas is the arena size and count of each of servers rkv-servers
+// taking a PUT point: 2 GiB of arenas per 5 s of PUTs (quick: 256 MiB),
+// at most 8 GiB, on one or two servers; on more, twice each one's even
+// share of that, which the zipfian's hottest keys, all on one server,
+// stay well within, and which keeps four servers at half the memory
+// pinned.
+func putArenas(o *options, servers int) (size int64, count int) {
+	size = 512 << 20
+	if o.quick {
+		size = 64 << 20
+	}
+	count = min(16, 4*int(math.Ceil((o.duration+o.warmup).Seconds()/5)))
+	if servers > 2 {
+		count = (2*count + servers - 1) / servers
+	}
+	return size, count
+}
+
+// redisN is n redis-servers without persistence, loaded, for one run of
+// comparison 4 (rkv's points there start clusters of their own).
+type redisN struct {
+	n       int
+	dir     string
+	servers []*target.Redis
+	err     error // why they are not running
+}
+
+// scaleTo makes s.redisN n redis-servers (none for 0), stopping the
+// current ones if they are not n. It returns what failed to stop or
+// start; if the new ones failed to start, s.redisN keeps the error for
+// the points on them (a start is not retried within the run).
+func (s *systems) scaleTo(ctx context.Context, n, run int) error {
+	if s.redisN != nil && s.redisN.n == n {
+		return nil
+	}
+	var stopErr error
+	if s.redisN != nil {
+		if err := s.redisN.close(); err != nil {
+			stopErr = fmt.Errorf("stopping %d redis-servers: %w", s.redisN.n, err)
+		}
+		s.redisN = nil
+	}
+	if n == 0 {
+		return stopErr
+	}
+	r, err := s.startRedisN(ctx, n, run)
+	if err != nil {
+		s.redisN = &redisN{n: n, err: err}
+		return errors.Join(stopErr, err)
+	}
+	s.redisN = r
+	return stopErr
+}
+
+func (s *systems) startRedisN(ctx context.Context, n, run int) (_ *redisN, err error) {
+	r := &redisN{n: n, dir: filepath.Join(s.work, fmt.Sprintf("redis-%d-run-%d", n, run))}
+	defer func() {
+		if err != nil {
+			err = errors.Join(fmt.Errorf("starting %d redis-servers: %w", n, err), r.close())
+		}
+	}()
+	logf("starting %d redis-servers (appendonly no) for run %d", n, run)
+	for i := range n {
+		srv, err := target.StartRedis(ctx, target.RedisOptions{Dir: filepath.Join(r.dir, strconv.Itoa(i+1))})
+		if err != nil {
+			return nil, err
+		}
+		r.servers = append(r.servers, srv)
+	}
+	t, err := target.NewRedisTarget(ctx, r.servers, s.o.baseConc)
+	if err != nil {
+		return nil, err
+	}
+	defer t.Close()
+	o := s.options(report.Point{Op: report.OpGet, ValueSize: s.o.baseSize, Concurrency: s.o.baseConc}, 0)
+	if err := loadgen.Load(ctx, t, o); err != nil {
+		return nil, fmt.Errorf("loading %d keys of %d bytes: %w", o.Keys, o.ValueSize, err)
+	}
+	return r, nil
+}
+
+// close stops the servers and removes their directories.
+func (r *redisN) close() error {
+	var errs []error
+	for _, srv := range r.servers {
+		errs = append(errs, srv.Close())
+	}
+	r.servers = nil
+	if r.dir != "" {
+		errs = append(errs, os.RemoveAll(r.dir))
+	}
+	return errors.Join(errs...)
 }
