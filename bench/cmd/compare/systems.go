@@ -496,7 +496,7 @@ func (s *systems) startRedisN(ctx context.Context, n, run int) (_ *redisN, err e
 			err = errors.Join(fmt.Errorf("starting %d redis-servers: %w", n, err), r.close())
 		}
 	}()
-	logf("starting %d redis-servers (appendonly no) for run %d", n, run)
+	logf("starting %d redis-server(s) (appendonly no) for run %d", n, run)
 	for i := range n {
 		srv, err := target.StartRedis(ctx, target.RedisOptions{Dir: filepath.Join(r.dir, strconv.Itoa(i+1))})
 		if err != nil {
