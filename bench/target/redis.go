@@ -209,7 +209,7 @@ func (t *RedisTarget) Put(ctx context.Context, key, value []byte) error {
 // MultiGet GETs keys in a pipeline per server (loadgen.MultiGetter); an
 // absent key's value is nil.
 func (t *RedisTarget) MultiGet(ctx context.Context, keys [][]byte) ([][]byte, error) {
-	cmds, err := t.pipelined(ctx, keys, func(p redis.Pipeliner, i int) redis.Cmder {
+	cmds, err := t.pipelined(ctx, keys, nil, func(p redis.Pipeliner, i int) redis.Cmder {
 		return p.Get(ctx, string(keys[i]))
 	})
 	vals := make([][]byte, len(keys))
@@ -229,17 +229,30 @@ func (t *RedisTarget) MultiGet(ctx context.Context, keys [][]byte) ([][]byte, er
 	return vals, nil
 }
 
-// MultiPut SETs keys in a pipeline per server (loadgen.MultiPutter).
+// MultiPut SETs keys in a pipeline per server (loadgen.MultiPutter). A
+// key given twice is SET once, to its last value, as rkv's
+// client.MultiPut stores it: both systems do the same writes for a batch
+// (zipfian batches often hold a hot key twice).
 func (t *RedisTarget) MultiPut(ctx context.Context, keys, values [][]byte) error {
 	if len(keys) != len(values) {
 		return fmt.Errorf("redis target: MultiPut of %d keys with %d values", len(keys), len(values))
 	}
-	cmds, err := t.pipelined(ctx, keys, func(p redis.Pipeliner, i int) redis.Cmder {
+	last := make(map[string]int, len(keys))
+	for i, k := range keys {
+		last[string(k)] = i
+	}
+	send := make([]int, 0, len(last))
+	for i, k := range keys {
+		if last[string(k)] == i {
+			send = append(send, i)
+		}
+	}
+	cmds, err := t.pipelined(ctx, keys, send, func(p redis.Pipeliner, i int) redis.Cmder {
 		return p.Set(ctx, string(keys[i]), values[i], 0)
 	})
-	for i, c := range cmds {
-		if cerr := c.Err(); cerr != nil {
-			return fmt.Errorf("SET %s in a pipeline of %d: %w", keys[i], len(keys), cerr)
+	for _, i := range send {
+		if cerr := cmds[i].Err(); cerr != nil {
+			return fmt.Errorf("SET %s in a pipeline of %d: %w", keys[i], len(send), cerr)
 		}
 	}
 	return err
@@ -247,10 +260,18 @@ func (t *RedisTarget) MultiPut(ctx context.Context, keys, values [][]byte) error
 
 // pipelined sends a pipeline to each server holding some of keys, all at
 // once, queue adding key i's command, and returns the commands in key
-// order, with the first error (a redis.Nil reply among them).
-func (t *RedisTarget) pipelined(ctx context.Context, keys [][]byte, queue func(p redis.Pipeliner, i int) redis.Cmder) ([]redis.Cmder, error) {
+// order, with the first error (a redis.Nil reply among them). Only the
+// keys whose indexes are in send go (nil: all); the others' commands are
+// nil.
+func (t *RedisTarget) pipelined(ctx context.Context, keys [][]byte, send []int, queue func(p redis.Pipeliner, i int) redis.Cmder) ([]redis.Cmder, error) {
+	if send == nil {
+		send = make([]int, len(keys))
+		for i := range send {
+			send[i] = i
+		}
+	}
 	cmds := make([]redis.Cmder, len(keys))
-	send := func(c *redis.Client, idx []int) error {
+	exec := func(c *redis.Client, idx []int) error {
 		_, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for _, i := range idx {
 				cmds[i] = queue(p, i)
@@ -259,19 +280,19 @@ func (t *RedisTarget) pipelined(ctx context.Context, keys [][]byte, queue func(p
 		})
 		return err
 	}
-	byShard := make([][]int, len(t.shards))
-	for i, k := range keys {
-		s := t.shard(k)
-		byShard[s] = append(byShard[s], i)
-	}
 	if len(t.shards) == 1 {
-		return cmds, send(t.shards[0], byShard[0])
+		return cmds, exec(t.shards[0], send)
+	}
+	byShard := make([][]int, len(t.shards))
+	for _, i := range send {
+		s := t.shard(keys[i])
+		byShard[s] = append(byShard[s], i)
 	}
 	errs := make([]error, len(t.shards))
 	var wg sync.WaitGroup
 	for s, idx := range byShard {
 		if len(idx) > 0 {
-			wg.Go(func() { errs[s] = send(t.shards[s], idx) })
+			wg.Go(func() { errs[s] = exec(t.shards[s], idx) })
 		}
 	}
 	wg.Wait()

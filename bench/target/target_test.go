@@ -227,6 +227,13 @@ func TestRedisShardedPipelines(t *testing.T) {
 	if err := tg.MultiPut(ctx, keys[:2], vals[:1]); err == nil {
 		t.Fatal("MultiPut of 2 keys with 1 value succeeded")
 	}
+	// A key given twice is set once, to its last value.
+	if err := tg.MultiPut(ctx, [][]byte{keys[5], keys[6], keys[5]}, [][]byte{[]byte("a"), []byte("b"), []byte("c")}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := tg.MultiGet(ctx, [][]byte{keys[5], keys[6]}); err != nil || string(got[0]) != "c" || string(got[1]) != "b" {
+		t.Fatalf("after a batch setting %s twice: %q, %v; want c and b", keys[5], got, err)
+	}
 }
 
 func TestRedisVersion(t *testing.T) {
