@@ -28,7 +28,8 @@ IFS=, read -r -a devs <<<"$RKV_RXE_DEVICES"
 IFS=, read -r -a addrs <<<"$RKV_RXE_ADDRS"
 gid=$RKV_RXE_GID_INDEX
 state=$(mktemp -d)
-"$RKV_BIN/rkv-server" --name s1 --data-dir "$state/s1" --provider verbs --device "${devs[1]}" \
+unset RKV_RXE_DEVICES RKV_RXE_ADDRS RKV_RXE_GID_INDEX RKV_RXE_NETDEVS RKV_RXE_VM # set by the VM harness, not rkv flags
+"$RKV_BIN/rkv-server" --name s1 --data-dir "$state/s1" --provider verbs --device "${devs[1]}" --bootstrap --replicas 1 \
 	--gossip-addr "${addrs[1]}:7946" --control-addr "${addrs[1]}:7950" --sync none \
 	--arena-size 64MiB --arena-count 1 --index-slots 4096 --lease-size 1MiB >"$state/log" 2>&1 &
 srv=$!
