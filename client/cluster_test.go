@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -476,5 +478,88 @@ func TestClusterPutRecoversFromRevokedLease(t *testing.T) {
 		if v, err := cl.Get(ctx, []byte(k)); err != nil || string(v) != want {
 			t.Fatalf("GET %s = %q, %v; want %q", k, v, err, want)
 		}
+	}
+}
+
+// MultiPut stores pairs across servers in batches: every value readable
+// after, a key given twice stored with its last value, the servers
+// taking CommitBatches (one per lease and buffer's worth, not one commit
+// per pair), from goroutines sharing one client; bad keys and values
+// are refused before anything is sent.
+func TestClusterMultiPut(t *testing.T) {
+	c := startCluster(t, 3)
+	cl := newClient(t, c)
+	ctx := context.Background()
+	const n = 300
+	kvs := make([]client.KV, 0, n+1)
+	for i := range n {
+		kvs = append(kvs, client.KV{Key: key(i), Value: append(value(i), make([]byte, 2048)...)})
+	}
+	kvs[7].Value = nil                                                   // an empty value
+	kvs = append(kvs, client.KV{Key: key(5), Value: []byte("the last")}) // key 5 again
+	count := func() (commits, batches uint64) {
+		for _, s := range c.Running() {
+			st := s.Stats()
+			commits, batches = commits+st.Handled[proto.MsgCommit], batches+st.Handled[proto.MsgCommitBatch]
+		}
+		return
+	}
+	commits, batches := count()
+	if err := cl.MultiPut(ctx, kvs); err != nil {
+		t.Fatal(err)
+	}
+	afterCommits, afterBatches := count()
+	if afterCommits != commits || afterBatches-batches == 0 || afterBatches-batches > n/4 {
+		t.Fatalf("MultiPut of %d pairs (600 KiB): %d commits and %d batches; want none and at most %d", n, afterCommits-commits, afterBatches-batches, n/4)
+	}
+	t.Logf("%d pairs in %d batches", n, afterBatches-batches)
+	for i := range n {
+		v, err := cl.Get(ctx, key(i))
+		want := kvs[i].Value
+		if i == 5 {
+			want = []byte("the last")
+		}
+		if err != nil || string(v) != string(want) || (i == 7 && (v == nil || len(v) != 0)) {
+			t.Fatalf("key %d after MultiPut: %d bytes, %v; want %d", i, len(v), err, len(want))
+		}
+	}
+
+	// Goroutines sharing the client.
+	var wg sync.WaitGroup
+	errs := make([]error, 8)
+	for g := range errs {
+		wg.Go(func() {
+			batch := make([]client.KV, 50)
+			for j := range batch {
+				batch[j] = client.KV{Key: fmt.Appendf(nil, "g%d-%d", g, j), Value: fmt.Appendf(nil, "%d-%d", g, j)}
+			}
+			errs[g] = cl.MultiPut(ctx, batch)
+		})
+	}
+	wg.Wait()
+	for g, err := range errs {
+		if err != nil {
+			t.Fatalf("goroutine %d: %v", g, err)
+		}
+		for j := range 50 {
+			if v, err := cl.Get(ctx, fmt.Appendf(nil, "g%d-%d", g, j)); err != nil || string(v) != fmt.Sprintf("%d-%d", g, j) {
+				t.Fatalf("goroutine %d's key %d: %q, %v", g, j, v, err)
+			}
+		}
+	}
+
+	// Refused before anything is sent.
+	commits, batches = count()
+	if err := cl.MultiPut(ctx, []client.KV{{Key: []byte("fine")}, {Key: nil}}); !errors.Is(err, client.ErrInvalid) || !strings.Contains(err.Error(), "key 1") {
+		t.Fatalf("MultiPut with an empty key: %v", err)
+	}
+	if err := cl.MultiPut(ctx, []client.KV{{Key: []byte("fine")}, {Key: []byte("huge"), Value: make([]byte, 1<<20)}}); !errors.Is(err, client.ErrTooLarge) {
+		t.Fatalf("MultiPut with a value larger than a lease: %v", err)
+	}
+	if c2, b2 := count(); c2 != commits || b2 != batches {
+		t.Fatalf("refused MultiPuts sent %d commits and %d batches", c2-commits, b2-batches)
+	}
+	if err := cl.MultiPut(ctx, nil); err != nil {
+		t.Fatalf("MultiPut of nothing: %v", err)
 	}
 }

@@ -37,20 +37,21 @@ func (sc *serverConn) buf() []byte {
 	return b[:len(b)-commitSlots*proto.CommitSlotSize]
 }
 
-// commitOnQP commits on the write QP, as the server offered in its
-// HelloReply: it posts a RECV for the reply, then the record's WRITE (when
-// write is not nil; else the caller posted it already, on the same QP) and
-// the commit's frame as a SEND, which RC delivers after the WRITE, and
-// waits for both the SEND's completion and the reply. ok is false when the
-// frame does not fit the server's slot: nothing was posted, and the
-// caller commits by a control request instead.
-func (sc *serverConn) commitOnQP(ctx context.Context, commit *proto.Commit, write *rdma.SendWR) (_ proto.Message, ok bool, _ error) {
+// commitOnQP sends req, a Commit or a CommitBatch, on the write QP, as
+// the server offered in its HelloReply: it posts a RECV for the reply,
+// then the records' WRITE (when write is not nil; else the caller posted
+// it already, on the same QP) and req's frame as a SEND, which RC
+// delivers after the WRITE, and waits for both the SEND's completion and
+// the reply. ok is false when the frame does not fit the server's slot:
+// nothing was posted, and the caller sends req as a control request
+// instead.
+func (sc *serverConn) commitOnQP(ctx context.Context, req proto.Message, write *rdma.SendWR) (_ proto.Message, ok bool, _ error) {
 	slot := int(sc.s.Hello.CommitSlot)
 	sendOff := len(sc.buf())
 	recvOff := sendOff + proto.CommitSlotSize
 	sc.qpSeq++
 	var err error
-	if sc.frame, err = proto.AppendFrame(sc.frame[:0], sc.qpSeq, commit); err != nil {
+	if sc.frame, err = proto.AppendFrame(sc.frame[:0], sc.qpSeq, req); err != nil {
 		return nil, false, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
 	if len(sc.frame) > min(slot, proto.CommitSlotSize) {
@@ -117,10 +118,10 @@ func (sc *serverConn) commitOnQP(ctx context.Context, commit *proto.Commit, writ
 		return fail("reading the reply", fmt.Errorf("a reply to commit %d, want %d", id, sc.qpSeq))
 	}
 	if pe, isErr := reply.(*proto.Error); isErr {
-		return nil, true, serverError(sc.name, proto.MsgCommit, pe)
+		return nil, true, serverError(sc.name, req.Type(), pe)
 	}
-	if reply.Type() != proto.MsgCommitReply {
-		return fail("reading the reply", fmt.Errorf("a Commit answered with %v", reply.Type()))
+	if reply.Type() != req.Type().Reply() {
+		return fail("reading the reply", fmt.Errorf("a %v answered with %v", req.Type(), reply.Type()))
 	}
 	return reply, true, nil
 }

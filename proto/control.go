@@ -37,7 +37,7 @@ import (
 // the first result instead of being applied again.
 const (
 	// ControlVersion 8: HelloReply offers commits on the write QP
-	// (CommitSlot). 7: StatsReply carries the copies in progress
+	// (CommitSlot); CommitBatch. 7: StatsReply carries the copies in progress
 	// (Copying); read leases (RenewReadLease, GetReadLease). 6: a Commit names its replica copies, and primaries
 	// forward commits and deletes to backups (ReplicaCommit,
 	// ReplicaDelete). 5: a session connects a write QP after its read QP
@@ -108,6 +108,8 @@ const (
 	MsgRenewReadLease
 	MsgGetReadLease
 	MsgReadLeaseReply
+	MsgCommitBatch
+	MsgCommitBatchReply
 	msgTypeEnd
 )
 
@@ -150,6 +152,9 @@ var msgTable = [msgTypeEnd]struct {
 	MsgRenewReadLease: {"RenewReadLease", func() Message { return &RenewReadLease{} }, MsgReadLeaseReply},
 	MsgGetReadLease:   {"GetReadLease", func() Message { return &GetReadLease{} }, MsgReadLeaseReply},
 	MsgReadLeaseReply: {"ReadLeaseReply", func() Message { return &ReadLeaseReply{} }, 0},
+
+	MsgCommitBatch:      {"CommitBatch", func() Message { return &CommitBatch{} }, MsgCommitBatchReply},
+	MsgCommitBatchReply: {"CommitBatchReply", func() Message { return &CommitBatchReply{} }, 0},
 }
 
 func (t MsgType) String() string {
@@ -292,6 +297,31 @@ type Commit struct {
 	Epoch                   uint64
 	Write
 	Copies []ReplicaCopy
+}
+
+// CommitBatch is several Commits of one session's lease at once (a
+// client's MultiPut): the server commits each as a Commit of its own, all
+// of them at the same time, so that its group commit takes them together,
+// and answers with a CommitBatchReply, one result per commit, in order.
+// At most MaxBatchCommits.
+type CommitBatch struct {
+	Commits []Commit
+}
+
+// MaxBatchCommits bounds a CommitBatch.
+const MaxBatchCommits = 64
+
+// CommitBatchReply answers a CommitBatch: for each of its commits, in
+// order, the CommitReply, or the Error that refused it.
+type CommitBatchReply struct {
+	Results []CommitResult
+}
+
+// CommitResult is one commit's outcome in a CommitBatchReply: Err is nil
+// when it was applied, and Reply then says where.
+type CommitResult struct {
+	Reply CommitReply
+	Err   *Error
 }
 
 // ReplicaCopy is the copy of a record a client wrote for one backup: in
@@ -637,38 +667,40 @@ type Error struct {
 
 func (e *Error) Error() string { return fmt.Sprintf("rkv server: %s: %s", e.Code, e.Message) }
 
-func (*Hello) Type() MsgType          { return MsgHello }
-func (*HelloReply) Type() MsgType     { return MsgHelloReply }
-func (*GrantLease) Type() MsgType     { return MsgGrantLease }
-func (*LeaseReply) Type() MsgType     { return MsgLeaseReply }
-func (*Commit) Type() MsgType         { return MsgCommit }
-func (*CommitReply) Type() MsgType    { return MsgCommitReply }
-func (*Delete) Type() MsgType         { return MsgDelete }
-func (*Ack) Type() MsgType            { return MsgAck }
-func (*Scan) Type() MsgType           { return MsgScan }
-func (*ScanReply) Type() MsgType      { return MsgScanReply }
-func (*EndLease) Type() MsgType       { return MsgEndLease }
-func (*Stats) Type() MsgType          { return MsgStats }
-func (*StatsReply) Type() MsgType     { return MsgStatsReply }
-func (*Error) Type() MsgType          { return MsgError }
-func (*GetMap) Type() MsgType         { return MsgGetMap }
-func (*MapReply) Type() MsgType       { return MsgMapReply }
-func (*ShardScan) Type() MsgType      { return MsgShardScan }
-func (*ShardScanReply) Type() MsgType { return MsgShardScanReply }
-func (*FenceShards) Type() MsgType    { return MsgFenceShards }
-func (*FenceReply) Type() MsgType     { return MsgFenceReply }
-func (*ReleaseShards) Type() MsgType  { return MsgReleaseShards }
-func (*MapChange) Type() MsgType      { return MsgMapChange }
-func (*MapChangeReply) Type() MsgType { return MsgMapChangeReply }
-func (*Forget) Type() MsgType         { return MsgForget }
-func (*SetReplicas) Type() MsgType    { return MsgSetReplicas }
-func (*RenewReadLease) Type() MsgType { return MsgRenewReadLease }
-func (*GetReadLease) Type() MsgType   { return MsgGetReadLease }
-func (*ReadLeaseReply) Type() MsgType { return MsgReadLeaseReply }
-func (*GetView) Type() MsgType        { return MsgGetView }
-func (*ReplicaCommit) Type() MsgType  { return MsgReplicaCommit }
-func (*ReplicaDelete) Type() MsgType  { return MsgReplicaDelete }
-func (*ViewReply) Type() MsgType      { return MsgViewReply }
+func (*Hello) Type() MsgType            { return MsgHello }
+func (*HelloReply) Type() MsgType       { return MsgHelloReply }
+func (*GrantLease) Type() MsgType       { return MsgGrantLease }
+func (*LeaseReply) Type() MsgType       { return MsgLeaseReply }
+func (*Commit) Type() MsgType           { return MsgCommit }
+func (*CommitReply) Type() MsgType      { return MsgCommitReply }
+func (*Delete) Type() MsgType           { return MsgDelete }
+func (*Ack) Type() MsgType              { return MsgAck }
+func (*Scan) Type() MsgType             { return MsgScan }
+func (*ScanReply) Type() MsgType        { return MsgScanReply }
+func (*EndLease) Type() MsgType         { return MsgEndLease }
+func (*Stats) Type() MsgType            { return MsgStats }
+func (*StatsReply) Type() MsgType       { return MsgStatsReply }
+func (*Error) Type() MsgType            { return MsgError }
+func (*GetMap) Type() MsgType           { return MsgGetMap }
+func (*MapReply) Type() MsgType         { return MsgMapReply }
+func (*ShardScan) Type() MsgType        { return MsgShardScan }
+func (*ShardScanReply) Type() MsgType   { return MsgShardScanReply }
+func (*FenceShards) Type() MsgType      { return MsgFenceShards }
+func (*FenceReply) Type() MsgType       { return MsgFenceReply }
+func (*ReleaseShards) Type() MsgType    { return MsgReleaseShards }
+func (*MapChange) Type() MsgType        { return MsgMapChange }
+func (*MapChangeReply) Type() MsgType   { return MsgMapChangeReply }
+func (*Forget) Type() MsgType           { return MsgForget }
+func (*SetReplicas) Type() MsgType      { return MsgSetReplicas }
+func (*RenewReadLease) Type() MsgType   { return MsgRenewReadLease }
+func (*GetReadLease) Type() MsgType     { return MsgGetReadLease }
+func (*CommitBatch) Type() MsgType      { return MsgCommitBatch }
+func (*CommitBatchReply) Type() MsgType { return MsgCommitBatchReply }
+func (*ReadLeaseReply) Type() MsgType   { return MsgReadLeaseReply }
+func (*GetView) Type() MsgType          { return MsgGetView }
+func (*ReplicaCommit) Type() MsgType    { return MsgReplicaCommit }
+func (*ReplicaDelete) Type() MsgType    { return MsgReplicaDelete }
+func (*ViewReply) Type() MsgType        { return MsgViewReply }
 
 // ---- encoding ----
 
@@ -782,6 +814,45 @@ func (m *Commit) encode(e *encoder) {
 		e.uint(c.LeaseID)
 		e.uint(c.Offset)
 		e.uint(c.Length)
+	}
+}
+
+func (m *CommitBatch) encode(e *encoder) {
+	if len(m.Commits) > MaxBatchCommits {
+		e.fail("%d commits in a batch, limit %d", len(m.Commits), MaxBatchCommits)
+	}
+	e.array(len(m.Commits))
+	for i := range m.Commits {
+		m.Commits[i].encode(e)
+	}
+}
+
+// A CommitResult is [code, message, arena, offset, length, version]: code
+// 0 and an empty message for a commit applied, else the Error's code and
+// message and zeros.
+func (m *CommitBatchReply) encode(e *encoder) {
+	if len(m.Results) > MaxBatchCommits {
+		e.fail("%d results in a batch, limit %d", len(m.Results), MaxBatchCommits)
+	}
+	e.array(len(m.Results))
+	for _, r := range m.Results {
+		e.array(6)
+		if r.Err != nil {
+			if r.Err.Code == 0 || r.Err.Code >= codeEnd {
+				e.fail("error code %d", r.Err.Code)
+			}
+			e.uint(uint64(r.Err.Code))
+			e.str(r.Err.Message[:min(len(r.Err.Message), MaxControlMessage)])
+			for range 4 {
+				e.uint(0)
+			}
+			continue
+		}
+		e.uint(0)
+		e.str("")
+		for _, v := range []uint64{uint64(r.Reply.Arena), r.Reply.Offset, uint64(r.Reply.Length), r.Reply.Version} {
+			e.uint(v)
+		}
 	}
 }
 
@@ -1226,6 +1297,61 @@ func (m *Commit) decode(d *decoder) error {
 			if *p, err = d.u64("replica copy"); err != nil {
 				return err
 			}
+		}
+	}
+	return nil
+}
+
+func (m *CommitBatch) decode(d *decoder) error {
+	n, err := d.list("commits", MaxBatchCommits)
+	if err != nil || n == 0 {
+		return err
+	}
+	m.Commits = make([]Commit, n)
+	for i := range m.Commits {
+		if err := m.Commits[i].decode(d); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (m *CommitBatchReply) decode(d *decoder) error {
+	n, err := d.list("commit results", MaxBatchCommits)
+	if err != nil || n == 0 {
+		return err
+	}
+	m.Results = make([]CommitResult, n)
+	for i := range m.Results {
+		r := &m.Results[i]
+		if err := d.fields("commit result", 6); err != nil {
+			return err
+		}
+		code, err := d.uint("error code", uint64(codeEnd-1))
+		if err != nil {
+			return err
+		}
+		msg, err := d.str("error message", MaxControlMessage)
+		if err != nil {
+			return err
+		}
+		var arena, length uint64
+		for _, p := range []*uint64{&arena, &r.Reply.Offset, &length, &r.Reply.Version} {
+			if *p, err = d.u64("commit result"); err != nil {
+				return err
+			}
+		}
+		switch {
+		case code == 0 && msg != "":
+			return d.fail("commit result %d: a message without an error code", i)
+		case code != 0 && (arena|r.Reply.Offset|length|r.Reply.Version) != 0:
+			return d.fail("commit result %d: an error with a location", i)
+		case arena >= MaxArenas || length > 1<<32-1:
+			return d.fail("commit result %d: arena %d, length %d out of range", i, arena, length)
+		}
+		r.Reply.Arena, r.Reply.Length = uint16(arena), uint32(length)
+		if code != 0 {
+			r.Err = &Error{Code: ErrorCode(code), Message: msg}
 		}
 	}
 	return nil

@@ -393,15 +393,16 @@ func peerSession[M proto.Message](f func(c *conn, m M) proto.Message) handler {
 // handshake takes), by type: a new control message is a row in proto's
 // msgTable and one here.
 var handlers = [proto.NumMsgTypes]handler{
-	proto.MsgGrantLease: on((*conn).grantLease),
-	proto.MsgCommit:     on((*conn).commit),
-	proto.MsgDelete:     on((*conn).delete),
-	proto.MsgScan:       on((*conn).scan),
-	proto.MsgEndLease:   on((*conn).endLease),
-	proto.MsgStats:      on(func(c *conn, _ *proto.Stats) proto.Message { return c.s.statsReply() }),
-	proto.MsgGetMap:     on(func(c *conn, m *proto.GetMap) proto.Message { return c.s.mapReply(m.Have) }),
-	proto.MsgGetView:    on(func(c *conn, m *proto.GetView) proto.Message { return c.s.viewReply(m.Have) }),
-	proto.MsgForget:     on(func(c *conn, m *proto.Forget) proto.Message { return c.s.forget(m) }),
+	proto.MsgGrantLease:  on((*conn).grantLease),
+	proto.MsgCommit:      on((*conn).commit),
+	proto.MsgCommitBatch: on((*conn).commitBatch),
+	proto.MsgDelete:      on((*conn).delete),
+	proto.MsgScan:        on((*conn).scan),
+	proto.MsgEndLease:    on((*conn).endLease),
+	proto.MsgStats:       on(func(c *conn, _ *proto.Stats) proto.Message { return c.s.statsReply() }),
+	proto.MsgGetMap:      on(func(c *conn, m *proto.GetMap) proto.Message { return c.s.mapReply(m.Have) }),
+	proto.MsgGetView:     on(func(c *conn, m *proto.GetView) proto.Message { return c.s.viewReply(m.Have) }),
+	proto.MsgForget:      on(func(c *conn, m *proto.Forget) proto.Message { return c.s.forget(m) }),
 
 	proto.MsgSetReplicas: on(func(c *conn, m *proto.SetReplicas) proto.Message { return c.s.setReplicas(m) }), // authenticated as forget is
 	proto.MsgGetReadLease: on(func(c *conn, _ *proto.GetReadLease) proto.Message {
@@ -475,6 +476,42 @@ func (c *conn) delete(m *proto.Delete) proto.Message {
 		return c.s.fenceReply(m.Epoch, err)
 	}
 	return &proto.Ack{}
+}
+
+// commitBatch commits the commits of m, records of one lease of this
+// connection in the order of their offsets, at once (store.CommitBatch),
+// so that the store's group commit takes them together.
+func (c *conn) commitBatch(m *proto.CommitBatch) proto.Message {
+	reply := &proto.CommitBatchReply{Results: make([]proto.CommitResult, len(m.Commits))}
+	if len(m.Commits) == 0 {
+		return reply
+	}
+	lease := m.Commits[0].LeaseID
+	if !c.hasLease(lease) {
+		return &proto.Error{Code: proto.CodeLeaseInvalid, Message: fmt.Sprintf("lease %d was not granted on this connection", lease)}
+	}
+	fwds := make([]forwarder, len(m.Commits))
+	batch := make([]store.BatchCommit, len(m.Commits))
+	for i, cm := range m.Commits {
+		if cm.LeaseID != lease || cm.Offset > 1<<62 || cm.Length > 1<<62 {
+			return &proto.Error{Code: proto.CodeBadRequest, Message: fmt.Sprintf("commit %d of a batch in lease %d: %d bytes at offset %d in lease %d (one lease, in range)", i, lease, cm.Length, cm.Offset, cm.LeaseID)}
+		}
+		fwds[i] = forwarder{s: c.s, epoch: cm.Epoch, write: cm.Write, copies: cm.Copies}
+		batch[i] = store.BatchCommit{Off: int64(cm.Offset), Length: int64(cm.Length), Write: cm.Write, Forwarder: &fwds[i]}
+	}
+	done, errs := c.s.st.CommitBatch(context.Background(), lease, batch)
+	for i, err := range errs {
+		if err != nil {
+			e := c.s.fenceReply(m.Commits[i].Epoch, err)
+			reply.Results[i].Err = e
+			c.s.refused[e.Code].Add(1)
+			c.s.logRefusal(m, e)
+			continue
+		}
+		r := done[i]
+		reply.Results[i].Reply = proto.CommitReply{Arena: r.Location.Arena, Offset: r.Location.Offset, Length: r.Location.Length, Version: r.Version}
+	}
+	return reply
 }
 
 // hasLease reports whether lease id was granted on this connection and

@@ -4,9 +4,11 @@ package server
 
 import (
 	"context"
+	"fmt"
 	"sync/atomic"
 	"testing"
 
+	"github.com/rkv-io/rkv/client"
 	"github.com/rkv-io/rkv/proto"
 )
 
@@ -59,5 +61,40 @@ func TestRetriedCommitAppliesOnce(t *testing.T) {
 	}
 	if got := s.Store().Stats().Commits - commits; got != 2 {
 		t.Fatalf("%d commits applied for A, its retry and B; want 2", got)
+	}
+}
+
+// TestRetriedCommitBatchAppliesOnce: a MultiPut whose CommitBatch was
+// applied and whose reply was lost with its connection is retried, and
+// every pair is applied once, not twice.
+func TestRetriedCommitBatchAppliesOnce(t *testing.T) {
+	noLeaks(t)
+	var drops atomic.Int32
+	s := startServer(t, nil)
+	cl := newClient(t, s, "", nil)
+	drop := func(m proto.Message) bool {
+		_, ok := m.(*proto.CommitBatch)
+		return ok && drops.Add(1) == 1
+	}
+	s.dropReply.Store(&drop)
+	defer s.dropReply.Store(nil)
+	kvs := make([]client.KV, 40)
+	for i := range kvs {
+		kvs[i] = client.KV{Key: fmt.Appendf(nil, "batch-%02d", i), Value: fmt.Appendf(nil, "value-%d", i)}
+	}
+	commits := s.Store().Stats().Commits
+	if err := cl.MultiPut(context.Background(), kvs); err != nil {
+		t.Fatalf("the retried MultiPut: %v", err)
+	}
+	if drops.Load() < 2 {
+		t.Fatalf("%d CommitBatches seen, want the dropped one and its retry", drops.Load())
+	}
+	if got := s.Store().Stats().Commits - commits; got != uint64(len(kvs)) {
+		t.Fatalf("%d commits applied for %d pairs, one batch of them retried; want %d", got, len(kvs), len(kvs))
+	}
+	for _, kv := range kvs {
+		if v, err := cl.Get(context.Background(), kv.Key); err != nil || string(v) != string(kv.Value) {
+			t.Fatalf("Get %s: %q, %v", kv.Key, v, err)
+		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"slices"
 
 	"github.com/rkv-io/rkv/proto"
 	"github.com/rkv-io/rkv/rdma"
@@ -127,12 +128,17 @@ func (q *qpCommits) answer(i, n int) bool {
 		var err error
 		if id, m, err = proto.DecodeFrame(frame[4:]); err != nil {
 			m, reply = &proto.Commit{}, &proto.Error{Code: proto.CodeBadRequest, Message: err.Error()}
-		} else if cm, ok := m.(*proto.Commit); !ok {
-			reply = &proto.Error{Code: proto.CodeBadRequest, Message: fmt.Sprintf("%v sent on the write QP, which takes Commit only", m.Type())}
 		} else {
-			s.handled[proto.MsgCommit].Add(1)
-			s.commitsOnQP.Add(1)
-			reply = q.c.commitWith(cm, &q.fwd)
+			switch cm := m.(type) {
+			case *proto.Commit:
+				q.taken(m)
+				reply = q.c.commitWith(cm, &q.fwd)
+			case *proto.CommitBatch:
+				q.taken(m)
+				reply = q.c.commitBatch(cm)
+			default:
+				reply = &proto.Error{Code: proto.CodeBadRequest, Message: fmt.Sprintf("%v sent on the write QP, which takes Commit and CommitBatch only", m.Type())}
+			}
 			if drop := s.dropReply.Load(); drop != nil && (*drop)(m) {
 				_ = q.c.nc.Close() // tests: the reply lost, as in a crash of the connection
 				return false
@@ -144,36 +150,67 @@ func (q *qpCommits) answer(i, n int) bool {
 		s.logRefusal(m, e)
 	}
 	if err := q.postRecv(i); err != nil {
+		_ = q.c.nc.Close()
 		return false
 	}
 	var err error
 	if q.out, err = appendReply(q.out[:0], id, reply); err != nil {
-		s.log.Error("encoding a commit's reply", "err", err)
+		// The client would wait for ever: end the session, as a crash
+		// would, and it retries on a new one.
+		s.log.Error("encoding a commit's reply: closing the connection", "err", err)
+		_ = q.c.nc.Close()
 		return false
 	}
 	copy(q.slot(commitRecvs), q.out)
 	q.sges[0] = rdma.SGE{MR: q.mr, Offset: commitRecvs * proto.CommitSlotSize, Length: len(q.out)}
 	if err := q.qp.PostSend([]rdma.SendWR{{Op: rdma.OpSend, Flags: rdma.Signaled, SGL: q.sges[:]}}); err != nil {
+		_ = q.c.nc.Close()
 		return false
 	}
 	q.replying = true
 	return true
 }
 
-// appendReply appends reply's frame to dst, cutting an Error's message so
-// that the frame fits a commit slot.
+// taken counts a request the write QP takes, as the control requests are
+// counted, and apart.
+func (q *qpCommits) taken(m proto.Message) {
+	q.c.s.handled[m.Type()].Add(1)
+	q.c.s.commitsOnQP.Add(1)
+}
+
+// appendReply appends reply's frame to dst, cutting the messages of its
+// Errors (a CommitBatchReply may hold one per commit) so that the frame
+// fits a commit slot: a batch's results without their messages always do.
 func appendReply(dst []byte, id uint64, reply proto.Message) ([]byte, error) {
 	out, err := proto.AppendFrame(dst, id, reply)
-	if err != nil || len(out) <= proto.CommitSlotSize {
-		return out, err
+	for keep := 256; err == nil && len(out) > proto.CommitSlotSize; keep /= 4 {
+		switch r := reply.(type) {
+		case *proto.Error:
+			cut := *r
+			cut.Message = r.Message[:min(len(r.Message), keep)]
+			reply = &cut
+		case *proto.CommitBatchReply:
+			cut := &proto.CommitBatchReply{Results: slices.Clone(r.Results)}
+			for i, res := range cut.Results {
+				if res.Err != nil {
+					e := *res.Err
+					e.Message = e.Message[:min(len(e.Message), keep)]
+					cut.Results[i].Err = &e
+				}
+			}
+			reply = cut
+		default:
+			return nil, fmt.Errorf("a %v of %d bytes does not fit a commit slot", reply.Type(), len(out))
+		}
+		out, err = proto.AppendFrame(dst[:0], id, reply)
+		if keep == 0 {
+			break
+		}
 	}
-	e, ok := reply.(*proto.Error)
-	if !ok {
-		return nil, fmt.Errorf("a %v of %d bytes does not fit a commit slot", reply.Type(), len(out))
+	if err == nil && len(out) > proto.CommitSlotSize {
+		err = fmt.Errorf("a %v of %d bytes does not fit a commit slot", reply.Type(), len(out))
 	}
-	cut := *e
-	cut.Message = cut.Message[:proto.CommitSlotSize/2] + "..."
-	return proto.AppendFrame(dst[:0], id, &cut)
+	return out, err
 }
 
 // close stops serve and waits for it; the caller then closes the QP and

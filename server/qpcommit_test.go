@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rkv-io/rkv/client"
 	"github.com/rkv-io/rkv/proto"
 	"github.com/rkv-io/rkv/rdma"
 )
@@ -132,7 +133,7 @@ func TestCommitOnTheWriteQP(t *testing.T) {
 	binary.BigEndian.PutUint32(frame, uint32(len(frame)))
 	badRequest("a length prefix one too long", frame, "not one control frame")
 	frame, _ = proto.AppendFrame(nil, 8, &proto.GrantLease{})
-	badRequest("a GrantLease", frame, "takes Commit only")
+	badRequest("a GrantLease", frame, "takes Commit and CommitBatch only")
 	badRequest("garbage", []byte{0, 0, 0, 3, 0xc1, 0xc1, 0xc1}, "bad control message")
 	if e, ok := ss.commitOnWriteQP(9, &proto.Commit{LeaseID: l.ID + 1000, Length: 10}).(*proto.Error); !ok || e.Code != proto.CodeLeaseInvalid {
 		t.Fatalf("a commit in a lease of no one's: %#v", e)
@@ -164,7 +165,7 @@ func readBack(t *testing.T, s *Server, key []byte, want string) {
 
 // At one replica, a commit that does not fit the slot offered is not sent
 // on the write QP at all: the WRITE is waited for, then the commit goes as
-// a control request.
+// a control request; a MultiPut's CommitBatch likewise.
 func TestCommitTooLargeForTheSlotOfOneReplica(t *testing.T) {
 	s := startServer(t, nil)
 	OfferCommitSlot(s, 16)
@@ -176,8 +177,49 @@ func TestCommitTooLargeForTheSlotOfOneReplica(t *testing.T) {
 		}
 	}
 	readBack(t, s, []byte("k19"), "v")
-	if st := s.Stats(); st.CommitsOnQP != before.CommitsOnQP || st.Handled[proto.MsgCommit]-before.Handled[proto.MsgCommit] != 20 {
-		t.Fatalf("20 puts: %d commits, %d on the write QP; want 20 and 0",
-			st.Handled[proto.MsgCommit]-before.Handled[proto.MsgCommit], st.CommitsOnQP-before.CommitsOnQP)
+	kvs := make([]client.KV, 100)
+	for i := range kvs {
+		kvs[i] = client.KV{Key: fmt.Appendf(nil, "batched-%d", i), Value: fmt.Appendf(nil, "v%d", i)}
+	}
+	if err := cl.MultiPut(context.Background(), kvs); err != nil {
+		t.Fatal(err)
+	}
+	readBack(t, s, []byte("batched-99"), "v99")
+	st := s.Stats()
+	commits, batches := st.Handled[proto.MsgCommit]-before.Handled[proto.MsgCommit], st.Handled[proto.MsgCommitBatch]-before.Handled[proto.MsgCommitBatch]
+	if st.CommitsOnQP != before.CommitsOnQP || commits != 20 || batches == 0 {
+		t.Fatalf("20 puts and a MultiPut of 100: %d commits, %d batches, %d on the write QP; want 20, some and 0",
+			commits, batches, st.CommitsOnQP-before.CommitsOnQP)
+	}
+}
+
+// A reply too large for a commit slot has its Errors' messages cut to
+// fit, a CommitBatchReply's as an Error's; anything else too large is an
+// error (the connection is then closed rather than left unanswered).
+func TestAppendReplyFitsTheSlot(t *testing.T) {
+	long := strings.Repeat("x", proto.MaxControlMessage)
+	batch := &proto.CommitBatchReply{Results: make([]proto.CommitResult, proto.MaxBatchCommits)}
+	for i := range batch.Results {
+		if i%2 == 0 {
+			batch.Results[i].Err = &proto.Error{Code: proto.CodeUnavailable, Message: long}
+		} else {
+			batch.Results[i].Reply = proto.CommitReply{Arena: 1, Offset: 1 << 40, Length: 1 << 20, Version: 1 << 60}
+		}
+	}
+	for _, reply := range []proto.Message{&proto.Error{Code: proto.CodeBadRequest, Message: long}, batch} {
+		out, err := appendReply(nil, 7, reply)
+		if err != nil || len(out) > proto.CommitSlotSize {
+			t.Fatalf("%v: %d bytes, %v", reply.Type(), len(out), err)
+		}
+		_, m, err := proto.DecodeFrame(out[4:])
+		if err != nil || m.Type() != reply.Type() {
+			t.Fatalf("%v cut: decodes to %v, %v", reply.Type(), m, err)
+		}
+		if b, ok := m.(*proto.CommitBatchReply); ok && (b.Results[0].Err == nil || b.Results[1].Reply.Version != 1<<60) {
+			t.Fatalf("the cut batch lost its results: %+v", b.Results[:2])
+		}
+	}
+	if _, err := appendReply(nil, 7, &proto.MapReply{Map: make([]byte, proto.CommitSlotSize)}); err == nil || !strings.Contains(err.Error(), "does not fit") {
+		t.Fatalf("a MapReply larger than the slot: %v", err)
 	}
 }

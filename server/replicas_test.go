@@ -607,7 +607,7 @@ func TestPromotionRetriedAfterItsSourceMadeBackups(t *testing.T) {
 
 // TestCommitsThatDoNotFitTheSlotGoByControl: a commit whose frame is
 // larger than the slot the server offers on the write QP (a Commit
-// naming many copies with long server names; here, a server offering 64
+// naming many copies with long server names; here, a server offering 16
 // bytes) goes as a control request once its WRITE completed; at two
 // replicas the WRITE was posted before the copies were written, and is
 // posted again and waited for (TestCommitOnTheWriteQP's fallback case has
@@ -638,5 +638,41 @@ func TestCommitsThatDoNotFitTheSlotGoByControl(t *testing.T) {
 	}
 	if n := sameReplicas(t, c, c.Map()); n != 100 {
 		t.Fatalf("%d keys on the replicas, want 100", n)
+	}
+}
+
+// TestMultiPutAtTwoReplicas: the pairs of a MultiPut whose shards have
+// backups are put one by one on the primaries' write QPs, each naming its
+// copies (a batch's forwards would reach a backup's lease out of order),
+// and the backups apply them all.
+func TestMultiPutAtTwoReplicas(t *testing.T) {
+	c, cl, _ := replicated(t, 2, 2, func(*server.Config) {})
+	count := func() (onQP, batches uint64) {
+		for _, s := range c.Running() {
+			st := s.Stats()
+			onQP, batches = onQP+st.CommitsOnQP, batches+st.Handled[proto.MsgCommitBatch]
+		}
+		return
+	}
+	onQP, batches := count()
+	kvs := make([]client.KV, 300)
+	for i := range kvs {
+		k := fmt.Sprintf("multi-%03d", i)
+		kvs[i] = client.KV{Key: []byte(k), Value: value(k, 1)}
+	}
+	if err := cl.MultiPut(context.Background(), kvs); err != nil {
+		t.Fatal(err)
+	}
+	onQP2, batches2 := count()
+	if batches2 != batches || onQP2-onQP < uint64(len(kvs)) {
+		t.Fatalf("a MultiPut of %d at two replicas: %d batches, %d commits on write QPs; want none and %d", len(kvs), batches2-batches, onQP2-onQP, len(kvs))
+	}
+	if n := sameReplicas(t, c, c.Map()); n != len(kvs) {
+		t.Fatalf("%d keys on the replicas, want %d", n, len(kvs))
+	}
+	for _, kv := range kvs {
+		if v, err := cl.Get(context.Background(), kv.Key); err != nil || string(v) != string(kv.Value) {
+			t.Fatalf("Get %s: %q, %v", kv.Key, v, err)
+		}
 	}
 }

@@ -648,9 +648,9 @@ type Stats struct {
 	// code c (Hellos refused included).
 	Refused     [proto.NumErrorCodes]uint64
 	Connections int64 // open control connections
-	// CommitsOnQP is how many of the commits (Handled[proto.MsgCommit])
-	// came on a session's write QP, the one-round-trip PUT, rather than as
-	// control requests.
+	// CommitsOnQP is how many of the Commits and CommitBatches (in
+	// Handled too) came on a session's write QP, a PUT's one round trip,
+	// rather than as control requests.
 	CommitsOnQP uint64
 }
 

@@ -85,6 +85,12 @@ func (s *Store) commit(ctx context.Context, id uint64, off, length int64, w prot
 		s.stats.commitsRejected.Add(1)
 		return Committed{}, err
 	}
+	return s.completeCommit(ctx, c, v, f)
+}
+
+// completeCommit answers an admitted commit c's retry from its session,
+// or forwards it if f says so and applies it.
+func (s *Store) completeCommit(ctx context.Context, c *pendingCommit, v sessionVerdict, f Forwarder) (Committed, error) {
 	if v.dup != nil || v.wait != nil {
 		return s.answer(ctx, c.key, v) // a forwarded first attempt was forwarded before it applied
 	}

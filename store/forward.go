@@ -42,6 +42,38 @@ func (s *Store) CommitForwarded(ctx context.Context, id uint64, off, length int6
 	return s.commit(ctx, id, off, length, w, 0, f)
 }
 
+// BatchCommit is one record of a CommitBatch: Length bytes at Off of the
+// lease, committed under Write and forwarded through Forwarder (nil: not
+// forwarded), as CommitForwarded would.
+type BatchCommit struct {
+	Off, Length int64
+	Write       proto.Write
+	Forwarder   Forwarder
+}
+
+// CommitBatch commits records of lease id as CommitForwarded commits each,
+// all at once: they are admitted in the order given (a lease's records are
+// committed in the order of their offsets, so give them so), then
+// forwarded and applied together, so that one group commit (one sync)
+// takes them. Each succeeds or fails on its own: it returns each one's
+// Committed and error, in order.
+func (s *Store) CommitBatch(ctx context.Context, id uint64, batch []BatchCommit) ([]Committed, []error) {
+	out := make([]Committed, len(batch))
+	errs := make([]error, len(batch))
+	var wg sync.WaitGroup
+	for i, b := range batch {
+		c, v, err := s.prepareCommit(id, b.Off, b.Length, b.Write, 0)
+		if err != nil {
+			s.stats.commitsRejected.Add(1)
+			errs[i] = err
+			continue
+		}
+		wg.Go(func() { out[i], errs[i] = s.completeCommit(ctx, c, v, b.Forwarder) })
+	}
+	wg.Wait()
+	return out, errs
+}
+
 // DeleteForwarded is Delete with forwarding, as CommitForwarded is Commit.
 func (s *Store) DeleteForwarded(ctx context.Context, key []byte, w proto.Write, f Forwarder) error {
 	return s.delete(ctx, key, w, false, f)

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -112,5 +113,66 @@ func TestForwardedWrites(t *testing.T) {
 	}
 	if _, found, _ := c.get([]byte("k")); found {
 		t.Fatal("k found after its forwarded delete")
+	}
+}
+
+// CommitBatch admits a lease's records in order and applies them
+// together: fewer group commits than records, each record succeeding or
+// failing on its own, forwarded ones forwarded, and a retried batch
+// answered from the sessions.
+func TestCommitBatch(t *testing.T) {
+	sv := newServer(t, smallOptions())
+	waitArenas(t, sv.s, 1)
+	c := newClient(t, sv)
+	ctx := context.Background()
+	w := c.newWriter()
+	f := &fakeForwarder{}
+	var batch []BatchCommit
+	for i := range 20 {
+		off, n := w.write(fmt.Appendf(nil, "batch-%d", i), fmt.Appendf(nil, "v%d", i))
+		b := BatchCommit{Off: off, Length: n, Write: proto.Write{Session: uint64(100 + i), Seq: 1}}
+		if i%5 == 0 {
+			b.Forwarder = f
+		}
+		batch = append(batch, b)
+	}
+	batch[7].Length-- // a record whose length is wrong fails alone
+	before := sv.s.Stats()
+	done, errs := sv.s.CommitBatch(ctx, w.lease.ID, batch)
+	for i, err := range errs {
+		if i == 7 {
+			if !errors.Is(err, ErrRecord) {
+				t.Fatalf("record 7, its length wrong: %v", err)
+			}
+			continue
+		}
+		if err != nil || done[i].Location.Length != uint32(batch[i].Length) {
+			t.Fatalf("record %d: %+v, %v", i, done[i], err)
+		}
+		if v, found, _ := c.get(fmt.Appendf(nil, "batch-%d", i)); !found || string(v) != fmt.Sprintf("v%d", i) {
+			t.Fatalf("record %d after the batch: %q, found %v", i, v, found)
+		}
+	}
+	after := sv.s.Stats()
+	if got := after.Commits - before.Commits; got != 19 {
+		t.Fatalf("%d commits applied, want 19", got)
+	}
+	if groups := after.Batches - before.Batches; groups >= 19 {
+		t.Fatalf("19 commits in %d group commits: not applied together", groups)
+	}
+	if len(f.sent) != 4 {
+		t.Fatalf("%d forwarded, want the 4 given a forwarder", len(f.sent))
+	}
+	// The same batch again: every applied record answered from its
+	// session, none applied twice.
+	batch[7].Length++
+	done2, errs := sv.s.CommitBatch(ctx, w.lease.ID, batch)
+	for i, err := range errs {
+		if i != 7 && (err != nil || done2[i].Version != done[i].Version) {
+			t.Fatalf("record %d retried: %+v, %v; first %+v", i, done2[i], err, done[i])
+		}
+	}
+	if got := sv.s.Stats().Commits - after.Commits; got > 1 {
+		t.Fatalf("the retried batch applied %d commits, want at most record 7's", got)
 	}
 }

@@ -73,7 +73,7 @@ func newCollector(srv *server.Server) *collector {
 		indexSlots:      d("index_slots", "Home slots of the hash index (it doubles while serving)."),
 		indexGrowths:    d("index_growths_total", "Times the hash index grew while serving."),
 		handled:         d("control_requests_total", "Control RPC requests handled, by type.", "type"),
-		commitsOnQP:     d("qp_commits_total", "Commits that came on a session's write QP after their record's WRITE (a PUT in one round trip), not as control RPCs; control_requests_total{type=\"Commit\"} counts them too."),
+		commitsOnQP:     d("qp_commits_total", "Commits and commit batches that came on a session's write QP after their records' WRITE (a PUT in one round trip), not as control RPCs; control_requests_total counts them too."),
 		refused:         d("control_errors_total", "Control RPC requests answered with an error, by its code (Hellos refused included).", "code"),
 		connections:     d("control_connections", "Open control connections."),
 		generation:      d("generation", "The store's generation of this start."),
@@ -151,7 +151,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.indexGrowths, float64(st.IndexGrowths))
 
 	ss := c.srv.Stats()
-	for _, t := range []proto.MsgType{proto.MsgHello, proto.MsgGrantLease, proto.MsgCommit, proto.MsgDelete, proto.MsgScan, proto.MsgEndLease, proto.MsgStats} {
+	for _, t := range []proto.MsgType{proto.MsgHello, proto.MsgGrantLease, proto.MsgCommit, proto.MsgCommitBatch, proto.MsgDelete, proto.MsgScan, proto.MsgEndLease, proto.MsgStats} {
 		counter(c.handled, float64(ss.Handled[t]), t.String())
 	}
 	for code := proto.ErrorCode(1); int(code) < proto.NumErrorCodes; code++ {

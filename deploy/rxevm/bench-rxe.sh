@@ -22,20 +22,21 @@ tmp=$(mktemp)
 trap 'rm -f "$tmp"' EXIT
 
 # shellcheck disable=SC2016 # expanded inside the VM
-bash deploy/rxevm/run.sh --rxe 2 --timeout 1200 --env "RKV_BIN=$PWD/bin/verbs" -- bash -c '
+bash deploy/rxevm/run.sh --rxe 2 --timeout 1200 --env "BENCH_BIN=$PWD/bin/verbs" -- bash -c '
 set -euo pipefail
 IFS=, read -r -a devs <<<"$RKV_RXE_DEVICES"
 IFS=, read -r -a addrs <<<"$RKV_RXE_ADDRS"
 gid=$RKV_RXE_GID_INDEX
 state=$(mktemp -d)
-"$RKV_BIN/rkv-server" --name s1 --data-dir "$state/s1" --provider verbs --device "${devs[1]}" \
+unset RKV_RXE_DEVICES RKV_RXE_ADDRS RKV_RXE_GID_INDEX RKV_RXE_NETDEVS RKV_RXE_VM # set by the VM harness, not rkv flags
+"$BENCH_BIN/rkv-server" --name s1 --data-dir "$state/s1" --provider verbs --device "${devs[1]}" --bootstrap --replicas 1 \
 	--gossip-addr "${addrs[1]}:7946" --control-addr "${addrs[1]}:7950" --sync none \
 	--arena-size 64MiB --arena-count 1 --index-slots 4096 --lease-size 1MiB >"$state/log" 2>&1 &
 srv=$!
 trap "kill -TERM $srv 2>/dev/null; wait $srv 2>/dev/null; rm -rf $state" EXIT
 for _ in $(seq 300); do grep -q "arenas registered" "$state/log" && break; sleep 0.2; done
 grep -q "arenas registered" "$state/log" || { echo "rkv-server did not come up:" >&2; tail "$state/log" >&2; exit 1; }
-cli=("$RKV_BIN/rkv-client" --provider verbs --device "${devs[0]}" --bind "${addrs[0]}:0" --join "${addrs[1]}:7946" --timeout 60s --conns 1)
+cli=("$BENCH_BIN/rkv-client" --provider verbs --device "${devs[0]}" --bind "${addrs[0]}:0" --join "${addrs[1]}:7946" --timeout 60s --conns 1)
 # p50 KIND: the p50 in microseconds of KIND in a bench JSON on stdin.
 p50() { tr -d " \n" | grep -o "\"$1\":{\"count\":[0-9]*,\"p50_ns\":[0-9]*" | sed "s/.*://" | awk "{ printf \"%.1f\", \$1 / 1000 }"; }
 port=18800
