@@ -477,6 +477,11 @@ func (r *RKV) MultiGet(ctx context.Context, keys [][]byte) ([][]byte, error) {
 	return rkvtarget.Client{C: r.c}.MultiGet(ctx, keys)
 }
 
+// MultiPut writes keys with one client.MultiPut (loadgen.MultiPutter).
+func (r *RKV) MultiPut(ctx context.Context, keys, values [][]byte) error {
+	return rkvtarget.Client{C: r.c}.MultiPut(ctx, keys, values)
+}
+
 // CounterReads is the Counters name of the RDMA READs posted.
 const CounterReads = rkvtarget.CounterReads
 

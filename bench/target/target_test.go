@@ -295,6 +295,13 @@ func TestRKVCluster(t *testing.T) {
 	if err != nil || len(vs) != 4 || string(vs[0]) != "v3" || vs[1] != nil || string(vs[2]) != "v17" || string(vs[3]) != "v0" {
 		t.Fatalf("MultiGet: %q, %v", vs, err)
 	}
+	// A MultiPut writes keys of both servers.
+	if err := r.MultiPut(ctx, [][]byte{[]byte("k3"), []byte("m1"), []byte("m2")}, [][]byte{[]byte("w3"), []byte("x1"), []byte("x2")}); err != nil {
+		t.Fatal(err)
+	}
+	if vs, err := r.MultiGet(ctx, [][]byte{[]byte("m2"), []byte("k3"), []byte("m1")}); err != nil || string(vs[0]) != "x2" || string(vs[1]) != "w3" || string(vs[2]) != "x1" {
+		t.Fatalf("MultiGet after MultiPut: %q, %v", vs, err)
+	}
 	if _, ok := r.Counters()["retries_get"]; !ok {
 		t.Fatalf("no retries_get counter in %v", r.Counters())
 	}

@@ -52,7 +52,8 @@ func (t Target) Counters() map[string]uint64 {
 	return m
 }
 
-// Client is one client as a loadgen.Target and loadgen.MultiGetter.
+// Client is one client as a loadgen.Target, loadgen.MultiGetter and
+// loadgen.MultiPutter.
 type Client struct{ C *client.Client }
 
 // Get reads key; an absent key is loadgen.ErrNotFound.
@@ -70,4 +71,13 @@ func (c Client) Put(ctx context.Context, key, value []byte) error { return c.C.P
 // MultiGet reads keys (nil for an absent one).
 func (c Client) MultiGet(ctx context.Context, keys [][]byte) ([][]byte, error) {
 	return c.C.MultiGet(ctx, keys)
+}
+
+// MultiPut writes keys[i] = values[i] with one client.MultiPut.
+func (c Client) MultiPut(ctx context.Context, keys, values [][]byte) error {
+	kvs := make([]client.KV, len(keys))
+	for i := range keys {
+		kvs[i] = client.KV{Key: keys[i], Value: values[i]}
+	}
+	return c.C.MultiPut(ctx, kvs)
 }

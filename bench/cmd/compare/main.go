@@ -159,9 +159,8 @@ func parseFlags(args []string) (*options, error) {
 	}
 	o.echoSizes = []int{64, 1 << 10, 64 << 10}
 	o.baseSize, o.baseConc = 1<<10, 16
-	// Batches of 16 against Redis pipelines of 16 commands. MultiPut
-	// joins once the rkv client has it (see target.RKV).
-	o.batch, o.batchOps = 16, []string{report.OpMultiGet}
+	// Batches of 16 against Redis pipelines of 16 commands.
+	o.batch, o.batchOps = 16, []string{report.OpMultiGet, report.OpMultiPut}
 	return o, nil
 }
 

@@ -31,7 +31,7 @@ func TestParseFlagsDefaults(t *testing.T) {
 	if q.runs != 2 || q.duration != 300*time.Millisecond || q.arenaBytes != 64<<20 || !slices.Equal(q.concurrency, []int{1, 16}) {
 		t.Fatalf("--quick --runs 2: %+v", q)
 	}
-	if !slices.Equal(o.scaleServers, []int{1, 2, 4}) || o.batch != 16 || !slices.Equal(o.batchOps, []string{report.OpMultiGet}) {
+	if !slices.Equal(o.scaleServers, []int{1, 2, 4}) || o.batch != 16 || !slices.Equal(o.batchOps, []string{report.OpMultiGet, report.OpMultiPut}) {
 		t.Fatalf("defaults: %d server processes, batches of %d %v", o.scaleServers, o.batch, o.batchOps)
 	}
 	if s, err := parseFlags([]string{"--scale-servers", "1,3", "--only", "servers"}); err != nil || !slices.Equal(s.scaleServers, []int{1, 3}) {
@@ -86,6 +86,8 @@ func TestPlan(t *testing.T) {
 		{System: "rkv", Op: "get", ValueSize: 1 << 20, Concurrency: 1},
 		{System: "rkv", Op: "multiget", ValueSize: 1 << 10, Concurrency: 16},
 		{System: "redis", Op: "multiget", ValueSize: 1 << 10, Concurrency: 16},
+		{System: "rkv", Op: "multiput", ValueSize: 1 << 10, Concurrency: 16},
+		{System: "redis", Op: "multiput", ValueSize: 1 << 10, Concurrency: 16},
 		{System: "rkv", Op: "get", ValueSize: 1 << 10, Concurrency: 16, Servers: 2},
 		{System: "redis", Op: "put", ValueSize: 1 << 10, Concurrency: 16, Servers: 4},
 	}
@@ -95,10 +97,10 @@ func TestPlan(t *testing.T) {
 		}
 	}
 	// 3 sizes x 2 ops x 2 systems against the echo, + redis GET at c=1,
-	// 2 + 4 against Redis, 2 batched, 5 more concurrencies x 2, 5 more
-	// sizes, 2 server counts (1 is the standard) x GET and PUT x 2.
-	if len(seen) != 12+1+6+2+10+5+8 {
-		t.Errorf("%d points planned, want 44", len(seen))
+	// 2 + 4 against Redis, 2 x 2 batched, 5 more concurrencies x 2, 5
+	// more sizes, 2 server counts (1 is the standard) x GET and PUT x 2.
+	if len(seen) != 12+1+6+4+10+5+8 {
+		t.Errorf("%d points planned, want 46", len(seen))
 	}
 	// One server process each is the standard point, not measured twice.
 	for p := range seen {
@@ -139,7 +141,8 @@ func TestPlanOnlyPart(t *testing.T) {
 		}
 		return ps
 	}
-	if got, want := points("--only", "batch"), []string{"rkv multiget 1024B c=16", "redis multiget 1024B c=16"}; !slices.Equal(got, want) {
+	if got, want := points("--only", "batch"), []string{"rkv multiget 1024B c=16", "redis multiget 1024B c=16",
+		"rkv multiput 1024B c=16", "redis multiput 1024B c=16"}; !slices.Equal(got, want) {
 		t.Errorf("--only batch: %q, want %q", got, want)
 	}
 	want := []string{"rkv get 1024B c=16", "redis get 1024B c=16", "rkv put 1024B c=16", "redis put 1024B c=16",
