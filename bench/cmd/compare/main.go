@@ -159,8 +159,9 @@ func parseFlags(args []string) (*options, error) {
 	}
 	o.echoSizes = []int{64, 1 << 10, 64 << 10}
 	o.baseSize, o.baseConc = 1<<10, 16
-	// Batches of 16 against Redis pipelines of 16 commands. MultiPut
-	// joins once the rkv client has it (see target.RKV).
+	// Batches of 16 against Redis pipelines of 16 commands. A batched
+	// write joins as report.OpMultiPut once target.RKV is a
+	// loadgen.MultiPutter (the Redis target already is).
 	o.batch, o.batchOps = 16, []string{report.OpMultiGet}
 	return o, nil
 }
