@@ -193,6 +193,9 @@ type Client struct {
 	ids   sessions
 	// deadlines bounds the operations whose ctx has no deadline.
 	deadlines sharedDeadlines
+	// liveChecks bounds each wait for a commit's reply on a write QP
+	// (liveCheckEvery), for operations under a shared deadline.
+	liveChecks sharedDeadlines
 
 	mu      sync.Mutex
 	closed  bool
@@ -262,7 +265,7 @@ func New(ctx context.Context, cfg Config) (_ *Client, err error) {
 		cfg.Name = defaultName()
 	}
 	c := &Client{name: cfg.Name, cfg: cfg, log: cfg.Logger, dev: cfg.Device, servers: map[poolKey]*serverPool{}, cache: map[string]cachedLoc{},
-		deadlines: sharedDeadlines{timeout: cfg.RetryTimeout}}
+		deadlines: sharedDeadlines{timeout: cfg.RetryTimeout}, liveChecks: sharedDeadlines{timeout: liveCheckEvery}}
 	c.maps.init()
 	if c.pd, err = c.dev.AllocPD(); err != nil {
 		return nil, fmt.Errorf("rkv: %w", err)

@@ -34,6 +34,7 @@ type serverConn struct {
 	// before it is copied to its slot (qpcommit.go).
 	qpSeq      uint64
 	frame      []byte
+	commit     proto.Commit
 	commitSGEs [2]rdma.SGE // the reply's RECV, the commit's SEND
 	recv       [1]rdma.RecvWR
 	// Scratch for posts of READs, and for one read's key states.
@@ -247,18 +248,11 @@ func (sc *serverConn) put(ctx context.Context, t *target, key, value []byte, w p
 	}
 	// The copies for the backups, if the shard has any, are written
 	// while the primary's WRITE is in flight: both only read the record.
-	var copies []proto.ReplicaCopy
-	var copyErr error
-	copied := func() {}
+	copied := noCopies
 	sh := proto.ShardOf(key)
 	backedUp := t.m.Holders(sh) > 1
 	if backedUp {
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			copies, copyErr = sc.c.writeCopies(ctx, t, sh, sc.buf()[:n])
-		}()
-		copied = func() { <-done }
+		copied = sc.startCopies(ctx, t, sh, sc.buf()[:n])
 	}
 	// With a commit on the write QP the WRITE is not waited for: the
 	// commit's SEND follows it on the QP, and RC delivers them in order.
@@ -277,7 +271,7 @@ func (sc *serverConn) put(ctx context.Context, t *target, key, value []byte, w p
 			err = retryLost(sc.name, "a WRITE to %s: posting: %w", sc.name, err)
 		}
 	}
-	copied()
+	copies, copyErr := copied()
 	if err != nil {
 		return err
 	}
@@ -287,7 +281,8 @@ func (sc *serverConn) put(ctx context.Context, t *target, key, value []byte, w p
 	off := l.off
 	l.off += uint64(n)
 	l.version++
-	commit := &proto.Commit{LeaseID: l.ID, Offset: off, Length: uint64(n), Epoch: t.epoch, Write: w, Copies: copies}
+	sc.commit = proto.Commit{LeaseID: l.ID, Offset: off, Length: uint64(n), Epoch: t.epoch, Write: w, Copies: copies}
+	commit := &sc.commit // the connection's: a Message of its own would be an allocation per PUT
 	var r proto.Message
 	sent := false
 	if onQP {
@@ -325,6 +320,25 @@ func (sc *serverConn) put(ctx context.Context, t *target, key, value []byte, w p
 	}
 	return nil
 }
+
+// startCopies starts writing rec's copies into the backups of shard sh,
+// whose primary is t, and returns what waits for them (writeCopies).
+func (sc *serverConn) startCopies(ctx context.Context, t *target, sh proto.Shard, rec []byte) func() ([]proto.ReplicaCopy, error) {
+	var copies []proto.ReplicaCopy
+	var err error
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		copies, err = sc.c.writeCopies(ctx, t, sh, rec)
+	}()
+	return func() ([]proto.ReplicaCopy, error) {
+		<-done
+		return copies, err
+	}
+}
+
+// noCopies is startCopies' wait for a shard without backups.
+func noCopies() ([]proto.ReplicaCopy, error) { return nil, nil }
 
 // leaseFor returns the connection's lease with room for a record of size
 // bytes (and a version), ending the current one and taking a new one when

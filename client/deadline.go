@@ -41,6 +41,18 @@ func (d *sharedDeadlines) get(now time.Time) context.Context {
 	}
 	slice := d.timeout / deadlineSlices
 	ctx, cancel := context.WithDeadline(context.Background(), now.Add(d.timeout+slice))
-	d.cur.Store(&sharedDeadline{ctx: ctx, cancel: cancel, until: now.Add(slice)})
-	return ctx
+	cur := &sharedDeadline{ctx: sharedContext{ctx}, cancel: cancel, until: now.Add(slice)}
+	d.cur.Store(cur)
+	return cur.ctx
+}
+
+// sharedContext marks a context from sharedDeadlines: no caller can cancel
+// it, so a wait under it may instead be bounded by a shared tick and look
+// at it after (commitOnQP's wait for a reply).
+type sharedContext struct{ context.Context }
+
+// isShared reports whether ctx came from sharedDeadlines.get.
+func isShared(ctx context.Context) bool {
+	_, ok := ctx.(sharedContext)
+	return ok
 }

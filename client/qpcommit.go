@@ -82,7 +82,17 @@ func (sc *serverConn) commitOnQP(ctx context.Context, req proto.Message, write *
 	var sent, replied bool
 	var n uint32
 	for !sent || !replied {
-		wctx, cancel := context.WithTimeout(ctx, liveCheckEvery)
+		// Each wait ends within about liveCheckEvery, to look at the
+		// control connection. Under a shared deadline, which no caller
+		// cancels, the bound is a shared tick too (the deadline is then
+		// noticed up to a tick late); a caller's own ctx gets a context
+		// of its own.
+		wctx, cancel := ctx, context.CancelFunc(func() {})
+		if isShared(ctx) {
+			wctx = sc.c.liveChecks.get(time.Now())
+		} else {
+			wctx, cancel = context.WithTimeout(ctx, liveCheckEvery)
+		}
 		got, err := sc.s.WriteCQ.Wait(wctx, sc.wc[:])
 		cancel()
 		switch {
@@ -91,6 +101,8 @@ func (sc *serverConn) commitOnQP(ctx context.Context, req proto.Message, write *
 				return fail("waiting for the reply", errors.New("the server closed the connection"))
 			}
 			continue
+		case err != nil && ctx.Err() != nil:
+			return fail("waiting", ctx.Err())
 		case err != nil:
 			return fail("waiting", err)
 		}

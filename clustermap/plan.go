@@ -398,6 +398,9 @@ func PlanDrops(m *Map) []proto.MoveCommand {
 		return nil
 	}
 	want := m.Replicas()
+	if !slices.ContainsFunc(m.pm.Shards, func(sh proto.MapShard) bool { return len(sh.Owners) > want }) {
+		return nil // the common case, every tick of the leader: no allocation
+	}
 	load := map[string]int{}
 	for s := range proto.NumShards {
 		for _, o := range m.Shard(proto.Shard(s)).Owners {

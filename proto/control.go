@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sync"
 	"time"
 
 	"github.com/vmihailenco/msgpack/v5"
@@ -1094,12 +1095,44 @@ const (
 	viewStateMax = 3
 )
 
+// frameCodec is what AppendFrame and DecodeFrame reuse, from a pool: a
+// msgpack encoder and decoder and their buffers, so that a frame costs
+// them no allocation.
+type frameCodec struct {
+	buf bytes.Buffer
+	enc encoder
+	rd  bytes.Reader
+	dec decoder
+}
+
+var frameCodecs = sync.Pool{New: func() any {
+	c := &frameCodec{}
+	c.enc.e = msgpack.NewEncoder(&c.buf)
+	// A bytes.Reader is an io.ByteScanner: the decoder reads it directly,
+	// without buffering ahead, so rd.Len() is what is left.
+	c.dec = decoder{r: &c.rd, d: msgpack.NewDecoder(&c.rd), bad: ErrBadMessage}
+	return c
+}}
+
+// maxPooledFrame bounds the encode buffer a pooled codec keeps: a large
+// reply (a scan, a map) is encoded once, not held by the pool.
+const maxPooledFrame = 64 << 10
+
+func putCodec(c *frameCodec) {
+	if c.buf.Cap() <= maxPooledFrame {
+		c.rd.Reset(nil)
+		frameCodecs.Put(c)
+	}
+}
+
 // AppendFrame appends m's frame (length prefix and body) with request id
 // to dst.
 func AppendFrame(dst []byte, id uint64, m Message) ([]byte, error) {
-	start := len(dst)
-	buf := bytes.NewBuffer(append(dst, 0, 0, 0, 0))
-	e := &encoder{e: msgpack.NewEncoder(buf)}
+	c := frameCodecs.Get().(*frameCodec)
+	defer putCodec(c)
+	c.buf.Reset()
+	e := &c.enc
+	e.err = nil
 	t := m.Type()
 	e.array(4)
 	e.uint(ControlVersion)
@@ -1109,13 +1142,12 @@ func AppendFrame(dst []byte, id uint64, m Message) ([]byte, error) {
 	if e.err != nil {
 		return dst, fmt.Errorf("proto: encoding %v: %w", t, e.err)
 	}
-	out := buf.Bytes()
-	n := len(out) - start - 4
-	if n > MaxFrame {
-		return dst, fmt.Errorf("%w: %v frame of %d bytes, limit %d", ErrBadMessage, t, n, MaxFrame)
+	body := c.buf.Bytes()
+	if len(body) > MaxFrame {
+		return dst, fmt.Errorf("%w: %v frame of %d bytes, limit %d", ErrBadMessage, t, len(body), MaxFrame)
 	}
-	binary.BigEndian.PutUint32(out[start:], uint32(n))
-	return out, nil
+	dst = binary.BigEndian.AppendUint32(dst, uint32(len(body)))
+	return append(dst, body...), nil
 }
 
 // WriteFrame writes m's frame with request id to w in one Write.
@@ -1165,7 +1197,11 @@ func ReadFrameMax(r io.Reader, buf []byte, limit int) (id uint64, m Message, _ [
 // DecodeFrame decodes a frame's body (without its length prefix). It
 // retains nothing of b. Errors wrap ErrBadMessage.
 func DecodeFrame(b []byte) (id uint64, m Message, err error) {
-	d := newDecoder(b, ErrBadMessage)
+	c := frameCodecs.Get().(*frameCodec)
+	defer putCodec(c)
+	c.rd.Reset(b)
+	c.dec.d.Reset(&c.rd)
+	d := &c.dec
 	if len(b) > MaxFrame {
 		return 0, nil, d.fail("frame of %d bytes, limit %d", len(b), MaxFrame)
 	}

@@ -675,10 +675,12 @@ func (l *leader) failOver(ctx context.Context, m *clustermap.Map, alive func(str
 	dead := map[string]int{}
 	for i := range proto.NumShards {
 		sh := proto.Shard(i)
-		info := m.Shard(sh)
-		if len(info.Owners) < 2 || l.downFor(info.Owner()) <= l.s.cfg.FailoverTimeout {
+		// Holders and Owner allocate nothing, Shard does: this runs every
+		// tick of the leader.
+		if owner, _ := m.Owner(sh); m.Holders(sh) < 2 || l.downFor(owner) <= l.s.cfg.FailoverTimeout {
 			continue
 		}
+		info := m.Shard(sh)
 		if left := l.s.leaseLeftAtLeader(m, info.Owner()); left > 0 {
 			l.warn("lease/"+info.Owner(), "primary down: its shards fail over once its read lease ends", "server", info.Owner(), "in", left.Round(time.Millisecond))
 			continue

@@ -28,14 +28,17 @@ const commitRecvs = 2
 // Its buffers are registered in the session's own PD, as its leases are:
 // commitRecvs slots for RECVs, then one for the reply.
 type qpCommits struct {
-	c    *conn
-	qp   rdma.QP
-	cq   rdma.CQ // the write QP's, sends and receives
-	mem  *rdma.Memory
-	mr   rdma.MR
-	fwd  forwarder
-	wc   [commitRecvs + 1]rdma.Completion
+	c   *conn
+	qp  rdma.QP
+	cq  rdma.CQ // the write QP's, sends and receives
+	mem *rdma.Memory
+	mr  rdma.MR
+	fwd forwarder
+	wc  [commitRecvs + 1]rdma.Completion
+	// Scratch for posts (PostSend and PostRecv copy them).
 	sges [1]rdma.SGE
+	send [1]rdma.SendWR
+	recv [1]rdma.RecvWR
 	// replying: the last reply's SEND has not completed, so its slot is
 	// still the NIC's.
 	replying bool
@@ -75,7 +78,8 @@ func (q *qpCommits) slot(i int) []byte {
 
 func (q *qpCommits) postRecv(i int) error {
 	q.sges[0] = rdma.SGE{MR: q.mr, Offset: i * proto.CommitSlotSize, Length: proto.CommitSlotSize}
-	if err := q.qp.PostRecv([]rdma.RecvWR{{ID: uint64(i), SGL: q.sges[:]}}); err != nil {
+	q.recv[0] = rdma.RecvWR{ID: uint64(i), SGL: q.sges[:]}
+	if err := q.qp.PostRecv(q.recv[:]); err != nil {
 		return fmt.Errorf("posting a commit RECV: %w", err)
 	}
 	return nil
@@ -106,28 +110,32 @@ func (q *qpCommits) serve(ctx context.Context) {
 				q.pending = append(q.pending, w)
 			}
 		}
-		for len(q.pending) > 0 && !q.replying {
-			w := q.pending[0]
-			q.pending = q.pending[1:]
-			if !q.answer(int(w.ID), int(w.ByteLen)) {
+		taken := 0
+		for ; taken < len(q.pending) && !q.replying; taken++ {
+			if w := q.pending[taken]; !q.answer(int(w.ID), int(w.ByteLen)) {
 				return
 			}
 		}
+		q.pending = q.pending[:copy(q.pending, q.pending[taken:])] // keeps its array
 	}
 }
+
+// anyCommit stands for a SEND that is no message, in the refusal's log
+// line and count.
+var anyCommit = &proto.Commit{}
 
 // answer takes the commit in slot i, n bytes long, posts the slot's RECV
 // again and SENDs the reply. It reports false when the session is to end.
 func (q *qpCommits) answer(i, n int) bool {
 	s := q.c.s
-	id, m, reply := uint64(0), proto.Message(&proto.Commit{}), proto.Message(nil)
+	id, m, reply := uint64(0), proto.Message(anyCommit), proto.Message(nil)
 	frame := q.slot(i)[:n]
 	if n < 4 || int(binary.BigEndian.Uint32(frame)) != n-4 {
 		reply = &proto.Error{Code: proto.CodeBadRequest, Message: fmt.Sprintf("a SEND of %d bytes on the write QP that is not one control frame", n)}
 	} else {
 		var err error
 		if id, m, err = proto.DecodeFrame(frame[4:]); err != nil {
-			m, reply = &proto.Commit{}, &proto.Error{Code: proto.CodeBadRequest, Message: err.Error()}
+			m, reply = anyCommit, &proto.Error{Code: proto.CodeBadRequest, Message: err.Error()}
 		} else {
 			switch cm := m.(type) {
 			case *proto.Commit:
@@ -163,7 +171,8 @@ func (q *qpCommits) answer(i, n int) bool {
 	}
 	copy(q.slot(commitRecvs), q.out)
 	q.sges[0] = rdma.SGE{MR: q.mr, Offset: commitRecvs * proto.CommitSlotSize, Length: len(q.out)}
-	if err := q.qp.PostSend([]rdma.SendWR{{Op: rdma.OpSend, Flags: rdma.Signaled, SGL: q.sges[:]}}); err != nil {
+	q.send[0] = rdma.SendWR{Op: rdma.OpSend, Flags: rdma.Signaled, SGL: q.sges[:]}
+	if err := q.qp.PostSend(q.send[:]); err != nil {
 		_ = q.c.nc.Close()
 		return false
 	}
