@@ -99,10 +99,9 @@ var (
 )
 
 // Workloads lists the standard workloads, by name: the ones rkv-client
-// bench offers. WorkloadMultiPut joins them once rkv's client has a
-// MultiPut to run it on.
+// bench offers.
 var Workloads = map[string]Workload{
-	"a": WorkloadA, "b": WorkloadB, "c": WorkloadC, "put": WorkloadPut, "multiget": WorkloadMultiGet,
+	"a": WorkloadA, "b": WorkloadB, "c": WorkloadC, "put": WorkloadPut, "multiget": WorkloadMultiGet, "multiput": WorkloadMultiPut,
 }
 
 // Operation kinds: the keys of Result.Latency and Result.CDF.

@@ -43,7 +43,7 @@ type benchFlags struct {
 func (f *benchFlags) options(timeout time.Duration) (loadgen.Options, error) {
 	w, ok := loadgen.Workloads[f.workload]
 	if !ok {
-		return loadgen.Options{}, fmt.Errorf("--workload %q: want a, b, c, put or multiget", f.workload)
+		return loadgen.Options{}, fmt.Errorf("--workload %q: want a, b, c, put, multiget or multiput", f.workload)
 	}
 	switch {
 	case f.keys < 1:
@@ -84,7 +84,7 @@ func (f *benchFlags) options(timeout time.Duration) (loadgen.Options, error) {
 func benchCmd(g *globals) *cobra.Command {
 	f := &benchFlags{}
 	cmd := &cobra.Command{
-		Use:   "bench [--workload a|b|c|put|multiget] [--keys N] [--value-size S] [--duration D | --ops N] ...",
+		Use:   "bench [--workload a|b|c|put|multiget|multiput] [--keys N] [--value-size S] [--duration D | --ops N] ...",
 		Short: "a YCSB-style workload: throughput, latency percentiles and errors per operation",
 		Long: `bench loads keys PREFIX0 .. PREFIX<keys-1> (unless --no-load), then drives a
 workload from --concurrency goroutines, each with one request in flight,
@@ -95,6 +95,7 @@ unmeasured --warmup). Workloads (YCSB's core mixes):
   c         100% get (the default)
   put       100% put
   multiget  100% MultiGet of --batch keys
+  multiput  100% MultiPut of --batch pairs
 Keys are drawn uniformly or from a zipfian law (--theta; the hot keys are
 scattered over the key space). Values encode their key and a version:
 --verify checks every value read, and then any wrong or missing value fails
@@ -130,7 +131,7 @@ whole result, with a latency CDF per kind (durations in nanoseconds).`,
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&f.workload, "workload", "c", "operation mix: a (50% get, 50% put), b (95/5), c (all gets), put, multiget")
+	fl.StringVar(&f.workload, "workload", "c", "operation mix: a (50% get, 50% put), b (95/5), c (all gets), put, multiget, multiput")
 	fl.IntVar(&f.keys, "keys", 1000, "key space: PREFIX0 .. PREFIX<keys-1>")
 	fl.IntVar(&f.valueSize, "value-size", 128, "value size in bytes (--verify checks versions from 24 bytes)")
 	fl.StringVar(&f.prefix, "prefix", "bench/", "key prefix")
@@ -273,6 +274,9 @@ func writeBenchTable(out io.Writer, f *benchFlags, r *loadgen.Result) error {
 	if o.Workload.MultiGet > 0 {
 		mix = fmt.Sprintf("multiget of %d keys", o.BatchSize)
 	}
+	if o.Workload.MultiPut > 0 {
+		mix = fmt.Sprintf("multiput of %d pairs", o.BatchSize)
+	}
 	fmt.Fprintf(out, "workload %s (%s), %s over %d keys of %d bytes, %d goroutine(s) on %d client(s), %s (seed %d)\n",
 		o.Workload.Name, mix, dist, o.Keys, o.ValueSize, o.Concurrency, f.clients, what, o.Seed)
 	if s, ok := r.Extra["load_seconds"]; ok {
@@ -280,7 +284,7 @@ func writeBenchTable(out io.Writer, f *benchFlags, r *loadgen.Result) error {
 	}
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "OP\tOPS\tOPS/S\tP50\tP90\tP99\tP99.9\tMAX\t")
-	for _, k := range []string{loadgen.KindGet, loadgen.KindPut, loadgen.KindMultiGet, loadgen.KindAll} {
+	for _, k := range []string{loadgen.KindGet, loadgen.KindPut, loadgen.KindMultiGet, loadgen.KindMultiPut, loadgen.KindAll} {
 		l, ok := r.Latency[k]
 		if !ok || (k == loadgen.KindAll && len(r.Latency) <= 2) { // "all" repeats a lone kind
 			continue

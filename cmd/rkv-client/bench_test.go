@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -112,6 +113,19 @@ func TestBenchAgainstAServer(t *testing.T) {
 	// A batch of 4 keys of one server: at least one READ per key.
 	if rpg := r.Extra["rdma_reads_per_get"]; rpg < 1 || rpg > 3 {
 		t.Fatalf("rdma_reads_per_get %v (extra %v)", rpg, r.Extra)
+	}
+
+	// MultiPuts of 8 pairs (400 writes over 20 keys: each written), then
+	// every key read back and checked.
+	out, errs, code = runCLI(env, "bench", "--workload", "multiput", "--batch", "8", "--no-load", "--prefix", "mput/",
+		"--keys", "20", "--ops", "50", "--quiet", "--value-size", "64", "--distribution", "uniform")
+	if code != 0 || !strings.Contains(out, "multiput of 8 pairs") || !regexp.MustCompile(`multiput +50 `).MatchString(out) {
+		t.Fatalf("bench multiput: exit %d\n%s\n%s", code, out, errs)
+	}
+	out, errs, code = runCLI(env, "bench", "--no-load", "--verify", "--prefix", "mput/", "--keys", "20", "--ops", "300",
+		"--quiet", "--distribution", "uniform", "--value-size", "64")
+	if code != 0 || strings.Contains(out, "notfound") {
+		t.Fatalf("the multiput keys read back: exit %d\n%s\n%s", code, out, errs)
 	}
 
 	// --verify over keys never loaded: the report, then exit 4.
