@@ -16,7 +16,8 @@ import (
 // server on the soft provider (sync none: the store, not the disk).
 // get-append is GET into a buffer the goroutine reuses (GetAppend);
 // put-nosession is PUT with idempotency sessions off (a second client), to
-// tell their cost from the rest:
+// tell their cost from the rest; multiput16 is MultiPut of 16 random keys
+// (keys/s counts the pairs):
 //
 //	go test -run '^$' -bench Throughput -benchtime 20000x ./client/
 func BenchmarkThroughput(b *testing.B) {
@@ -36,7 +37,7 @@ func BenchmarkThroughput(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	for _, op := range []string{"get", "get-append", "put", "put-nosession"} {
+	for _, op := range []string{"get", "get-append", "put", "put-nosession", "multiput16"} {
 		b.Run(op, func(b *testing.B) {
 			var seed atomic.Uint64
 			b.SetParallelism(8) // x GOMAXPROCS goroutines
@@ -44,6 +45,7 @@ func BenchmarkThroughput(b *testing.B) {
 			b.RunParallel(func(pb *testing.PB) {
 				rng := rand.New(rand.NewPCG(seed.Add(1), 2))
 				buf := make([]byte, 0, size)
+				batch := make([]client.KV, 16)
 				for pb.Next() {
 					k := keys[rng.IntN(nkeys)]
 					var err error
@@ -54,6 +56,11 @@ func BenchmarkThroughput(b *testing.B) {
 						buf, err = cl.GetAppend(ctx, buf[:0], k)
 					case "put":
 						err = cl.Put(ctx, k, v)
+					case "multiput16":
+						for j := range batch {
+							batch[j] = client.KV{Key: keys[rng.IntN(nkeys)], Value: v}
+						}
+						err = cl.MultiPut(ctx, batch)
 					default:
 						err = plain.Put(ctx, k, v)
 					}
@@ -64,6 +71,9 @@ func BenchmarkThroughput(b *testing.B) {
 				}
 			})
 			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "ops/s")
+			if op == "multiput16" {
+				b.ReportMetric(16*float64(b.N)/b.Elapsed().Seconds(), "keys/s")
+			}
 		})
 	}
 }

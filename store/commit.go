@@ -298,13 +298,27 @@ func (s *Store) abandon(c *pendingCommit) {
 }
 
 func (s *Store) submit(ctx context.Context, c *pendingCommit) error {
+	if err := s.enqueue(ctx, c); err != nil {
+		return err
+	}
+	return s.await(ctx, c)
+}
+
+// enqueue hands admitted c to the commit loop, or abandons it when ctx
+// ends first.
+func (s *Store) enqueue(ctx context.Context, c *pendingCommit) error {
 	select {
 	case s.commits <- c:
+		return nil
 	case <-ctx.Done():
 		s.abandon(c)
 		return ctx.Err()
 	}
-	// Once queued the commit happens; ctx only stops the wait for it.
+}
+
+// await waits for queued c. Once queued the commit happens; ctx only
+// stops the wait for it.
+func (s *Store) await(ctx context.Context, c *pendingCommit) error {
 	select {
 	case <-c.done:
 		return c.result

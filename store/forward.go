@@ -60,15 +60,33 @@ type BatchCommit struct {
 func (s *Store) CommitBatch(ctx context.Context, id uint64, batch []BatchCommit) ([]Committed, []error) {
 	out := make([]Committed, len(batch))
 	errs := make([]error, len(batch))
+	queued := make([]*pendingCommit, len(batch))
 	var wg sync.WaitGroup
 	for i, b := range batch {
 		c, v, err := s.prepareCommit(id, b.Off, b.Length, b.Write, 0)
-		if err != nil {
+		switch {
+		case err != nil:
 			s.stats.commitsRejected.Add(1)
 			errs[i] = err
+		case v.dup != nil || v.wait != nil || b.Forwarder != nil && b.Forwarder.Forwards(c.shard):
+			// Answered from its session, or forwarded first: each waits
+			// on a goroutine of its own.
+			wg.Go(func() { out[i], errs[i] = s.completeCommit(ctx, c, v, b.Forwarder) })
+		default:
+			// Straight to the commit loop, which takes what is queued
+			// together; waited for below.
+			if errs[i] = s.enqueue(ctx, c); errs[i] == nil {
+				queued[i] = c
+			}
+		}
+	}
+	for i, c := range queued {
+		if c == nil {
 			continue
 		}
-		wg.Go(func() { out[i], errs[i] = s.completeCommit(ctx, c, v, b.Forwarder) })
+		if errs[i] = s.await(ctx, c); errs[i] == nil {
+			out[i] = Committed{Location: c.entry.loc, Version: c.entry.version}
+		}
 	}
 	wg.Wait()
 	return out, errs
