@@ -6,7 +6,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/rkv-io/rkv/internal/session"
@@ -35,6 +36,7 @@ type serverConn struct {
 	qpSeq      uint64
 	frame      []byte
 	commit     proto.Commit
+	posted     rdma.Opcode // the first request of the last postOnly, for errors
 	commitSGEs [2]rdma.SGE // the reply's RECV, the commit's SEND
 	recv       [1]rdma.RecvWR
 	// Scratch for posts of READs, and for one read's key states.
@@ -246,57 +248,33 @@ func (sc *serverConn) put(ctx context.Context, t *target, key, value []byte, w p
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrTooLarge, err)
 	}
-	// The copies for the backups, if the shard has any, are written
-	// while the primary's WRITE is in flight: both only read the record.
-	copied := noCopies
-	sh := proto.ShardOf(key)
-	backedUp := t.m.Holders(sh) > 1
-	if backedUp {
-		copied = sc.startCopies(ctx, t, sh, sc.buf()[:n])
-	}
-	// With a commit on the write QP the WRITE is not waited for: the
-	// commit's SEND follows it on the QP, and RC delivers them in order.
-	// It is posted with the SEND, in one post, unless there are copies to
-	// wait for first.
-	onQP := sc.s.Hello.CommitSlot > 0
-	sc.sges = append(sc.sges[:0], rdma.SGE{MR: sc.mr, Length: n})
-	write := rdma.SendWR{Op: rdma.OpWrite, SGL: sc.sges[:1], RemoteAddr: l.Addr + l.off, RKey: l.RKey}
-	switch {
-	case !onQP:
-		err = sc.post(ctx, rdma.OpWrite, 0, n, write.RemoteAddr, write.RKey)
-	case backedUp:
-		sc.wrs = append(sc.wrs[:0], write)
-		if err = sc.s.WriteQP.PostSend(sc.wrs); err != nil {
-			sc.drop()
-			err = retryLost(sc.name, "a WRITE to %s: posting: %w", sc.name, err)
+	// The copies for the backups, if the shard has any, are posted first
+	// and not waited for: the commit follows at once (postCopies).
+	var copies []proto.ReplicaCopy
+	finishCopies := func() {}
+	if sh := proto.ShardOf(key); t.m.Holders(sh) > 1 {
+		if copies, finishCopies, err = sc.c.postCopies(ctx, t, sh, sc.buf()[:n]); err != nil {
+			return err
 		}
 	}
-	copies, copyErr := copied()
-	if err != nil {
-		return err
-	}
-	if copyErr != nil {
-		return copyErr
-	}
+	defer finishCopies()
 	off := l.off
 	l.off += uint64(n)
 	l.version++
 	sc.commit = proto.Commit{LeaseID: l.ID, Offset: off, Length: uint64(n), Epoch: t.epoch, Write: w, Copies: copies}
 	commit := &sc.commit // the connection's: a Message of its own would be an allocation per PUT
+	// With a commit on the write QP the WRITE is not waited for: the
+	// commit's SEND follows it on the QP, in the same post, and RC
+	// delivers them in order.
 	var r proto.Message
 	sent := false
-	if onQP {
-		withWrite := &write
-		if backedUp {
-			withWrite = nil
-		}
-		r, sent, err = sc.commitOnQP(ctx, commit, withWrite)
-		if !sent && err == nil {
-			// The frame does not fit the server's slot: the WRITE must
-			// be complete before the control request (posted again, the
-			// same bytes to the same place, and waited for).
-			err = sc.post(ctx, rdma.OpWrite, 0, n, write.RemoteAddr, write.RKey)
-		}
+	if sc.s.Hello.CommitSlot > 0 {
+		sc.sges = append(sc.sges[:0], rdma.SGE{MR: sc.mr, Length: n})
+		r, sent, err = sc.commitOnQP(ctx, commit, &rdma.SendWR{Op: rdma.OpWrite, SGL: sc.sges[:1], RemoteAddr: l.Addr + off, RKey: l.RKey})
+	}
+	if !sent && err == nil {
+		// A control request, once the WRITE completed.
+		err = sc.post(ctx, rdma.OpWrite, 0, n, l.Addr+off, l.RKey)
 	}
 	if !sent && err == nil {
 		r, err = sc.rpc(ctx, commit)
@@ -320,25 +298,6 @@ func (sc *serverConn) put(ctx context.Context, t *target, key, value []byte, w p
 	}
 	return nil
 }
-
-// startCopies starts writing rec's copies into the backups of shard sh,
-// whose primary is t, and returns what waits for them (writeCopies).
-func (sc *serverConn) startCopies(ctx context.Context, t *target, sh proto.Shard, rec []byte) func() ([]proto.ReplicaCopy, error) {
-	var copies []proto.ReplicaCopy
-	var err error
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		copies, err = sc.c.writeCopies(ctx, t, sh, rec)
-	}()
-	return func() ([]proto.ReplicaCopy, error) {
-		<-done
-		return copies, err
-	}
-}
-
-// noCopies is startCopies' wait for a shard without backups.
-func noCopies() ([]proto.ReplicaCopy, error) { return nil, nil }
 
 // leaseFor returns the connection's lease with room for a record of size
 // bytes (and a version), ending the current one and taking a new one when
@@ -375,15 +334,17 @@ func (sc *serverConn) leaseFor(ctx context.Context, t *target, size uint64) (*cl
 	return l, nil
 }
 
-// writeCopies writes record rec, of a key of shard sh whose primary is t,
-// into a lease on each of the shard's backups, all at once, and returns
-// where, in the backups' order.
-func (c *Client) writeCopies(ctx context.Context, t *target, sh proto.Shard, rec []byte) ([]proto.ReplicaCopy, error) {
+// postCopies posts record rec, of a key of shard sh whose primary is t,
+// into a lease on each of the shard's backups, and returns where, in the
+// backups' order, and what finishes them. The WRITEs are not waited for:
+// the caller commits at the primary at once, which forwards the commit to
+// each backup, and a backup looks again for a copy still landing
+// (server/replicate.go); a round trip less than waiting here. finish waits
+// for the WRITEs and gives the connections back; the caller calls it once
+// the commit is done, and only then may it change rec.
+func (c *Client) postCopies(ctx context.Context, t *target, sh proto.Shard, rec []byte) (_ []proto.ReplicaCopy, finish func(), _ error) {
 	r := c.routes()
 	backups := t.m.Shard(sh).Owners[1:]
-	if len(backups) == 0 {
-		return nil, nil
-	}
 	targets := make([]*target, len(backups))
 	for i, name := range backups {
 		targets[i] = r.server(name)
@@ -391,38 +352,58 @@ func (c *Client) writeCopies(ctx context.Context, t *target, sh proto.Shard, rec
 			// A backup down: the map's leader drops it from the shard
 			// after BackupTimeout. Retried as for a moving shard, with the
 			// map fetched again, for up to MoveWait.
-			return nil, retryMoving(name, "%v's backup %s is unavailable until the map drops it: %w", sh, name, err)
+			return nil, nil, retryMoving(name, "%v's backup %s is unavailable until the map drops it: %w", sh, name, err)
+		}
+	}
+	type held struct {
+		p      *serverPool
+		sc     *serverConn
+		posted *session.Conn // the session the WRITE went on, if it did
+	}
+	hold := make([]held, 0, len(backups))
+	finish = func() {
+		for _, h := range hold {
+			if h.posted != nil {
+				h.sc.awaitPosted(ctx, h.posted)
+			}
+			h.sc.unlock()
+			h.p.release(h.sc)
 		}
 	}
 	copies := make([]proto.ReplicaCopy, len(backups))
-	errs := make([]error, len(backups))
-	write := func(i int) {
-		errs[i] = c.withCopyConn(ctx, backups[i], func(bsc *serverConn) error {
-			var err error
-			copies[i], err = bsc.writeCopy(ctx, targets[i], rec)
-			return err
-		})
+	// Connections held at once are taken in the order of the servers'
+	// names: two writers whose shards list the same backups in other
+	// orders would otherwise each hold what the other waits for.
+	order := make([]int, len(backups))
+	for i := range order {
+		order[i] = i
 	}
-	var wg sync.WaitGroup
-	for i := range backups[1:] {
-		wg.Go(func() { write(i + 1) })
-	}
-	write(0)
-	wg.Wait()
-	for _, err := range errs {
+	slices.SortFunc(order, func(a, b int) int { return strings.Compare(backups[a], backups[b]) })
+	for _, i := range order {
+		name := backups[i]
+		p, sc, err := c.acquire(ctx, poolKey{name: name, copies: true})
+		if err == nil {
+			if err = sc.lock(ctx); err != nil {
+				p.release(sc)
+			}
+		}
+		if err == nil {
+			hold = append(hold, held{p: p, sc: sc})
+			if copies[i], err = sc.postCopy(ctx, targets[i], rec); err == nil {
+				hold[len(hold)-1].posted = sc.s
+			}
+		}
 		if err != nil {
-			return nil, err
+			finish()
+			return nil, nil, err
 		}
 	}
-	return copies, nil
+	return copies, finish, nil
 }
 
-// writeCopy writes a record's copy into the connection's lease.
-func (sc *serverConn) writeCopy(ctx context.Context, t *target, rec []byte) (proto.ReplicaCopy, error) {
-	if err := sc.lock(ctx); err != nil {
-		return proto.ReplicaCopy{}, err
-	}
-	defer sc.unlock()
+// postCopy posts a record's copy into the connection's lease, and leaves
+// its WRITE to complete (awaitPosted). The caller holds the connection.
+func (sc *serverConn) postCopy(ctx context.Context, t *target, rec []byte) (proto.ReplicaCopy, error) {
 	if err := sc.ready(ctx, t.member); err != nil {
 		return proto.ReplicaCopy{}, err
 	}
@@ -431,7 +412,9 @@ func (sc *serverConn) writeCopy(ctx context.Context, t *target, rec []byte) (pro
 		return proto.ReplicaCopy{}, err
 	}
 	n := copy(sc.buf(), rec)
-	if err := sc.post(ctx, rdma.OpWrite, 0, n, l.Addr+l.off, l.RKey); err != nil {
+	sc.sges = append(sc.sges[:0], rdma.SGE{MR: sc.mr, Length: n})
+	sc.wrs = append(sc.wrs[:0], rdma.SendWR{Op: rdma.OpWrite, SGL: sc.sges[:1], RemoteAddr: l.Addr + l.off, RKey: l.RKey})
+	if err := sc.postOnly(sc.s.WriteQP); err != nil {
 		return proto.ReplicaCopy{}, err
 	}
 	cp := proto.ReplicaCopy{Server: sc.name, LeaseID: l.ID, Offset: l.off, Length: uint64(n)}
@@ -476,6 +459,15 @@ func (sc *serverConn) postAll(ctx context.Context) error {
 
 // postOn is postAll on qp, whose CQ is cq.
 func (sc *serverConn) postOn(ctx context.Context, qp rdma.QP, cq rdma.CQ) error {
+	if err := sc.postOnly(qp); err != nil {
+		return err
+	}
+	return sc.awaitOn(ctx, cq)
+}
+
+// postOnly posts sc.wrs on qp with only the last one signaled (postAll),
+// for awaitOn to wait for. A failure drops the session.
+func (sc *serverConn) postOnly(qp rdma.QP) error {
 	wrs := sc.wrs
 	reads := 0
 	for i := range wrs {
@@ -486,12 +478,21 @@ func (sc *serverConn) postOn(ctx context.Context, qp rdma.QP, cq rdma.CQ) error 
 	}
 	wrs[len(wrs)-1].Flags = rdma.Signaled
 	sc.c.reads.Add(uint64(reads))
+	sc.posted = wrs[0].Op
+	if err := qp.PostSend(wrs); err != nil {
+		sc.drop()
+		return retryLost(sc.name, "%d %v to %s: posting: %w", len(wrs), wrs[0].Op, sc.name, err)
+	}
+	return nil
+}
+
+// awaitOn waits for the signaled request postOnly posted to complete on
+// cq. A failure drops the session (the QP is in ERR, and the buffer may
+// still be the NIC's until the QP is gone).
+func (sc *serverConn) awaitOn(ctx context.Context, cq rdma.CQ) error {
 	fail := func(what string, err error) error {
 		sc.drop()
-		return retryLost(sc.name, "%d %v to %s: %s: %w", len(wrs), wrs[0].Op, sc.name, what, err)
-	}
-	if err := qp.PostSend(wrs); err != nil {
-		return fail("posting", err)
+		return retryLost(sc.name, "%v to %s: %s: %w", sc.posted, sc.name, what, err)
 	}
 	if _, err := cq.Wait(ctx, sc.wc[:1]); err != nil {
 		return fail("waiting", err)
@@ -504,4 +505,17 @@ func (sc *serverConn) postOn(ctx context.Context, qp rdma.QP, cq rdma.CQ) error 
 		return fail(what, err)
 	}
 	return nil
+}
+
+// awaitPosted waits for a copy's WRITE that postCopy posted on session s,
+// if the session still stands (a failure dropped it, and the QP's close
+// ended the WRITE), whatever ctx says: the buffer is the NIC's until then.
+// Its error only drops the session: the commit, which the backup
+// verified, says whether the copy arrived.
+func (sc *serverConn) awaitPosted(ctx context.Context, s *session.Conn) {
+	if sc.s != nil && sc.s == s {
+		if err := sc.awaitOn(context.WithoutCancel(ctx), s.WriteCQ); err != nil {
+			sc.c.log.Debug("a copy's WRITE failed", "server", sc.name, "err", err)
+		}
+	}
 }

@@ -74,8 +74,9 @@ func (p *serverPool) close() error {
 // poolKey names a pool: a server's connections for requests, or those
 // for the copies of records written for its backups (copies), which are
 // taken while holding a request's connection to the primary: in pools of
-// their own, never held while waiting for another, they cannot deadlock
-// two writers whose keys' primaries back up each other.
+// their own, and taken by a writer in the order of the servers' names
+// (postCopies), they cannot deadlock two writers whose keys' primaries
+// back up each other.
 type poolKey struct {
 	name   string
 	copies bool
@@ -86,17 +87,22 @@ func (c *Client) withConn(ctx context.Context, name string, op func(*serverConn)
 	return c.withPoolConn(ctx, poolKey{name: name}, op)
 }
 
-// withCopyConn runs op on a connection to the named server for writing a
-// record's copy.
-func (c *Client) withCopyConn(ctx context.Context, name string, op func(*serverConn) error) error {
-	return c.withPoolConn(ctx, poolKey{name: name, copies: true}, op)
+func (c *Client) withPoolConn(ctx context.Context, k poolKey, op func(*serverConn) error) error {
+	p, sc, err := c.acquire(ctx, k)
+	if err != nil {
+		return err
+	}
+	defer p.release(sc)
+	return op(sc)
 }
 
-func (c *Client) withPoolConn(ctx context.Context, k poolKey, op func(*serverConn) error) error {
+// acquire takes a connection of pool k; the caller gives it back with
+// p.release.
+func (c *Client) acquire(ctx context.Context, k poolKey) (p *serverPool, _ *serverConn, _ error) {
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
-		return ErrClosed
+		return nil, nil, ErrClosed
 	}
 	p, ok := c.servers[k]
 	if !ok {
@@ -105,9 +111,5 @@ func (c *Client) withPoolConn(ctx context.Context, k poolKey, op func(*serverCon
 	}
 	c.mu.Unlock()
 	sc, err := p.acquire(ctx)
-	if err != nil {
-		return err
-	}
-	defer p.release(sc)
-	return op(sc)
+	return p, sc, err
 }

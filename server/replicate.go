@@ -133,11 +133,24 @@ func (c *conn) replicaCommit(m *proto.ReplicaCommit) proto.Message {
 		return e
 	}
 	r, err := c.s.st.ApplyReplica(context.Background(), m.LeaseID, int64(m.Offset), int64(m.Length), m.Version, m.Write)
+	for wait := 20 * time.Microsecond; errors.Is(err, store.ErrRecord) && wait <= copyLandingWait; wait *= 2 {
+		// The client posts a copy's WRITE and the commit at the primary
+		// without waiting between them (client/conn.go, postCopies):
+		// the copy may still be landing. Nothing was admitted; look again.
+		time.Sleep(wait)
+		r, err = c.s.st.ApplyReplica(context.Background(), m.LeaseID, int64(m.Offset), int64(m.Length), m.Version, m.Write)
+	}
 	if err != nil {
 		return errorReply(err)
 	}
 	return &proto.CommitReply{Arena: r.Location.Arena, Offset: r.Location.Offset, Length: r.Location.Length, Version: r.Version}
 }
+
+// copyLandingWait bounds, about, how long a backup waits for a copy the
+// primary forwarded the commit of to verify (20 µs, doubling: 41 ms in
+// all): the client's WRITE of it left before its commit to the primary,
+// which forwarded it here, so it is late only by scheduling.
+const copyLandingWait = 20 << 10 * time.Microsecond
 
 // replicaDelete applies a delete its primary forwarded.
 func (c *conn) replicaDelete(m *proto.ReplicaDelete) proto.Message {
