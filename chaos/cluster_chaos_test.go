@@ -218,6 +218,23 @@ func (c *cluster) resume(n *node) error {
 	return nil
 }
 
+// down reports whether the nemesis killed n and has not restarted it.
+func (c *cluster) down(n *node) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.state == killed
+}
+
+// node returns the server named name, or nil.
+func (c *cluster) node(name string) *node {
+	for _, n := range c.nodes {
+		if n.name == name {
+			return n
+		}
+	}
+	return nil
+}
+
 // exited reports a server that died without the nemesis killing it.
 func (c *cluster) exited() []string {
 	var out []string
