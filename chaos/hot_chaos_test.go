@@ -1,0 +1,428 @@
+//go:build chaos
+
+// TestChaosHotPrimary: kill -9 the primary of the hottest keys under put load, then a second server once re-replication finished.
+
+package chaos
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rkv-io/rkv/client"
+	"github.com/rkv-io/rkv/clustermap"
+	"github.com/rkv-io/rkv/membership"
+	"github.com/rkv-io/rkv/proto"
+)
+
+// zipfWeights is n keys' shares of the operations, key i's proportional
+// to 1/(i+1) (Zipf, s = 1): on 24 keys k00 takes 26%, k00-k03 55%, k23 1.1%.
+func zipfWeights(n int) []float64 {
+	w := make([]float64, n)
+	sum := 0.0
+	for i := range w {
+		w[i] = 1 / float64(i+1)
+		sum += w[i]
+	}
+	for i := range w {
+		w[i] /= sum
+	}
+	return w
+}
+
+// hotKill is one kill of a hotSchedule and what the map showed after it;
+// its durations count from the kill.
+type hotKill struct {
+	victim string
+	start  time.Duration // the SIGKILL, on the history's clock
+	epoch  uint64        // the map that named the victim
+	// keys are the affected keys: those whose shard's primary the victim
+	// was in that map; share is their share of the operations.
+	keys  []string
+	share float64
+	// owned is every shard the victim was primary of in that map.
+	owned []proto.Shard
+	// failover: until a map had none of the owned shards on the victim
+	// as primary; 0 if none did.
+	failover time.Duration
+	// restart: until the victim was ready again, if that came before
+	// re-replication finished (three servers); else 0.
+	restart time.Duration
+	// rerepl: until a map showed re-replication finished (rereplicated),
+	// at epoch rrEpoch.
+	rerepl  time.Duration
+	rrEpoch uint64
+}
+
+// hotSchedule kills the server that is primary of the hottest keys, waits
+// until the map shows re-replication finished, kills the primary of the
+// hottest keys among the other servers, and waits again.
+type hotSchedule struct {
+	keys    []string
+	weights []float64
+	// overlap keeps the first victim down through the second kill, until
+	// the map shows that kill re-replicated too, and then restarts both
+	// (five servers: the three left hold every shard's three copies).
+	// Otherwise each victim restarts minDown-maxDown after its kill:
+	// on three servers at three replicas the map cannot show
+	// re-replication finished while one is down (the two others hold
+	// two copies, and a dead server still counts as active).
+	overlap          bool
+	minDown, maxDown time.Duration
+	// warmup is the load before the first kill, tail the load after the
+	// last recovery.
+	warmup, tail time.Duration
+	// timeout bounds each wait on the map: from a kill to re-replication
+	// finished, from the last restarts to a settled map.
+	timeout time.Duration
+	rng     *rand.Rand
+
+	mu      sync.Mutex
+	kills   []hotKill
+	settled time.Duration // overlap: from the restarts to a settled map
+}
+
+func (s *hotSchedule) String() string {
+	how := fmt.Sprintf("each victim restarted %v-%v after its kill", s.minDown, s.maxDown)
+	if s.overlap {
+		how = "the first victim down through the second kill, both restarted once the second's shards are re-replicated"
+	}
+	return fmt.Sprintf("keys picked by Zipf (s=1: k00 %.0f%%, k%02d %.1f%%); kill -9 the primary of the hottest keys after %v, then the hottest other primary once the map shows re-replication finished; %s; %v of load after",
+		100*s.weights[0], len(s.weights)-1, 100*s.weights[len(s.weights)-1], s.warmup, how, s.tail)
+}
+
+func (s *hotSchedule) run(ctx context.Context, nm *nemesis, obs *client.Client) error {
+	hold(ctx, s.warmup)
+	var victims []*node
+	var pending []Fault // kills whose victim is still down (overlap)
+	for range 2 {
+		k, f, err := s.kill(ctx, nm, obs, victims)
+		if err != nil {
+			return err
+		}
+		victims = append(victims, nm.c.node(k.victim))
+		restartAt := time.Duration(-1)
+		if !s.overlap {
+			restartAt = k.start + between(s.rng, s.minDown, s.maxDown)
+		} else {
+			pending = append(pending, f)
+		}
+		err = s.await(ctx, nm, obs, &k, f, restartAt)
+		s.mu.Lock()
+		s.kills = append(s.kills, k)
+		s.mu.Unlock()
+		if err != nil {
+			return err
+		}
+	}
+	if s.overlap {
+		t0 := nm.h.Now()
+		for i, f := range pending {
+			if err := s.restart(nm, victims[i], f); err != nil {
+				return err
+			}
+		}
+		// Both came back holding nothing: the planner moves replicas and
+		// primaries onto them.
+		for {
+			m, err := freshMap(ctx, obs)
+			if err == nil && m.Settled() {
+				s.mu.Lock()
+				s.settled = nm.h.Now() - t0
+				s.mu.Unlock()
+				nm.logf("nemesis: map settled (epoch %d) %v after the restarts", m.Epoch(), (nm.h.Now() - t0).Round(time.Millisecond))
+				break
+			}
+			if nm.h.Now()-t0 > s.timeout {
+				return fmt.Errorf("the map not settled %v after the restarts: %v", s.timeout, describe(m))
+			}
+			if !sleepCtx(ctx, 100*time.Millisecond) {
+				return ctx.Err()
+			}
+		}
+	}
+	hold(ctx, s.tail)
+	return ctx.Err()
+}
+
+// kill SIGKILLs the live server, not among exclude, whose primaries take
+// the largest share of the operations in the newest map (ties: the first
+// in the map's order).
+func (s *hotSchedule) kill(ctx context.Context, nm *nemesis, obs *client.Client, exclude []*node) (hotKill, Fault, error) {
+	c := nm.c
+	m, err := freshMap(ctx, obs)
+	if err != nil {
+		return hotKill{}, Fault{}, fmt.Errorf("reading the map to choose a victim: %w", err)
+	}
+	heat := map[string]float64{}
+	for i, key := range s.keys {
+		p, _ := m.Owner(proto.ShardOf([]byte(key)))
+		heat[p] += s.weights[i]
+	}
+	var victim *node
+	for _, srv := range m.Servers() {
+		n := c.node(srv.Name)
+		if n == nil || srv.State != proto.ServerActive || c.down(n) || slices.Contains(exclude, n) {
+			continue
+		}
+		if victim == nil || heat[n.name] > heat[victim.name] {
+			victim = n
+		}
+	}
+	if victim == nil {
+		return hotKill{}, Fault{}, fmt.Errorf("no live server to kill in %v", m)
+	}
+	k := hotKill{victim: victim.name, epoch: m.Epoch(), share: heat[victim.name], owned: m.Owned(victim.name)}
+	for _, key := range s.keys {
+		if p, _ := m.Owner(proto.ShardOf([]byte(key))); p == victim.name {
+			k.keys = append(k.keys, key)
+		}
+	}
+	f := Fault{Kind: faultKill, Node: victim.name, Start: nm.h.Now()}
+	k.start = f.Start
+	if err := c.kill(victim); err != nil {
+		return hotKill{}, Fault{}, err
+	}
+	nm.logf("nemesis: kill -9 %s at %v: primary of %d shards and of %d of %d keys (%.0f%% of the operations: %s) in map epoch %d",
+		victim.name, f.Start.Round(time.Millisecond), len(k.owned), len(k.keys), len(s.keys), 100*k.share, strings.Join(k.keys, " "), m.Epoch())
+	return k, f, nil
+}
+
+// await polls the newest map until it shows re-replication finished after
+// k, noting when it first shows the victim's shards failed over; it
+// restarts the victim at restartAt meanwhile, when that is not negative.
+func (s *hotSchedule) await(ctx context.Context, nm *nemesis, obs *client.Client, k *hotKill, f Fault, restartAt time.Duration) error {
+	c := nm.c
+	victim := c.node(k.victim)
+	var m *clustermap.Map
+	for {
+		now := nm.h.Now()
+		if restartAt >= 0 && now >= restartAt && c.down(victim) {
+			if err := s.restart(nm, victim, f); err != nil {
+				return err
+			}
+			k.restart = nm.h.Now() - k.start
+		}
+		var err error
+		if m, err = freshMap(ctx, obs); err == nil {
+			now = nm.h.Now()
+			if k.failover == 0 && !slices.ContainsFunc(k.owned, func(sh proto.Shard) bool { o, _ := m.Owner(sh); return o == k.victim }) {
+				k.failover = now - k.start
+				nm.logf("nemesis: %s's %d shards failed over (map epoch %d) %v after the kill", k.victim, len(k.owned), m.Epoch(), k.failover.Round(time.Millisecond))
+			}
+			if m.Epoch() > k.epoch && rereplicated(m, c) {
+				k.rerepl, k.rrEpoch = now-k.start, m.Epoch()
+				nm.logf("nemesis: re-replication finished (map epoch %d) %v after the kill of %s", m.Epoch(), k.rerepl.Round(time.Millisecond), k.victim)
+				return nil
+			}
+		}
+		if now-k.start > s.timeout {
+			return fmt.Errorf("re-replication not finished %v after the kill of %s: %v", s.timeout, k.victim, describe(m))
+		}
+		if !sleepCtx(ctx, 100*time.Millisecond) {
+			return ctx.Err()
+		}
+	}
+}
+
+// restart starts a killed victim again and records its fault.
+func (s *hotSchedule) restart(nm *nemesis, n *node, f Fault) error {
+	err := nm.c.restart(n)
+	f.End = nm.h.Now()
+	f.Detail = fmt.Sprintf("down %v", (f.End - f.Start).Round(time.Millisecond))
+	if err != nil {
+		return fmt.Errorf("restarting %s: %w", n.name, err)
+	}
+	nm.record(f, nil)
+	return nil
+}
+
+// rereplicated reports what the map alone tells: every shard has the
+// copies it should (none under-replicated), none has a copy catching up,
+// and no server the nemesis has down holds a replica (right after a kill
+// the map still counts the victim's copies).
+func rereplicated(m *clustermap.Map, c *cluster) bool {
+	if r := m.Replication(); r.UnderReplicated > 0 || r.CatchingUp > 0 {
+		return false
+	}
+	for _, n := range c.nodes {
+		if c.down(n) && m.Holds(n.name) > 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// describe is a map's epoch and replication, for an error.
+func describe(m *clustermap.Map) string {
+	if m == nil {
+		return "no map read"
+	}
+	r := m.Replication()
+	return fmt.Sprintf("map epoch %d: %d shards under-replicated, %d catching up, %d moves; %v", m.Epoch(), r.UnderReplicated, r.CatchingUp, len(m.Moves()), m)
+}
+
+// freshMap fetches, through cl, the newest map the live servers gossip the
+// epoch of, and returns it.
+func freshMap(ctx context.Context, cl *client.Client) (*clustermap.Map, error) {
+	var want uint64
+	for _, mb := range cl.Membership().View().Servers() {
+		if mb.State == membership.StateAlive {
+			want = max(want, mb.Meta.MapEpoch)
+		}
+	}
+	if want == 0 {
+		return nil, errors.New("no live server gossips a map")
+	}
+	if err := cl.WaitMap(ctx, want, time.Second); err != nil {
+		return nil, err
+	}
+	return cl.Map(), nil
+}
+
+// sleepCtx waits d; false if ctx ended first.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	select {
+	case <-ctx.Done():
+		return false
+	case <-time.After(d):
+		return true
+	}
+}
+
+// firstWrites is, for each of keys, the time from start to the return of
+// the first write (put or delete) of it invoked after start and
+// acknowledged.
+func firstWrites(ops []Op, start time.Duration, keys []string) map[string]time.Duration {
+	first := map[string]time.Duration{}
+	for _, op := range ops {
+		if op.Final || op.Kind == Get || op.Outcome != OK || op.Call < start || !slices.Contains(keys, op.Key) {
+			continue
+		}
+		if d, ok := first[op.Key]; !ok || op.Return-start < d {
+			first[op.Key] = op.Return - start
+		}
+	}
+	return first
+}
+
+// p50max is the median (the upper one) and the maximum of ds.
+func p50max(ds []time.Duration) (p50, mx time.Duration) {
+	ds = slices.Sorted(slices.Values(ds))
+	return ds[len(ds)/2], ds[len(ds)-1]
+}
+
+// roundMs is d rounded to the millisecond, for a report.
+func roundMs(d time.Duration) time.Duration { return d.Round(time.Millisecond) }
+
+func (s *hotSchedule) report(b *strings.Builder, ops []Op) []string {
+	s.mu.Lock()
+	kills, settled := slices.Clone(s.kills), s.settled
+	s.mu.Unlock()
+	var fails []string
+	var all, maxima, rr []time.Duration
+	for i, k := range kills {
+		fmt.Fprintf(b, "  kill %d: %s at %v, primary of %d of %d keys (%.0f%% of the operations) in map epoch %d\n",
+			i+1, k.victim, roundMs(k.start), len(k.keys), len(s.keys), 100*k.share, k.epoch)
+		var events []string
+		if k.failover > 0 {
+			events = append(events, fmt.Sprintf("its shards failed over in the map %v after it", roundMs(k.failover)))
+		} else {
+			events = append(events, "no map showed its shards failed over")
+		}
+		if k.restart > 0 {
+			events = append(events, fmt.Sprintf("it was back %v after it", roundMs(k.restart)))
+		}
+		if k.rerepl > 0 {
+			events = append(events, fmt.Sprintf("re-replication finished %v after it (epoch %d)", roundMs(k.rerepl), k.rrEpoch))
+			rr = append(rr, k.rerepl)
+		} else {
+			events = append(events, "re-replication not seen finished")
+		}
+		fmt.Fprintf(b, "    %s\n", strings.Join(events, "; "))
+		first := firstWrites(ops, k.start, k.keys)
+		var ds []time.Duration
+		var each []string
+		for _, key := range k.keys {
+			d, ok := first[key]
+			if !ok {
+				each = append(each, key+" never")
+				fails = append(fails, fmt.Sprintf("kill %d of %s at %v: no write of %s was acknowledged after it", i+1, k.victim, roundMs(k.start), key))
+				continue
+			}
+			ds = append(ds, d)
+			each = append(each, fmt.Sprintf("%s %v", key, roundMs(d)))
+		}
+		if len(ds) > 0 {
+			p50, mx := p50max(ds)
+			all, maxima = append(all, ds...), append(maxima, mx)
+			fmt.Fprintf(b, "    kill to the first acknowledged write of each affected key: p50 %v, max %v (%s)\n", roundMs(p50), roundMs(mx), strings.Join(each, ", "))
+		}
+	}
+	if len(all) > 0 {
+		p50, mx := p50max(all)
+		fmt.Fprintf(b, "  kill to first write over %d kills and %d affected keys: p50 %v, max %v\n", len(kills), len(all), roundMs(p50), roundMs(mx))
+	}
+	if len(rr) > 0 {
+		var each []string
+		for _, d := range rr {
+			each = append(each, roundMs(d).String())
+		}
+		fmt.Fprintf(b, "  re-replication finished after the kills: %s\n", strings.Join(each, ", "))
+	}
+	if settled > 0 {
+		fmt.Fprintf(b, "  both victims restarted: map settled %v after\n", roundMs(settled))
+	}
+	return fails
+}
+
+// hotScenario is the hot-primary scenario on servers servers.
+func hotScenario(cfg runConfig, servers int, overlap bool, serverArgs ...string) scenario {
+	const nkeys = 24
+	w := zipfWeights(nkeys)
+	keys := make([]string, nkeys)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("k%02d", i)
+	}
+	return scenario{seed: cfg.seed, duration: 150 * time.Second, clients: 2, workers: 4, keys: nkeys, mix: mix{put: 60, delete: 5},
+		kinds: []string{faultKill}, servers: servers, weights: w,
+		serverArgs: append([]string{"--replicas", "3"}, serverArgs...),
+		schedule: &hotSchedule{keys: keys, weights: w, overlap: overlap, minDown: 6 * time.Second, maxDown: 9 * time.Second,
+			warmup: 3 * time.Second, tail: 3 * time.Second, timeout: 60 * time.Second, rng: rand.New(rand.NewPCG(cfg.seed, 2))}}
+}
+
+// TestChaosHotPrimary: three servers at three replicas under a put-heavy
+// load on hot keys; the primary of the hottest keys is killed with
+// SIGKILL and restarted on its data directory 6-9 s later; once the map
+// shows every shard back at three copies (the victim given its copies
+// again) and none catching up, the primary of the hottest keys among the
+// two others is killed and restarted the same way. Besides the
+// harness's checks, each affected key must be written again.
+func TestChaosHotPrimary(t *testing.T) {
+	cfg := loadConfig(t)
+	quietSoft(t)
+	sc := hotScenario(cfg, 3, false)
+	t.Logf("chaos, hot primary, three servers: %v", sc)
+	runScenario(t, cfg, buildServer(t, t.TempDir()), loopback{}, "", sc)
+}
+
+// TestChaosHotPrimaryFive: the same load on five servers at three
+// replicas; the second kill comes while the first victim is still down
+// (every shard has its three copies on the four others by then), so two
+// servers are down until the map shows the second's shards re-replicated
+// on the three left. Five Raft voters (--raft-voters 5): with the default
+// three, two of them down would leave the map without a quorum, and
+// nothing could fail over.
+func TestChaosHotPrimaryFive(t *testing.T) {
+	cfg := loadConfig(t)
+	quietSoft(t)
+	sc := hotScenario(cfg, 5, true, "--raft-voters", "5")
+	t.Logf("chaos, hot primary, five servers: %v", sc)
+	runScenario(t, cfg, buildServer(t, t.TempDir()), loopback{}, "", sc)
+}
