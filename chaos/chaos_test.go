@@ -330,6 +330,7 @@ func runScenario(t *testing.T, cfg runConfig, server string, nw network, netNote
 	c := newCluster(t, server, nw, n)
 	c.args = sc.serverArgs
 	defer c.stopAll()
+	up := time.Now()
 	for _, n := range c.nodes {
 		if err := c.start(n); err != nil {
 			t.Fatalf("%v\n%s", err, c.logTail(30))
@@ -354,6 +355,8 @@ func runScenario(t *testing.T, cfg runConfig, server string, nw network, netNote
 	if err = waitRecovered(ctx0, c, clients[0].Client); err != nil {
 		t.Fatalf("the cluster did not come up: %v\n%s", err, c.logTail(30))
 	}
+	// Placing the replicas takes most of a run's set-up: say how long.
+	t.Logf("cluster up: %d servers started, the map settled (epoch %d) in %v", n, clients[0].Map().Epoch(), time.Since(up).Round(time.Millisecond))
 	keys := make([]string, sc.keys)
 	for i := range keys {
 		keys[i] = fmt.Sprintf("k%02d", i)

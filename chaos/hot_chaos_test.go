@@ -21,17 +21,18 @@ import (
 	"github.com/rkv-io/rkv/proto"
 )
 
-// zipfWeights is n keys' shares of the operations, key i's proportional
-// to 1/(i+1) (Zipf, s = 1): on 24 keys k00 takes 26%, k00-k03 55%, k23 1.1%.
-func zipfWeights(n int) []float64 {
+// zipfRanks is n shares of the operations, rank r's proportional to
+// 1/(r+1) (Zipf, s = 1): for 24 keys the hottest takes 26%, the four
+// hottest 55%, the coldest 1.1%.
+func zipfRanks(n int) []float64 {
 	w := make([]float64, n)
 	sum := 0.0
-	for i := range w {
-		w[i] = 1 / float64(i+1)
-		sum += w[i]
+	for r := range w {
+		w[r] = 1 / float64(r+1)
+		sum += w[r]
 	}
-	for i := range w {
-		w[i] /= sum
+	for r := range w {
+		w[r] /= sum
 	}
 	return w
 }
@@ -40,12 +41,16 @@ func zipfWeights(n int) []float64 {
 // its durations count from the kill.
 type hotKill struct {
 	victim string
+	leader bool          // it led the map's Raft group: the failover waits for a new leader
 	start  time.Duration // the SIGKILL, on the history's clock
 	epoch  uint64        // the map that named the victim
 	// keys are the affected keys: those whose shard's primary the victim
 	// was in that map; share is their share of the operations.
 	keys  []string
 	share float64
+	// backed are the keys whose shard the victim backed up: their writes
+	// wait for the map's leader to drop it, not for a failover.
+	backed []string
 	// owned is every shard the victim was primary of in that map.
 	owned []proto.Shard
 	// failover: until a map had none of the owned shards on the victim
@@ -65,7 +70,8 @@ type hotKill struct {
 // hottest keys among the other servers, and waits again.
 type hotSchedule struct {
 	keys    []string
-	weights []float64
+	weights []float64 // by key
+	hottest []int     // key indexes, hottest first
 	// overlap keeps the first victim down through the second kill, until
 	// the map shows that kill re-replicated too, and then restarts both
 	// (five servers: the three left hold every shard's three copies).
@@ -93,8 +99,12 @@ func (s *hotSchedule) String() string {
 	if s.overlap {
 		how = "the first victim down through the second kill, both restarted once the second's shards are re-replicated"
 	}
-	return fmt.Sprintf("keys picked by Zipf (s=1: k00 %.0f%%, k%02d %.1f%%); kill -9 the primary of the hottest keys after %v, then the hottest other primary once the map shows re-replication finished; %s; %v of load after",
-		100*s.weights[0], len(s.weights)-1, 100*s.weights[len(s.weights)-1], s.warmup, how, s.tail)
+	var hot []string
+	for _, i := range s.hottest[:4] {
+		hot = append(hot, fmt.Sprintf("%s %.0f%%", s.keys[i], 100*s.weights[i]))
+	}
+	return fmt.Sprintf("keys picked by Zipf (s=1) in an order drawn from the seed (%s, ..., %s %.1f%%); kill -9 the primary of the hottest keys after %v, then the hottest other primary once the map shows re-replication finished; %s; %v of load after",
+		strings.Join(hot, ", "), s.keys[s.hottest[len(s.hottest)-1]], 100*s.weights[s.hottest[len(s.hottest)-1]], s.warmup, how, s.tail)
 }
 
 func (s *hotSchedule) run(ctx context.Context, nm *nemesis, obs *client.Client) error {
@@ -178,10 +188,14 @@ func (s *hotSchedule) kill(ctx context.Context, nm *nemesis, obs *client.Client,
 	if victim == nil {
 		return hotKill{}, Fault{}, fmt.Errorf("no live server to kill in %v", m)
 	}
-	k := hotKill{victim: victim.name, epoch: m.Epoch(), share: heat[victim.name], owned: m.Owned(victim.name)}
-	for _, key := range s.keys {
-		if p, _ := m.Owner(proto.ShardOf([]byte(key))); p == victim.name {
+	k := hotKill{victim: victim.name, leader: c.leader() == victim.name, epoch: m.Epoch(), share: heat[victim.name], owned: m.Owned(victim.name)}
+	for _, i := range s.hottest {
+		key := s.keys[i]
+		switch owners := m.Shard(proto.ShardOf([]byte(key))).Owners; {
+		case owners[0] == victim.name:
 			k.keys = append(k.keys, key)
+		case slices.Contains(owners, victim.name):
+			k.backed = append(k.backed, key)
 		}
 	}
 	f := Fault{Kind: faultKill, Node: victim.name, Start: nm.h.Now()}
@@ -189,8 +203,8 @@ func (s *hotSchedule) kill(ctx context.Context, nm *nemesis, obs *client.Client,
 	if err := c.kill(victim); err != nil {
 		return hotKill{}, Fault{}, err
 	}
-	nm.logf("nemesis: kill -9 %s at %v: primary of %d shards and of %d of %d keys (%.0f%% of the operations: %s) in map epoch %d",
-		victim.name, f.Start.Round(time.Millisecond), len(k.owned), len(k.keys), len(s.keys), 100*k.share, strings.Join(k.keys, " "), m.Epoch())
+	nm.logf("nemesis: kill -9 %s%s at %v: primary of %d shards and of %d of %d keys (%.0f%% of the operations: %s) in map epoch %d",
+		victim.name, leaderNote(k.leader), f.Start.Round(time.Millisecond), len(k.owned), len(k.keys), len(s.keys), 100*k.share, strings.Join(k.keys, " "), m.Epoch())
 	return k, f, nil
 }
 
@@ -241,6 +255,13 @@ func (s *hotSchedule) restart(nm *nemesis, n *node, f Fault) error {
 	}
 	nm.record(f, nil)
 	return nil
+}
+
+func leaderNote(leader bool) string {
+	if leader {
+		return " (the map's leader)"
+	}
+	return ""
 }
 
 // rereplicated reports what the map alone tells: every shard has the
@@ -326,10 +347,10 @@ func (s *hotSchedule) report(b *strings.Builder, ops []Op) []string {
 	kills, settled := slices.Clone(s.kills), s.settled
 	s.mu.Unlock()
 	var fails []string
-	var all, maxima, rr []time.Duration
+	var all, rr []time.Duration
 	for i, k := range kills {
-		fmt.Fprintf(b, "  kill %d: %s at %v, primary of %d of %d keys (%.0f%% of the operations) in map epoch %d\n",
-			i+1, k.victim, roundMs(k.start), len(k.keys), len(s.keys), 100*k.share, k.epoch)
+		fmt.Fprintf(b, "  kill %d: %s%s at %v, primary of %d of %d keys (%.0f%% of the operations) in map epoch %d\n",
+			i+1, k.victim, leaderNote(k.leader), roundMs(k.start), len(k.keys), len(s.keys), 100*k.share, k.epoch)
 		var events []string
 		if k.failover > 0 {
 			events = append(events, fmt.Sprintf("its shards failed over in the map %v after it", roundMs(k.failover)))
@@ -346,23 +367,28 @@ func (s *hotSchedule) report(b *strings.Builder, ops []Op) []string {
 			events = append(events, "re-replication not seen finished")
 		}
 		fmt.Fprintf(b, "    %s\n", strings.Join(events, "; "))
-		first := firstWrites(ops, k.start, k.keys)
-		var ds []time.Duration
-		var each []string
-		for _, key := range k.keys {
-			d, ok := first[key]
-			if !ok {
-				each = append(each, key+" never")
-				fails = append(fails, fmt.Sprintf("kill %d of %s at %v: no write of %s was acknowledged after it", i+1, k.victim, roundMs(k.start), key))
-				continue
+		first := firstWrites(ops, k.start, append(slices.Clone(k.keys), k.backed...))
+		written := func(keys []string) (ds []time.Duration, each []string) {
+			for _, key := range keys {
+				d, ok := first[key]
+				if !ok {
+					each = append(each, key+" never")
+					fails = append(fails, fmt.Sprintf("kill %d of %s at %v: no write of %s was acknowledged after it", i+1, k.victim, roundMs(k.start), key))
+					continue
+				}
+				ds = append(ds, d)
+				each = append(each, fmt.Sprintf("%s %v", key, roundMs(d)))
 			}
-			ds = append(ds, d)
-			each = append(each, fmt.Sprintf("%s %v", key, roundMs(d)))
+			return ds, each
 		}
-		if len(ds) > 0 {
+		if ds, each := written(k.keys); len(ds) > 0 {
 			p50, mx := p50max(ds)
-			all, maxima = append(all, ds...), append(maxima, mx)
+			all = append(all, ds...)
 			fmt.Fprintf(b, "    kill to the first acknowledged write of each affected key: p50 %v, max %v (%s)\n", roundMs(p50), roundMs(mx), strings.Join(each, ", "))
+		}
+		if ds, _ := written(k.backed); len(ds) > 0 {
+			p50, mx := p50max(ds)
+			fmt.Fprintf(b, "    and of the %d keys whose shard it backed up: p50 %v, max %v\n", len(k.backed), roundMs(p50), roundMs(mx))
 		}
 	}
 	if len(all) > 0 {
@@ -385,7 +411,14 @@ func (s *hotSchedule) report(b *strings.Builder, ops []Op) []string {
 // hotScenario is the hot-primary scenario on servers servers.
 func hotScenario(cfg runConfig, servers int, overlap bool, serverArgs ...string) scenario {
 	const nkeys = 24
-	w := zipfWeights(nkeys)
+	// Which key is hottest is drawn from the seed, so that the victim
+	// (the server the map makes primary of the hottest keys, by a
+	// placement that does not depend on the seed) varies from seed to seed.
+	hottest := rand.New(rand.NewPCG(cfg.seed, 3)).Perm(nkeys)
+	w := make([]float64, nkeys)
+	for r, share := range zipfRanks(nkeys) {
+		w[hottest[r]] = share
+	}
 	keys := make([]string, nkeys)
 	for i := range keys {
 		keys[i] = fmt.Sprintf("k%02d", i)
@@ -393,7 +426,7 @@ func hotScenario(cfg runConfig, servers int, overlap bool, serverArgs ...string)
 	return scenario{seed: cfg.seed, duration: 150 * time.Second, clients: 2, workers: 4, keys: nkeys, mix: mix{put: 60, delete: 5},
 		kinds: []string{faultKill}, servers: servers, weights: w,
 		serverArgs: append([]string{"--replicas", "3"}, serverArgs...),
-		schedule: &hotSchedule{keys: keys, weights: w, overlap: overlap, minDown: 6 * time.Second, maxDown: 9 * time.Second,
+		schedule: &hotSchedule{keys: keys, weights: w, hottest: hottest, overlap: overlap, minDown: 6 * time.Second, maxDown: 9 * time.Second,
 			warmup: 3 * time.Second, tail: 3 * time.Second, timeout: 60 * time.Second, rng: rand.New(rand.NewPCG(cfg.seed, 2))}}
 }
 
