@@ -5,6 +5,7 @@
 package chaos
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -283,6 +284,9 @@ type scenario struct {
 	// nemesis (kinds, minFault... are then unused), and the load stops
 	// when it is done; duration only bounds it.
 	schedule schedule
+	// recoveryTimeout bounds the wait, once healed, for every server alive
+	// and a settled map (default 60s).
+	recoveryTimeout time.Duration
 }
 
 // schedule is a scripted nemesis: it decides its faults from what the
@@ -410,7 +414,7 @@ func runScenario(t *testing.T, cfg runConfig, server string, nw network, netNote
 	if err := nm.healAll(); err != nil {
 		t.Fatalf("healing: %v\n%s", err, c.logTail(30))
 	}
-	rctx, rcancel := context.WithTimeout(context.Background(), 60*time.Second)
+	rctx, rcancel := context.WithTimeout(context.Background(), cmp.Or(sc.recoveryTimeout, 60*time.Second))
 	defer rcancel()
 	fin, err := newClient(rctx, c, "chaos-final")
 	if err != nil {
