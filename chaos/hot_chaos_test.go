@@ -360,7 +360,8 @@ func (s *hotSchedule) report(b *strings.Builder, ops []Op) []string {
 					continue
 				}
 				ds = append(ds, d)
-				each = append(each, fmt.Sprintf("%s %v", key, roundMs(d)))
+				// A cold key's first write waits for a worker to pick it.
+				each = append(each, fmt.Sprintf("%s (%.0f%%) %v", key, 100*s.weights[slices.Index(s.keys, key)], roundMs(d)))
 			}
 			return ds, each
 		}
