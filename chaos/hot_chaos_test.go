@@ -89,6 +89,10 @@ type hotSchedule struct {
 	timeout time.Duration
 	rng     *rand.Rand
 
+	// down is the kills whose victim is not restarted yet (the
+	// schedule's goroutine alone uses it).
+	down map[*node]Fault
+
 	mu    sync.Mutex
 	kills []hotKill
 }
@@ -107,11 +111,21 @@ func (s *hotSchedule) String() string {
 }
 
 func (s *hotSchedule) run(ctx context.Context, nm *nemesis, obs *client.Client) error {
+	s.down = map[*node]Fault{}
+	defer func() {
+		// A schedule that failed leaves its victims to the harness's
+		// healing: their faults go into the history all the same.
+		for n, f := range s.down {
+			f.End = nm.h.Now()
+			f.Detail = fmt.Sprintf("down %v, then the schedule failed", (f.End - f.Start).Round(time.Millisecond))
+			nm.record(f, nil)
+			delete(s.down, n)
+		}
+	}()
 	hold(ctx, s.warmup)
 	var victims []*node
-	var pending []Fault // kills whose victim is still down (overlap)
 	for range 2 {
-		k, f, err := s.kill(ctx, nm, obs, victims)
+		k, err := s.kill(ctx, nm, obs, victims)
 		if err != nil {
 			return err
 		}
@@ -119,10 +133,8 @@ func (s *hotSchedule) run(ctx context.Context, nm *nemesis, obs *client.Client) 
 		restartAt := time.Duration(-1)
 		if !s.overlap {
 			restartAt = k.start + between(s.rng, s.minDown, s.maxDown)
-		} else {
-			pending = append(pending, f)
 		}
-		err = s.await(ctx, nm, obs, &k, f, restartAt)
+		err = s.await(ctx, nm, obs, &k, restartAt)
 		s.mu.Lock()
 		s.kills = append(s.kills, k)
 		s.mu.Unlock()
@@ -131,8 +143,8 @@ func (s *hotSchedule) run(ctx context.Context, nm *nemesis, obs *client.Client) 
 		}
 	}
 	if s.overlap {
-		for i, f := range pending {
-			if err := s.restart(nm, victims[i], f); err != nil {
+		for _, n := range victims {
+			if err := s.restart(nm, n); err != nil {
 				return err
 			}
 		}
@@ -147,11 +159,11 @@ func (s *hotSchedule) run(ctx context.Context, nm *nemesis, obs *client.Client) 
 // kill SIGKILLs the live server, not among exclude, whose primaries take
 // the largest share of the operations in the newest map (ties: the first
 // in the map's order).
-func (s *hotSchedule) kill(ctx context.Context, nm *nemesis, obs *client.Client, exclude []*node) (hotKill, Fault, error) {
+func (s *hotSchedule) kill(ctx context.Context, nm *nemesis, obs *client.Client, exclude []*node) (hotKill, error) {
 	c := nm.c
 	m, err := freshMap(ctx, obs)
 	if err != nil {
-		return hotKill{}, Fault{}, fmt.Errorf("reading the map to choose a victim: %w", err)
+		return hotKill{}, fmt.Errorf("reading the map to choose a victim: %w", err)
 	}
 	heat := map[string]float64{}
 	for i, key := range s.keys {
@@ -169,7 +181,7 @@ func (s *hotSchedule) kill(ctx context.Context, nm *nemesis, obs *client.Client,
 		}
 	}
 	if victim == nil {
-		return hotKill{}, Fault{}, fmt.Errorf("no live server to kill in %v", m)
+		return hotKill{}, fmt.Errorf("no live server to kill in %v", m)
 	}
 	k := hotKill{victim: victim.name, leader: c.leader() == victim.name, epoch: m.Epoch(), share: heat[victim.name], owned: m.Owned(victim.name)}
 	for _, i := range s.hottest {
@@ -184,31 +196,31 @@ func (s *hotSchedule) kill(ctx context.Context, nm *nemesis, obs *client.Client,
 	f := Fault{Kind: faultKill, Node: victim.name, Start: nm.h.Now()}
 	k.start = f.Start
 	if err := c.kill(victim); err != nil {
-		return hotKill{}, Fault{}, err
+		return hotKill{}, err
 	}
+	s.down[victim] = f
 	nm.logf("nemesis: kill -9 %s%s at %v: primary of %d shards and of %d of %d keys (%.0f%% of the operations: %s) in map epoch %d",
 		victim.name, leaderNote(k.leader), f.Start.Round(time.Millisecond), len(k.owned), len(k.keys), len(s.keys), 100*k.share, strings.Join(k.keys, " "), m.Epoch())
-	return k, f, nil
+	return k, nil
 }
 
 // await polls the newest map until it shows re-replication finished after
 // k, noting when it first shows the victim's shards failed over; it
 // restarts the victim at restartAt meanwhile, when that is not negative.
-func (s *hotSchedule) await(ctx context.Context, nm *nemesis, obs *client.Client, k *hotKill, f Fault, restartAt time.Duration) error {
+func (s *hotSchedule) await(ctx context.Context, nm *nemesis, obs *client.Client, k *hotKill, restartAt time.Duration) error {
 	c := nm.c
 	victim := c.node(k.victim)
-	var m *clustermap.Map
+	var m *clustermap.Map // the last read
 	for {
 		now := nm.h.Now()
 		if restartAt >= 0 && now >= restartAt && c.down(victim) {
-			if err := s.restart(nm, victim, f); err != nil {
+			if err := s.restart(nm, victim); err != nil {
 				return err
 			}
 			k.restart = nm.h.Now() - k.start
 		}
-		var err error
-		if m, err = freshMap(ctx, obs); err == nil {
-			now = nm.h.Now()
+		if fm, err := freshMap(ctx, obs); err == nil {
+			m, now = fm, nm.h.Now()
 			if k.failover == 0 && !slices.ContainsFunc(k.owned, func(sh proto.Shard) bool { o, _ := m.Owner(sh); return o == k.victim }) {
 				k.failover = now - k.start
 				nm.logf("nemesis: %s's %d shards failed over (map epoch %d) %v after the kill", k.victim, len(k.owned), m.Epoch(), k.failover.Round(time.Millisecond))
@@ -229,15 +241,18 @@ func (s *hotSchedule) await(ctx context.Context, nm *nemesis, obs *client.Client
 }
 
 // restart starts a killed victim again and records its fault.
-func (s *hotSchedule) restart(nm *nemesis, n *node, f Fault) error {
+func (s *hotSchedule) restart(nm *nemesis, n *node) error {
 	err := nm.c.restart(n)
+	f := s.down[n]
+	delete(s.down, n)
 	f.End = nm.h.Now()
 	f.Detail = fmt.Sprintf("down %v", (f.End - f.Start).Round(time.Millisecond))
 	if err != nil {
-		return fmt.Errorf("restarting %s: %w", n.name, err)
+		f.Detail += ", and its restart failed"
+		err = fmt.Errorf("restarting %s: %w", n.name, err)
 	}
 	nm.record(f, nil)
-	return nil
+	return err
 }
 
 func leaderNote(leader bool) string {
