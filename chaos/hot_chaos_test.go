@@ -366,7 +366,10 @@ func (s *hotSchedule) report(b *strings.Builder, ops []Op) []string {
 		}
 		fmt.Fprintf(b, "    %s\n", strings.Join(events, "; "))
 		first := firstWrites(ops, k.start, append(slices.Clone(k.keys), k.backed...))
-		written := func(keys []string) (ds []time.Duration, each []string) {
+		// written returns the kill-to-write times of keys, a "key (share)
+		// time" entry for each, and the slowest key's entry.
+		written := func(keys []string) (ds []time.Duration, each []string, slowest string) {
+			var mx time.Duration
 			for _, key := range keys {
 				d, ok := first[key]
 				if !ok {
@@ -376,18 +379,22 @@ func (s *hotSchedule) report(b *strings.Builder, ops []Op) []string {
 				}
 				ds = append(ds, d)
 				// A cold key's first write waits for a worker to pick it.
-				each = append(each, fmt.Sprintf("%s (%.0f%%) %v", key, 100*s.weights[slices.Index(s.keys, key)], roundMs(d)))
+				e := fmt.Sprintf("%s (%.0f%%) %v", key, 100*s.weights[slices.Index(s.keys, key)], roundMs(d))
+				each = append(each, e)
+				if d > mx {
+					mx, slowest = d, e
+				}
 			}
-			return ds, each
+			return ds, each, slowest
 		}
-		if ds, each := written(k.keys); len(ds) > 0 {
+		if ds, each, _ := written(k.keys); len(ds) > 0 {
 			p50, mx := p50max(ds)
 			all = append(all, ds...)
 			fmt.Fprintf(b, "    kill to the first acknowledged write of each affected key: p50 %v, max %v (%s)\n", roundMs(p50), roundMs(mx), strings.Join(each, ", "))
 		}
-		if ds, _ := written(k.backed); len(ds) > 0 {
+		if ds, _, slowest := written(k.backed); len(ds) > 0 {
 			p50, mx := p50max(ds)
-			fmt.Fprintf(b, "    and of the %d keys whose shard it backed up: p50 %v, max %v\n", len(k.backed), roundMs(p50), roundMs(mx))
+			fmt.Fprintf(b, "    and of the %d keys whose shard it backed up: p50 %v, max %v (%s)\n", len(k.backed), roundMs(p50), roundMs(mx), slowest)
 		}
 	}
 	if len(all) > 0 {
