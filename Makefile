@@ -19,7 +19,7 @@ test: ## the test suite: every package, race detector on (the README's test comm
 test-short: ## quick tests (skips the large-region cases)
 	$(GO) test -short -timeout $(TESTTIME) $(PKGS)
 
-test-chaos: ## chaos suite: 3 servers (and 5 at three replicas) under kill -9, SIGSTOP, partitions (netns as root); history checked for linearizability (CHAOS_DURATION, CHAOS_SEED, CHAOS_NET; docs/CHAOS.md)
+test-chaos: ## chaos suite: 3 servers (and 5 at three replicas) under kill -9, SIGSTOP, partitions (netns as root), and kill -9 of the hot keys' primary then of a second server once re-replicated; history checked for linearizability (CHAOS_DURATION, CHAOS_SEED, CHAOS_NET; docs/CHAOS.md)
 	$(GO) test -race -tags chaos -run Chaos -v -count 1 -timeout 20m ./chaos/
 
 test-soak: ## space under load: 1,000 CLI puts into one 64 MiB arena, overwrites of 80% and 90% of the capacity until 20x it is written, 10 million keys growing the index from 2^18 slots; re-replication's MiB/s, 128 MiB at R=2 on 3 servers, one server's backups dropped and added again (~6 min; the 50% soak runs in make test, with -race)

@@ -5,6 +5,7 @@
 package chaos
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -141,11 +142,30 @@ const opTimeout = 3 * time.Second
 // are gets.
 type mix struct{ put, delete int }
 
+// keyPicker chooses the index of a worker's next key.
+type keyPicker func(rng *rand.Rand) int
+
+// uniformKeys picks each of n keys alike.
+func uniformKeys(n int) keyPicker { return func(rng *rand.Rand) int { return rng.IntN(n) } }
+
+// weightedKeys picks key i with probability weights[i] (they sum to 1).
+func weightedKeys(weights []float64) keyPicker {
+	cdf := make([]float64, len(weights))
+	sum := 0.0
+	for i, w := range weights {
+		sum += w
+		cdf[i] = sum
+	}
+	return func(rng *rand.Rand) int {
+		return min(sort.SearchFloat64s(cdf, rng.Float64()*sum), len(cdf)-1)
+	}
+}
+
 // worker issues random operations on a few keys until ctx ends.
-func worker(ctx context.Context, id int, cl *client.Client, keys []string, m mix, rng *rand.Rand, h *History) {
+func worker(ctx context.Context, id int, cl *client.Client, keys []string, pick keyPicker, m mix, rng *rand.Rand, h *History) {
 	seq := 0
 	for ctx.Err() == nil {
-		key := keys[rng.IntN(len(keys))]
+		key := keys[pick(rng)]
 		kind := Get
 		switch r := rng.IntN(100); {
 		case r < m.put:
@@ -257,9 +277,36 @@ type scenario struct {
 	serverArgs []string
 	// servers is how many servers run (default 3).
 	servers int
+	// weights, when set, is each key's share of the operations (hot
+	// keys); by default the workers pick keys uniformly.
+	weights []float64
+	// schedule, when set, injects the faults instead of the random
+	// nemesis (kinds, minFault... are then unused), and the load stops
+	// when it is done; duration only bounds it.
+	schedule schedule
+	// recoveryTimeout bounds the wait, once healed, for every server alive
+	// and a settled map (default 60s).
+	recoveryTimeout time.Duration
+}
+
+// schedule is a scripted nemesis: it decides its faults from what the
+// cluster map says rather than at random.
+type schedule interface {
+	fmt.Stringer
+	// run injects the faults into nm's cluster, recording each with
+	// nm.record, and returns once it is done or ctx ends; obs is a client
+	// that does no operations, for reading the cluster map.
+	run(ctx context.Context, nm *nemesis, obs *client.Client) error
+	// report writes what the faults did to the workload, from the
+	// history, and returns the failures it saw.
+	report(b *strings.Builder, ops []Op) []string
 }
 
 func (sc scenario) String() string {
+	if sc.schedule != nil {
+		return fmt.Sprintf("seed %d (CHAOS_SEED=%d reproduces the schedule's draws), at most %v, %d servers, %d clients x %d goroutines, %d keys, %d%% put %d%% delete, %v",
+			sc.seed, sc.seed, sc.duration, max(sc.servers, 3), sc.clients, sc.workers, sc.keys, sc.mix.put, sc.mix.delete, sc.schedule)
+	}
 	return fmt.Sprintf("seed %d (CHAOS_SEED=%d reproduces the schedule), %v, %d clients x %d goroutines, %d keys, %d%% put %d%% delete, faults %v of %v-%v every %v-%v",
 		sc.seed, sc.seed, sc.duration, sc.clients, sc.workers, sc.keys, sc.mix.put, sc.mix.delete, sc.kinds, sc.minFault, sc.maxFault, sc.minGap, sc.maxGap)
 }
@@ -287,6 +334,7 @@ func runScenario(t *testing.T, cfg runConfig, server string, nw network, netNote
 	c := newCluster(t, server, nw, n)
 	c.args = sc.serverArgs
 	defer c.stopAll()
+	up := time.Now()
 	for _, n := range c.nodes {
 		if err := c.start(n); err != nil {
 			t.Fatalf("%v\n%s", err, c.logTail(30))
@@ -307,12 +355,27 @@ func runScenario(t *testing.T, cfg runConfig, server string, nw network, netNote
 		}
 		clients = append(clients, cl)
 	}
-	if err := waitRecovered(ctx0, c, clients[0].Client); err != nil {
+	var err error
+	if err = waitRecovered(ctx0, c, clients[0].Client); err != nil {
 		t.Fatalf("the cluster did not come up: %v\n%s", err, c.logTail(30))
 	}
+	// Placing the replicas takes most of a run's set-up: say how long.
+	t.Logf("cluster up: %d servers started, the map settled (epoch %d) in %v", n, clients[0].Map().Epoch(), time.Since(up).Round(time.Millisecond))
 	keys := make([]string, sc.keys)
 	for i := range keys {
 		keys[i] = fmt.Sprintf("k%02d", i)
+	}
+
+	pick := uniformKeys(len(keys))
+	if sc.weights != nil {
+		pick = weightedKeys(sc.weights)
+	}
+	var obs *chaosClient
+	if sc.schedule != nil {
+		if obs, err = newClient(ctx0, c, "chaos-observer"); err != nil {
+			t.Fatalf("observer client: %v\n%s", err, c.logTail(30))
+		}
+		clients = append(clients, obs)
 	}
 
 	h := NewHistory()
@@ -321,14 +384,26 @@ func runScenario(t *testing.T, cfg runConfig, server string, nw network, netNote
 	ctx, cancel := context.WithTimeout(context.Background(), sc.duration)
 	defer cancel()
 	var wg sync.WaitGroup
-	for i, cl := range clients {
+	for i, cl := range clients[:sc.clients] {
 		for w := range sc.workers {
 			id := i*sc.workers + w
-			wg.Go(func() { worker(ctx, id, cl.Client, keys, sc.mix, rand.New(rand.NewPCG(sc.seed, uint64(100+id))), h) })
+			wg.Go(func() {
+				worker(ctx, id, cl.Client, keys, pick, sc.mix, rand.New(rand.NewPCG(sc.seed, uint64(100+id))), h)
+			})
 		}
 	}
 	nemDone := make(chan struct{})
-	go func() { defer close(nemDone); nm.run(ctx) }()
+	go func() {
+		defer close(nemDone)
+		if sc.schedule == nil {
+			nm.run(ctx)
+			return
+		}
+		if err := sc.schedule.run(ctx, nm, obs.Client); err != nil {
+			nm.record(Fault{}, fmt.Errorf("schedule: %w", err))
+		}
+		cancel() // the schedule is done: so is the load
+	}()
 	<-ctx.Done()
 	<-nemDone
 	wg.Wait()
@@ -339,7 +414,7 @@ func runScenario(t *testing.T, cfg runConfig, server string, nw network, netNote
 	if err := nm.healAll(); err != nil {
 		t.Fatalf("healing: %v\n%s", err, c.logTail(30))
 	}
-	rctx, rcancel := context.WithTimeout(context.Background(), 60*time.Second)
+	rctx, rcancel := context.WithTimeout(context.Background(), cmp.Or(sc.recoveryTimeout, 60*time.Second))
 	defer rcancel()
 	fin, err := newClient(rctx, c, "chaos-final")
 	if err != nil {
@@ -366,8 +441,13 @@ func runScenario(t *testing.T, cfg runConfig, server string, nw network, netNote
 	}
 	writeOpTable(&b, ops)
 	writeFaultTable(&b, faults, sc, nw)
-	writeFaultToWrite(&b, ops, faults, faultKill)
-	writeFaultToWrite(&b, ops, faults, faultPause)
+	var schedFails []string
+	if sc.schedule != nil {
+		schedFails = sc.schedule.report(&b, ops)
+	} else {
+		writeFaultToWrite(&b, ops, faults, faultKill)
+		writeFaultToWrite(&b, ops, faults, faultPause)
+	}
 	fmt.Fprintf(&b, "  recovery: healed, every server alive and every key read in %v\n", recovered.Round(time.Millisecond))
 	fmt.Fprintf(&b, "  check: porcupine %s over %d operations in %v\n", res.Linearizability, res.Checked, checkTook.Round(time.Millisecond))
 	fmt.Fprintf(&b, "  anomalies: %d\n", len(res.Anomalies))
@@ -380,12 +460,15 @@ func runScenario(t *testing.T, cfg runConfig, server string, nw network, netNote
 	for _, e := range nemErrs {
 		fmt.Fprintf(&b, "  NEMESIS ERROR: %v\n", e)
 	}
+	for _, f := range schedFails {
+		fmt.Fprintf(&b, "  SCHEDULE FAILURE: %s\n", f)
+	}
 	t.Log(b.String())
 
-	if len(res.Anomalies) > 0 || len(died) > 0 || len(nemErrs) > 0 {
+	if len(res.Anomalies) > 0 || len(died) > 0 || len(nemErrs) > 0 || len(schedFails) > 0 {
 		dir := saveArtifacts(t, cfg, c, ops, faults, &res)
-		t.Fatalf("chaos run failed (seed %d): %d anomalies, %d servers died, %d nemesis errors; history, visualization and server logs in %s",
-			sc.seed, len(res.Anomalies), len(died), len(nemErrs), dir)
+		t.Fatalf("chaos run failed (seed %d): %d anomalies, %d servers died, %d nemesis errors, %d schedule failures; history, visualization and server logs in %s",
+			sc.seed, len(res.Anomalies), len(died), len(nemErrs), len(schedFails), dir)
 	}
 	return b.String()
 }

@@ -218,6 +218,47 @@ func (c *cluster) resume(n *node) error {
 	return nil
 }
 
+// down reports whether the nemesis killed n and has not restarted it.
+func (c *cluster) down(n *node) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.state == killed
+}
+
+// node returns the server named name, or nil.
+func (c *cluster) node(name string) *node {
+	for _, n := range c.nodes {
+		if n.name == name {
+			return n
+		}
+	}
+	return nil
+}
+
+// leader names the live server that logged last that it leads the
+// cluster map's Raft group ("leading the cluster map": every new leader
+// does), "" if none did.
+func (c *cluster) leader() string {
+	var name string
+	var latest time.Time
+	for _, n := range c.nodes {
+		if c.down(n) {
+			continue
+		}
+		b, _ := os.ReadFile(n.log)
+		for l := range strings.Lines(string(b)) {
+			if !strings.Contains(l, `msg="leading the cluster map"`) || !strings.HasPrefix(l, "time=") {
+				continue
+			}
+			ts, _, _ := strings.Cut(strings.TrimPrefix(l, "time="), " ")
+			if t, err := time.Parse(time.RFC3339Nano, ts); err == nil && t.After(latest) {
+				name, latest = n.name, t
+			}
+		}
+	}
+	return name
+}
+
 // exited reports a server that died without the nemesis killing it.
 func (c *cluster) exited() []string {
 	var out []string

@@ -61,20 +61,25 @@ func (nm *nemesis) run(ctx context.Context) {
 		kind := nm.cfg.kinds[nm.rng.IntN(len(nm.cfg.kinds))]
 		n := nm.c.nodes[nm.rng.IntN(len(nm.c.nodes))]
 		d := between(nm.rng, nm.cfg.minFault, nm.cfg.maxFault)
-		f, err := nm.inject(ctx, kind, n, d)
-		nm.mu.Lock()
-		if f.Kind != "" {
-			nm.faults = append(nm.faults, f)
-		}
-		if err != nil {
-			nm.errs = append(nm.errs, err)
-		}
-		nm.mu.Unlock()
-		if err != nil {
-			nm.logf("nemesis: %v", err)
-		} else {
-			nm.logf("nemesis: %v", f)
-		}
+		nm.record(nm.inject(ctx, kind, n, d))
+	}
+}
+
+// record keeps a fault (unless its Kind is empty: none was injected) and
+// an error, and logs them.
+func (nm *nemesis) record(f Fault, err error) {
+	nm.mu.Lock()
+	if f.Kind != "" {
+		nm.faults = append(nm.faults, f)
+	}
+	if err != nil {
+		nm.errs = append(nm.errs, err)
+	}
+	nm.mu.Unlock()
+	if err != nil {
+		nm.logf("nemesis: %v", err)
+	} else {
+		nm.logf("nemesis: %v", f)
 	}
 }
 
