@@ -458,13 +458,14 @@ func TestChaosHotPrimary(t *testing.T) {
 // replicas; the second kill comes while the first victim is still down
 // (every shard has its three copies on the four others by then), so two
 // servers are down until the map shows the second's shards re-replicated
-// on the three left. Five Raft voters (--raft-voters 5): with the default
-// three, two of them down would leave the map without a quorum, and
-// nothing could fail over.
+// on the three left. The default three Raft voters: two of them down one
+// after the other keep a quorum because the leader gives a dead voter's
+// vote to a live server (it used not to, and this test, seed
+// 1796316139896323459, then stopped the map).
 func TestChaosHotPrimaryFive(t *testing.T) {
 	cfg := loadConfig(t)
 	quietSoft(t)
-	sc := hotScenario(cfg, 5, true, "--raft-voters", "5")
+	sc := hotScenario(cfg, 5, true)
 	t.Logf("chaos, hot primary, five servers: %v", sc)
 	runScenario(t, cfg, buildServer(t, t.TempDir()), loopback{}, "", sc)
 }

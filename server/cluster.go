@@ -633,6 +633,7 @@ func (l *leader) voters(ctx context.Context, m *clustermap.Map, alive func(strin
 			s.log.Info("Raft nonvoter added", "server", srv.Name)
 		}
 	}
+	l.replaceDeadVoters(ctx, m, in, alive)
 	for id := range in {
 		if srv, ok := m.ServerByID(id); (!ok || srv.State == proto.ServerRemoved) && id != s.id {
 			if err := s.node.RemoveMember(ctx, id); err != nil {
@@ -641,6 +642,45 @@ func (l *leader) voters(ctx context.Context, m *clustermap.Map, alive func(strin
 				s.log.Info("Raft member removed", "id", id)
 			}
 		}
+	}
+}
+
+// replaceDeadVoters gives the vote of each voter down longer than
+// FailoverTimeout to a live nonvoter, so that the group keeps its quorum
+// through another loss: with three voters among five servers, two voters
+// lost one after the other would stop the map (no failover, no read lease)
+// though three servers live. The nonvoter is promoted first (one voter
+// more for a moment, the quorum still in reach with one of them down),
+// then the dead one demoted; back, it votes again only if a vote is free.
+// in is the Raft configuration by ID; it is updated.
+func (l *leader) replaceDeadVoters(ctx context.Context, m *clustermap.Map, in map[string]replica.Member, alive func(string) bool) {
+	s := l.s
+	for id, mem := range in {
+		dead, ok := m.ServerByID(id)
+		if !mem.Voter || id == s.id || !ok || alive(dead.Name) || l.downFor(dead.Name) <= s.cfg.FailoverTimeout {
+			continue
+		}
+		var sub clustermap.Server
+		for _, srv := range m.Servers() {
+			if c, known := in[srv.ID]; known && !c.Voter && srv.State == proto.ServerActive && alive(srv.Name) {
+				sub = srv
+				break
+			}
+		}
+		if sub.ID == "" {
+			return // no live nonvoter: nothing to give the vote to
+		}
+		if err := s.node.AddVoter(ctx, sub.ID, in[sub.ID].Addr); err != nil {
+			s.log.Warn("promoting a Raft nonvoter in place of a dead voter", "server", sub.Name, "dead", dead.Name, "err", err)
+			return
+		}
+		in[sub.ID] = replica.Member{ID: sub.ID, Addr: in[sub.ID].Addr, Voter: true}
+		if err := s.node.DemoteVoter(ctx, id); err != nil {
+			s.log.Warn("demoting a dead Raft voter", "server", dead.Name, "err", err)
+			return
+		}
+		in[id] = replica.Member{ID: id, Addr: mem.Addr}
+		s.log.Warn("Raft vote moved from a server down to a live one", "from", dead.Name, "down_for", l.downFor(dead.Name).Round(time.Millisecond), "to", sub.Name)
 	}
 }
 

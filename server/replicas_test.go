@@ -175,10 +175,8 @@ func readAll(t *testing.T, cl *client.Client, a *acked, keys []string, when stri
 }
 
 func mapLeader(t *testing.T, c *testcluster.Cluster) *server.Server {
-	for _, s := range c.Running() {
-		if s.MapNode().IsLeader() {
-			return s
-		}
+	if s := mapLeaderOf(c); s != nil {
+		return s
 	}
 	t.Fatal("no map leader")
 	return nil

@@ -319,6 +319,12 @@ func (n *Node) AddNonvoter(ctx context.Context, id, addr string) error {
 	return n.futureErr(n.raft.AddNonvoter(raft.ServerID(id), raft.ServerAddress(addr), 0, timeoutOf(ctx)))
 }
 
+// DemoteVoter makes a voter a nonvoter (leader only; it blocks until the
+// configuration change commits or ctx ends).
+func (n *Node) DemoteVoter(ctx context.Context, id string) error {
+	return n.futureErr(n.raft.DemoteVoter(raft.ServerID(id), 0, timeoutOf(ctx)))
+}
+
 // RemoveMember removes a server from the Raft configuration (leader only).
 func (n *Node) RemoveMember(ctx context.Context, id string) error {
 	return n.futureErr(n.raft.RemoveServer(raft.ServerID(id), 0, timeoutOf(ctx)))
