@@ -22,6 +22,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rkv-io/rkv/client"
+	"github.com/rkv-io/rkv/proto"
 )
 
 // keyEncodings are what --key-encoding accepts: how a key argument (or a
@@ -223,19 +224,25 @@ func stdoutIsTerminal(cmd *cobra.Command) bool {
 
 func mputCmd(g *globals) *cobra.Command {
 	var file string
-	var concurrency int
+	var concurrency, batch int
 	cmd := &cobra.Command{
 		Use:   "mput [--file F]",
 		Short: "bulk load: put every \"KEY<TAB>VALUE\" line of standard input (or --file)",
 		Long: `mput reads lines of a key, a tab and a value (the key spelled as
 --key-encoding says; the value as it is, to the end of the line) and puts
-them, --concurrency at a time on one client, so that their commits batch on
-the servers. It stops at the first failed put, saying which line, and prints
-how many keys it put and how fast.`,
+them, --batch lines at a time in one MultiPut (one RDMA_WRITE and one
+commit batch per server for the keys of shards without backups; the others
+one by one), --concurrency batches at a time on one client. It stops at the
+first failed batch, saying which lines it held (any of them may have been
+put, as with a failed put), and prints how many keys it put and how fast. A
+key given twice in one batch is put once, with its last value.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if concurrency < 1 {
+			switch {
+			case concurrency < 1:
 				return fmt.Errorf("--concurrency %d: must be 1 or more", concurrency)
+			case batch < 1 || batch > proto.MaxBatchCommits:
+				return fmt.Errorf("--batch %d: must be 1 to %d", batch, proto.MaxBatchCommits)
 			}
 			in := g.stdin
 			if file != "" {
@@ -247,65 +254,80 @@ how many keys it put and how fast.`,
 				in = f
 			}
 			return g.withClient(cmd, func(ctx context.Context, c *client.Client) error {
-				return bulkPut(ctx, g, c, in, concurrency, cmd.OutOrStdout())
+				return bulkPut(ctx, g, c, in, concurrency, batch, cmd.OutOrStdout())
 			})
 		},
 	}
 	cmd.Flags().StringVar(&file, "file", "", "read the lines from this file instead of standard input")
-	cmd.Flags().IntVar(&concurrency, "concurrency", 16, "puts in flight at once")
+	cmd.Flags().IntVar(&concurrency, "concurrency", 16, "batches in flight at once")
+	cmd.Flags().IntVar(&batch, "batch", 16, "lines put together in one MultiPut")
 	return cmd
 }
 
-// bulkPut puts every KEY<TAB>VALUE line of in with concurrency goroutines
-// sharing c.
-func bulkPut(ctx context.Context, g *globals, c *client.Client, in io.Reader, concurrency int, out io.Writer) error {
-	type kv struct {
-		line       int
-		key, value []byte
+// bulkPut puts every KEY<TAB>VALUE line of in, batch lines per MultiPut,
+// with concurrency goroutines sharing c.
+func bulkPut(ctx context.Context, g *globals, c *client.Client, in io.Reader, concurrency, batch int, out io.Writer) error {
+	type lines struct {
+		first int // the line number of kvs[0]
+		kvs   []client.KV
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	work := make(chan kv, concurrency)
+	work := make(chan lines, concurrency)
 	var done atomic.Int64
 	var wg sync.WaitGroup
 	for range concurrency {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			for w := range work {
-				if err := c.Put(ctx, w.key, w.value); err != nil {
-					cancel(fmt.Errorf("line %d (key %q): %w", w.line, w.key, err))
+				if err := c.MultiPut(ctx, w.kvs); err != nil {
+					cancel(fmt.Errorf("lines %d-%d: %w", w.first, w.first+len(w.kvs)-1, err))
 					return
 				}
-				done.Add(1)
+				done.Add(int64(len(w.kvs)))
 			}
-		}()
+		})
 	}
 	start := time.Now()
-	lines := bufio.NewScanner(in)
-	lines.Buffer(make([]byte, 64<<10), 2<<20)
+	scanner := bufio.NewScanner(in)
+	scanner.Buffer(make([]byte, 64<<10), 2<<20)
 	var err error
-	for n := 1; err == nil && lines.Scan(); n++ {
-		k, v, ok := strings.Cut(lines.Text(), "\t")
+	next := lines{first: 1}
+	send := func() {
+		if len(next.kvs) == 0 {
+			return
+		}
+		select {
+		case work <- next:
+		case <-ctx.Done():
+			err = context.Cause(ctx)
+		}
+		next = lines{first: next.first + len(next.kvs)}
+	}
+	for n := 1; err == nil && scanner.Scan(); n++ {
+		k, v, ok := strings.Cut(scanner.Text(), "\t")
 		if !ok {
+			send() // the lines before it, as one put at a time would have
 			err = &exitError{exitUsage, fmt.Errorf("line %d: no tab between key and value", n)}
 			break
 		}
 		key, kerr := g.parseKey(k)
 		if ee := (*exitError)(nil); errors.As(kerr, &ee) {
+			send()
 			err = &exitError{ee.code, fmt.Errorf("line %d: %w", n, ee.err)}
 			break
 		}
-		select {
-		case work <- kv{line: n, key: key, value: []byte(v)}:
-		case <-ctx.Done():
-			err = context.Cause(ctx)
+		next.kvs = append(next.kvs, client.KV{Key: key, Value: []byte(v)})
+		if len(next.kvs) == batch {
+			send()
 		}
+	}
+	if err == nil {
+		send()
 	}
 	close(work)
 	wg.Wait()
 	if err == nil {
-		err = lines.Err()
+		err = scanner.Err()
 	}
 	if cerr := context.Cause(ctx); err == nil && cerr != nil {
 		err = cerr

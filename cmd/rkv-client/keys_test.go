@@ -77,6 +77,21 @@ func TestKeysOnTheCommandLine(t *testing.T) {
 	if out, _, code := runCLI(env, "get", "bulk-499"); code != exitOK || out != "value 499" {
 		t.Fatalf("get bulk-499 after mput: exit %d, %q", code, out)
 	}
+	var odd strings.Builder
+	for i := range 50 {
+		fmt.Fprintf(&odd, "odd-%d\tv%d\n", i, i)
+	}
+	if out, errs, code := runCLIIn(env, odd.String(), "mput", "--batch", "7", "--concurrency", "3"); code != exitOK || !strings.HasPrefix(out, "50 keys put") {
+		t.Fatalf("mput --batch 7 of 50 lines: exit %d, %q %q", code, out, errs)
+	}
+	if out, _, code := runCLI(env, "get", "odd-49"); code != exitOK || out != "v49" {
+		t.Fatalf("get odd-49 after mput: exit %d, %q", code, out)
+	}
+	for _, bad := range []string{"0", "65"} {
+		if _, errs, code := runCLIIn(env, "k\tv\n", "mput", "--batch", bad); code != exitUsage || !strings.Contains(errs, "--batch "+bad+": must be 1 to 64") {
+			t.Errorf("mput --batch %s: exit %d, %q", bad, code, errs)
+		}
+	}
 	for stdin, want := range map[string]string{"k\tv\nno tab here\n": "line 2: no tab", "k\tv\n\tv\n": "line 2: empty key"} {
 		if _, errs, code := runCLIIn(env, stdin, "mput"); code != exitUsage || !strings.Contains(errs, want) {
 			t.Errorf("mput of %q: exit %d, %q; want a usage error saying %q", stdin, code, errs, want)
