@@ -6,7 +6,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -469,7 +468,11 @@ func TestLostDataDirIsRebuiltFromTheReplicas(t *testing.T) {
 	})
 	const nkeys = 300
 	a := newAcked()
-	keys := putKeys(t, cl, a, nkeys)
+	// Written by 16 goroutines sharing a client with one connection per
+	// server (so one copy connection to each backup), each holding a
+	// PUT's copy connections until its commit is answered, on shards that
+	// list their two backups in either order.
+	keys := putKeysAtOnce(t, c.Client(t, func(cfg *client.Config) { cfg.ConnsPerServer = 1 }), a, nkeys, 16)
 	lost := "s3"
 	if leader.Name() == lost {
 		lost = "s2"
@@ -507,6 +510,29 @@ func TestLostDataDirIsRebuiltFromTheReplicas(t *testing.T) {
 		t.Fatalf("%d keys in the shards, want %d", n, nkeys)
 	}
 	readAll(t, cl, a, keys, "after the rebuild")
+}
+
+// putKeysAtOnce puts n keys, key-000 on, from writers goroutines sharing
+// cl, and returns them.
+func putKeysAtOnce(t *testing.T, cl *client.Client, a *acked, n, writers int) []string {
+	t.Helper()
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("key-%03d", i)
+	}
+	var wg sync.WaitGroup
+	for w := range writers {
+		wg.Go(func() {
+			for i := w; i < n; i += writers {
+				put(t, cl, a, keys[i])
+			}
+		})
+	}
+	wg.Wait()
+	if t.Failed() {
+		t.FailNow()
+	}
+	return keys
 }
 
 // putKeys puts n keys, key-000 on, and returns them.
@@ -673,54 +699,5 @@ func TestMultiPutAtTwoReplicas(t *testing.T) {
 		if v, err := cl.Get(context.Background(), kv.Key); err != nil || string(v) != string(kv.Value) {
 			t.Fatalf("Get %s: %q, %v", kv.Key, v, err)
 		}
-	}
-}
-
-// TestManyWritersAtThreeReplicas: writers sharing one client with a
-// single connection per server (so a single copy connection to each
-// backup), each holding a PUT's copy connections until its commit is
-// answered, on shards that list their two backups in either order; every
-// write lands on every replica. (Taking the copy connections in the
-// shard's order could deadlock three writers of three primaries in a
-// cycle; the window is too narrow for this test to catch without the
-// fix, which postCopies' comment argues.)
-func TestManyWritersAtThreeReplicas(t *testing.T) {
-	if testing.Short() {
-		t.Skip("three servers and 2,048 shard copies")
-	}
-	c, _, _ := replicated(t, 3, 3, func(*server.Config) {})
-	m := c.Map()
-	orders := map[string]bool{}
-	for i := range proto.NumShards {
-		o := m.Shard(proto.Shard(i)).Owners
-		orders[strings.Join(o[1:], ",")] = true
-	}
-	if len(orders) < 4 {
-		t.Fatalf("the shards list their backups in %d orders: %v; the test needs both orders of a pair", len(orders), orders)
-	}
-	cl := c.Client(t, func(cfg *client.Config) { cfg.ConnsPerServer = 1 })
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	var wg sync.WaitGroup
-	errs := make([]error, 16)
-	for g := range errs {
-		wg.Go(func() {
-			for i := range 40 {
-				k := fmt.Appendf(nil, "writer-%d-%d", g, i)
-				if err := cl.Put(ctx, k, k); err != nil {
-					errs[g] = fmt.Errorf("put %s: %w", k, err)
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	for _, err := range errs {
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	if n := sameReplicas(t, c, c.Map()); n != 16*40 {
-		t.Fatalf("%d keys on the replicas, want %d", n, 16*40)
 	}
 }
