@@ -1,4 +1,4 @@
-// The device's sweeper: gives responses nobody is reading inline to the QP's receiver goroutine.
+// The device's sweeper: gives responses nobody is reading inline to the link's goroutine.
 
 package soft
 
@@ -23,15 +23,15 @@ func (d *device) sweepSoon(t int64) {
 	}
 }
 
-// sweeper runs for the device's life, ticking only while QPs receive
-// lazily: each tick hands the QPs whose responses have waited lazyDelay
-// for a Wait to their receiver goroutines.
+// sweeper runs for the device's life, ticking only while links are read
+// lazily: each tick hands the links whose responses have waited lazyDelay
+// for a Wait to their goroutines.
 func (d *device) sweeper() {
 	defer d.wg.Done()
 	t := time.NewTicker(sweepEvery)
 	t.Stop()
 	defer t.Stop()
-	var qps []*qp
+	var links []*outLink
 	for {
 		select {
 		case <-d.closing:
@@ -46,13 +46,13 @@ func (d *device) sweeper() {
 			case <-t.C:
 			}
 			n := now()
-			qps = d.lazyQPs(qps[:0])
-			for _, q := range qps {
-				if q.rx.pending.Load() && n-q.rx.pendingSince.Load() >= int64(lazyDelay) {
-					q.nudgeRx()
+			links = d.lazyLinks(links[:0])
+			for _, l := range links {
+				if n-l.pendingSince.Load() >= int64(lazyDelay) {
+					l.nudge()
 				}
 			}
-			clear(qps)
+			clear(links)
 			if n-d.lastLazy.Load() > int64(sweepIdle) {
 				d.sweeping.Store(false)
 				// Traffic noted after the check finds sweeping false
@@ -66,14 +66,14 @@ func (d *device) sweeper() {
 	}
 }
 
-// lazyQPs appends the device's QPs with responses waiting for a reader.
-func (d *device) lazyQPs(qps []*qp) []*qp {
-	d.qpMu.RLock()
-	defer d.qpMu.RUnlock()
-	for _, q := range d.qps {
-		if q.rx.pending.Load() {
-			qps = append(qps, q)
+// lazyLinks appends the device's links with responses waiting for a reader.
+func (d *device) lazyLinks(links []*outLink) []*outLink {
+	d.outMu.Lock()
+	defer d.outMu.Unlock()
+	for _, l := range d.outs {
+		if l.pending.Load() {
+			links = append(links, l)
 		}
 	}
-	return qps
+	return links
 }
