@@ -290,6 +290,9 @@ func (l *outLink) setEagerLocked() {
 	eager := v.sole == nil || l.attaching > 0 || v.sole.rx.eager.Load()
 	l.eager.Store(eager)
 	if !eager {
+		if l.owner.Load() == rxGoroutine && l.conn != nil {
+			l.interrupt() // the goroutine hands the token back when idle
+		}
 		return
 	}
 	if l.owner.CompareAndSwap(rxFree, rxGoroutine) {

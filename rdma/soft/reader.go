@@ -80,7 +80,7 @@ func (l *outLink) run() {
 // readLoop reads until the link is lazy and idle, or fails.
 func (l *outLink) readLoop() error {
 	for {
-		if _, _, err := l.readFrame(nil); err != nil {
+		if _, _, err := l.readFrame(nil); err != nil && err != errInterrupted {
 			return err
 		}
 		if !l.eager.Load() && l.releaseIfIdle() {

@@ -354,10 +354,11 @@ func (q *qp) stopRNRLocked() {
 
 // readTimed fills p, waiting as long as the peer shows signs of life.
 // between says p is a frame header: the reader is between frames, where
-// QPs whose peer stays silent too long fail one by one and an inline
-// reader returns errInterrupted, having read nothing, when its CQ has
-// completions, its context is done or the link turned eager. In mid-frame
-// silence fails the link.
+// QPs whose peer stays silent too long fail one by one, and where, having
+// read nothing, an inline reader returns errInterrupted when its CQ has
+// completions, its context is done or the link turned eager, and the
+// link's goroutine when the link turned lazy. In mid-frame silence fails
+// the link.
 func (l *outLink) readTimed(p []byte, c *cq, between bool) error {
 	fresh := true
 	for len(p) > 0 {
@@ -371,7 +372,10 @@ func (l *outLink) readTimed(p []byte, c *cq, between bool) error {
 		if !errors.Is(err, os.ErrDeadlineExceeded) || !l.stillWaiting(between && fresh) {
 			return err
 		}
-		if c != nil && between && fresh && (c.nonEmpty() || l.eager.Load() || l.ctx.Err() != nil) {
+		if !between || !fresh {
+			continue
+		}
+		if c != nil && (c.nonEmpty() || l.eager.Load() || l.ctx.Err() != nil) || c == nil && !l.eager.Load() {
 			return errInterrupted
 		}
 	}
