@@ -65,8 +65,8 @@ func (d *device) handshake(c *net.TCPConn) {
 		return
 	}
 	_ = c.SetReadDeadline(time.Time{})
-	l := &inLink{dev: d, conn: c, br: bufio.NewReaderSize(c, linkBufSize), done: make(chan struct{}),
-		out: make([]byte, 0, linkBufSize), gen: 1, qps: map[uint32]*qp{}}
+	l := &inLink{dev: d, conn: c, br: bufio.NewReaderSize(c, readBufSize), done: make(chan struct{}),
+		out: make([]byte, 0, answerBatch), gen: 1, qps: map[uint32]*qp{}}
 	l.view.Store(&map[uint32]*qp{})
 	l.w.init(c, func(error) { _ = c.Close() }, d.spawn)
 	fatal, err := l.serve()

@@ -10,8 +10,13 @@ import (
 )
 
 const (
-	batchSize   = 16 << 10 // a QP's transmitter batch
-	linkBufSize = 64 << 10 // read buffer of each end of a link, and the responder's batch
+	batchSize = 16 << 10 // a QP's transmitter batch
+	// readBufSize is the read buffer of each end of a link: it holds a
+	// dozen 1 KiB answers, yet leaves most of a large payload to be read
+	// straight into registered memory (a bufio.Reader reads directly into
+	// a destination at least its size once it is empty).
+	readBufSize = 16 << 10
+	answerBatch = 64 << 10 // the responder's batch
 	copyMax     = 4 << 10  // payloads up to this size are copied into batches
 	chunkSize   = 1 << 20  // large payloads are written, and deadlines renewed, per chunk
 )

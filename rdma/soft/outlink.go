@@ -80,7 +80,7 @@ func newOutLink(d *device, addr string) *outLink {
 	l := &outLink{dev: d, addr: addr, up: make(chan struct{}), done: make(chan struct{}), members: map[uint32]member{}}
 	l.view.Store(emptyView)
 	l.kick = make(chan struct{}, 1)
-	l.br = bufio.NewReaderSize(nil, linkBufSize)
+	l.br = bufio.NewReaderSize(nil, readBufSize)
 	return l
 }
 
