@@ -24,7 +24,9 @@ type outLink struct {
 	addr string
 	w    linkWriter
 	up   chan struct{} // closed once dialed (conn set) or failed (dialErr set)
-	done chan struct{} // closed when the link closes, for whatever reason
+	// life is done when the link closes, for whatever reason: close does it.
+	life  context.Context
+	close context.CancelFunc
 
 	mu        sync.Mutex // the fields below; taken after dev.outMu
 	conn      *net.TCPConn
@@ -77,7 +79,8 @@ var (
 )
 
 func newOutLink(d *device, addr string) *outLink {
-	l := &outLink{dev: d, addr: addr, up: make(chan struct{}), done: make(chan struct{}), members: map[uint32]member{}}
+	l := &outLink{dev: d, addr: addr, up: make(chan struct{}), members: map[uint32]member{}}
+	l.life, l.close = context.WithCancel(context.Background())
 	l.view.Store(emptyView)
 	l.kick = make(chan struct{}, 1)
 	l.br = bufio.NewReaderSize(nil, readBufSize)
@@ -146,19 +149,21 @@ func (d *device) joinOut(ctx context.Context, q *qp, addr string, timeout time.D
 	q.mu.Unlock()
 
 	if dialed {
-		err = l.dial(ctx, timeout)
-	} else {
-		t := time.NewTimer(timeout)
-		select {
-		case <-l.up:
-			err = l.dialErr
-		case <-ctx.Done():
-			err = ctx.Err()
-		case <-t.C:
-			err = fmt.Errorf("link to %s not up within %v", addr, timeout)
-		}
-		t.Stop()
+		// The link dials on its own goroutine: its members wait for it
+		// alike, and one that closes meanwhile does not wait for the dial.
+		link := l // not l, which the return below may change
+		d.spawn(func() { link.dial(timeout) })
 	}
+	t := time.NewTimer(timeout)
+	select {
+	case <-l.up:
+		err = l.dialErr
+	case <-ctx.Done():
+		err = ctx.Err()
+	case <-t.C:
+		err = fmt.Errorf("link to %s not up within %v", addr, timeout)
+	}
+	t.Stop()
 	if err != nil {
 		q.leaveOut(false)
 		return nil, false, err
@@ -167,9 +172,9 @@ func (d *device) joinOut(ctx context.Context, q *qp, addr string, timeout time.D
 }
 
 // dial connects to the peer device and says hello; then the link's
-// reader goroutine starts.
-func (l *outLink) dial(ctx context.Context, timeout time.Duration) error {
-	c, err := l.connect(ctx, timeout)
+// reader goroutine starts. The dial is given up when every member left.
+func (l *outLink) dial(timeout time.Duration) {
+	c, err := l.connect(l.life, timeout)
 	l.mu.Lock()
 	if err == nil && l.closed {
 		// Every member left while dialing.
@@ -182,16 +187,15 @@ func (l *outLink) dial(ctx context.Context, timeout time.Duration) error {
 		l.br.Reset(c)
 		l.progress.Store(now())
 	} else {
-		l.dialErr = err
+		l.dialErr = fmt.Errorf("dialing %s: %w", l.addr, err)
 	}
 	l.mu.Unlock()
 	close(l.up)
 	if err != nil {
-		l.fail(err)
-		return err
+		l.fail(l.dialErr)
+		return
 	}
-	l.dev.spawn(l.run)
-	return nil
+	l.run()
 }
 
 func (l *outLink) connect(ctx context.Context, timeout time.Duration) (*net.TCPConn, error) {
@@ -345,7 +349,7 @@ func (l *outLink) leave(q *qp, detach bool) {
 	d.outMu.Unlock()
 	switch {
 	case last:
-		close(l.done)
+		l.close()
 		if conn != nil {
 			_ = conn.Close()
 		}
@@ -397,9 +401,7 @@ func (l *outLink) fail(err error) {
 	conn := l.conn
 	l.mu.Unlock()
 	d.outMu.Unlock()
-	if !wasClosed {
-		close(l.done)
-	}
+	l.close()
 	if conn != nil {
 		_ = conn.Close()
 	}

@@ -66,7 +66,7 @@ func (l *outLink) run() {
 		}
 		select {
 		case <-l.kick:
-		case <-l.done:
+		case <-l.life.Done():
 			// An inline reader fails on the closed connection and
 			// settles the link itself.
 			if l.owner.CompareAndSwap(rxFree, rxGoroutine) {
