@@ -41,6 +41,10 @@ type device struct {
 	closed bool                      // set by Close: the accept loop stops taking connections
 	conns  map[*net.TCPConn]struct{} // accepted connections: links from peer devices
 
+	// attachWithin (ns) bounds how long a link from a peer may go without
+	// a QP attached: handshakeTimeout, shorter in tests.
+	attachWithin atomic.Int64
+
 	closing chan struct{} // closed by Close
 	wg      sync.WaitGroup
 
@@ -77,6 +81,7 @@ func openDevice(name string, opts rdma.Options) (*device, error) {
 		closing:   make(chan struct{}),
 		sweepKick: make(chan struct{}, 1),
 	}
+	d.attachWithin.Store(int64(handshakeTimeout))
 	d.life.InitDevice("rdma/soft: device " + name)
 	d.wg.Add(2)
 	go d.acceptLoop()

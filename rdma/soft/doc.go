@@ -31,7 +31,10 @@
 // this QP and this QP's PSN; the peer device waits (up to 10 s, on a
 // goroutine of its own, so the link serves on) for that QP to reach RTR,
 // checks that it was connected to exactly this QP and PSN, and answers
-// with an attach acknowledgement. A QP serves one requester in its life.
+// with an attach acknowledgement. A QP serves one requester in its life,
+// and a link that gets no QP attached within 10 s of its hello is closed,
+// so a peer that cannot attach one (it needs the QP numbers and the PSN
+// that rdma.ConnectQP exchanged) cannot hold a link open.
 // Requests posted before the acknowledgement wait for it; if the attach
 // fails they complete with RETRY_EXC_ERR. An attach on a link that dies
 // before it is acknowledged (the peer restarted and nobody had noticed) is

@@ -218,3 +218,47 @@ func TestHostileFrames(t *testing.T) {
 		})
 	}
 }
+
+// A link that gets no QP attached within its time is closed: a peer that
+// cannot attach a QP has no use for it. One that attached in time stays.
+func TestLinkWithoutAttachClosed(t *testing.T) {
+	a, b := newPair(t, rdma.QPConfig{})
+	const within = 200 * time.Millisecond
+	b.dev.(*device).attachWithin.Store(int64(within))
+	victim := createQP(t, b.pd, rdma.QPConfig{SendCQ: b.cq, RecvCQ: b.cq})
+	const fakeQPN, fakePSN = 4242, 77
+	bringUpTo(t, victim, rdma.QPInfo{Provider: "soft", QPNum: fakeQPN, PSN: fakePSN, Addr: "127.0.0.1:1"})
+	mr := register(t, b.pd, 64, rw)
+
+	read := make([]byte, requestHeaderSize)
+	encodeRequest(read, &request{op: wireRead, dst: victim.Num(), seq: fakePSN, rkey: mr.RKey(), addr: mr.Addr(), length: 8})
+	for name, opening := range map[string][]byte{
+		"hello only":              linkOpening(1, 2, 3)[:helloSize],
+		"requests, no attach":     append(linkOpening(1, 2, 3)[:helloSize], read...),
+		"refused attaches only":   linkOpening(victim.Num(), fakeQPN+1, fakePSN),
+		"half a hello, then none": linkOpening(1, 2, 3)[:4],
+	} {
+		t.Run(name, func(t *testing.T) {
+			conn := dialDevice(t, b.dev)
+			start := time.Now()
+			conn.Write(opening)
+			io.Copy(io.Discard, conn) // until the device closes it
+			if d := time.Since(start); d < within/2 || d > 10*within {
+				t.Fatalf("closed after %v, want about %v", d, within)
+			}
+		})
+	}
+	conn := dialDevice(t, b.dev)
+	conn.Write(linkOpening(victim.Num(), fakeQPN, fakePSN))
+	got := make([]byte, responseHeaderSize)
+	if _, err := io.ReadFull(conn, got); err != nil || !bytes.Equal(got, ackOf(victim.Num(), fakeQPN, ackOK)) {
+		t.Fatalf("attach: % x %v", got, err)
+	}
+	time.Sleep(2 * within)
+	conn.Write(read)
+	resp := make([]byte, responseHeaderSize+8)
+	if _, err := io.ReadFull(conn, resp); err != nil {
+		t.Fatalf("a link with a QP attached was closed: %v", err)
+	}
+	healthy(t, a, b)
+}

@@ -16,8 +16,10 @@ import (
 	"github.com/rkv-io/rkv/rdma"
 )
 
-// handshakeTimeout bounds the hello, and the wait of an attach for its QP
-// to reach RTR.
+// handshakeTimeout bounds the wait of an attach for its QP to reach RTR,
+// and, by default, how long a link may go without a QP attached to it:
+// the hello and the first attach must come within it, as a link is no
+// use to a peer that cannot attach a QP.
 const handshakeTimeout = 10 * time.Second
 
 // inLink is a link a peer device dialed: its requests, for any of this
@@ -29,7 +31,12 @@ type inLink struct {
 	w    linkWriter
 	done chan struct{} // closed when the link ends
 
+	// attachedOnce: a QP was attached; until then the link must get one
+	// by base, the read deadline between frames (zero after).
+	attachedOnce atomic.Bool
+
 	// Owned by the responder goroutine.
+	base time.Time
 	hdr  [requestHeaderSize]byte
 	left int // bytes of the current request's payload not read yet
 	// The answers not handed to the writer yet, and the write counters of
@@ -51,7 +58,9 @@ func (d *device) handshake(c *net.TCPConn) {
 	defer d.wg.Done()
 	defer d.forget(c)
 	_ = c.SetNoDelay(true)
-	_ = c.SetReadDeadline(time.Now().Add(handshakeTimeout))
+	within := time.Duration(d.attachWithin.Load())
+	base := time.Now().Add(within)
+	_ = c.SetReadDeadline(base)
 	var b [helloSize]byte
 	if _, err := io.ReadFull(c, b[:]); err != nil {
 		// A requester that gave up before saying hello (its QPs were
@@ -64,9 +73,8 @@ func (d *device) handshake(c *net.TCPConn) {
 		d.reject(c, "malformed hello", err)
 		return
 	}
-	_ = c.SetReadDeadline(time.Time{})
 	l := &inLink{dev: d, conn: c, br: bufio.NewReaderSize(c, readBufSize), done: make(chan struct{}),
-		out: make([]byte, 0, answerBatch), gen: 1, qps: map[uint32]*qp{}}
+		out: make([]byte, 0, answerBatch), gen: 1, qps: map[uint32]*qp{}, base: base}
 	l.view.Store(&map[uint32]*qp{})
 	l.w.init(c, func(error) { _ = c.Close() }, d.spawn)
 	fatal, err := l.serve()
@@ -93,7 +101,17 @@ func (l *inLink) serve() (fatal bool, err error) {
 				return false, err
 			}
 		}
+		if !l.base.IsZero() && l.attachedOnce.Load() {
+			l.base = time.Time{}
+			_ = l.conn.SetReadDeadline(l.base)
+		}
 		if n, err := io.ReadFull(l.br, l.hdr[:]); err != nil {
+			if n == 0 && errors.Is(err, os.ErrDeadlineExceeded) {
+				if l.attachedOnce.Load() {
+					continue // attached meanwhile, from another goroutine
+				}
+				return false, fmt.Errorf("no QP attached within %v of the hello", time.Duration(l.dev.attachWithin.Load()))
+			}
 			return n > 0, err
 		}
 		var err error
@@ -264,6 +282,7 @@ func (q *qp) attachResponder(l *inLink, a attach) uint8 {
 	}
 	q.rsp.attached = true
 	q.in = l
+	l.attachedOnce.Store(true)
 	l.qps[q.num] = q
 	l.publishLocked()
 	l.w.setTimeout(max(q.budget, time.Second))
@@ -415,7 +434,7 @@ func (l *inLink) readPayload(p []byte, budget time.Duration) error {
 		}
 		_, err := io.ReadFull(l.br, p[:n])
 		if timed {
-			_ = l.conn.SetReadDeadline(time.Time{})
+			_ = l.conn.SetReadDeadline(l.base)
 		}
 		l.left -= n
 		if err != nil {
@@ -440,7 +459,7 @@ func (l *inLink) skip(budget time.Duration) error {
 		}
 		k, err := l.br.Discard(n)
 		if timed {
-			_ = l.conn.SetReadDeadline(time.Time{})
+			_ = l.conn.SetReadDeadline(l.base)
 		}
 		l.left -= k
 		if err != nil {
