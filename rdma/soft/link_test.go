@@ -448,3 +448,28 @@ func TestMalformedFrameEndsItsLinkOnly(t *testing.T) {
 		}
 	}
 }
+
+// Requests behind an RNR-NAKed SEND, a fenced one among them, are sent
+// again with it, in order, and the fence still waits for the SEND.
+func TestRNRWithFence(t *testing.T) {
+	p := newDevicePair(t, 1, 4096, slowCfg)
+	q := p.qps[0]
+	copy(q.remote.Bytes()[1024:], "fenced")
+	copy(q.local.Bytes(), "sent")
+	post(t, q.x,
+		rdma.SendWR{ID: 1, Op: rdma.OpSend, Flags: rdma.Signaled, SGL: sgl(q.local, 0, 4)},
+		rdma.SendWR{ID: 2, Op: rdma.OpWrite, SGL: sgl(q.local, 0, 4), RemoteAddr: q.remote.Addr() + 2048, RKey: q.remote.RKey()},
+		rdma.SendWR{ID: 3, Op: rdma.OpRead, Flags: rdma.Signaled | rdma.Fence, SGL: sgl(q.local, 100, 6), RemoteAddr: q.remote.Addr() + 1024, RKey: q.remote.RKey()})
+	time.Sleep(30 * time.Millisecond) // a few RNR NAKs and retries
+	expectNone(t, q.cx, time.Millisecond)
+	if string(q.remote.Bytes()[2048:2052]) == "sent" {
+		t.Fatal("the WRITE behind the RNR-NAKed SEND was executed before it")
+	}
+	postRecv(t, q.y, rdma.RecvWR{ID: 9, SGL: sgl(q.remote, 0, 64)})
+	expectStatus(t, q.cx, 1, rdma.StatusSuccess)
+	expectStatus(t, q.cx, 3, rdma.StatusSuccess)
+	expectStatus(t, q.cy, 9, rdma.StatusSuccess)
+	if string(q.local.Bytes()[100:106]) != "fenced" || string(q.remote.Bytes()[2048:2052]) != "sent" {
+		t.Fatalf("after the retries: READ brought %q, WRITE left %q", q.local.Bytes()[100:106], q.remote.Bytes()[2048:2052])
+	}
+}

@@ -307,8 +307,8 @@ func (l *outLink) setEagerLocked() {
 	}
 }
 
-// leaveOut takes q off its link; detach says to tell the peer, which the
-// peer's responder then forgets q.
+// leaveOut takes q off its link; detach says to tell the peer, whose
+// responder then forgets q.
 func (q *qp) leaveOut(detach bool) {
 	q.mu.Lock()
 	l := q.outl
@@ -353,7 +353,9 @@ func (l *outLink) leave(q *qp, detach bool) {
 		if conn != nil {
 			_ = conn.Close()
 		}
-	case detach && m.attached:
+	case detach && conn != nil:
+		// Also for a QP still attaching: its attach may yet be
+		// acknowledged, or be waiting at the peer for its QP's RTR.
 		var b [requestHeaderSize]byte
 		encodeDetach(b[:], qpEnds{dst: q.remote.QPNum, src: q.num})
 		l.w.post(b[:])
