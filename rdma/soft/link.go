@@ -53,7 +53,7 @@ type linkWriter struct {
 
 	mu        sync.Mutex
 	turn      sync.Cond // signalled when the role is released while large writers wait
-	flushing  bool      // the flusher role is held; pending is non-empty only then
+	flushing  bool      // the flusher role is held; pending is non-empty only then, or while a large frame takes the role
 	waiters   int
 	pending   []byte
 	spare     []byte
@@ -117,11 +117,19 @@ func (w *linkWriter) submit(b []byte, from *atomic.Uint64) error {
 		w.mu.Unlock()
 		return err
 	}
-	if w.flushing {
+	if w.flushing || len(w.pending) > 0 {
+		// Behind what is pending: frames of one QP must not pass each
+		// other. (Pending frames with nobody flushing wait for a large
+		// frame that was given the role, or for this caller.)
 		w.pending = append(w.pending, b...)
 		w.addFromLocked(from)
+		if w.flushing {
+			w.mu.Unlock()
+			return nil
+		}
+		w.flushing = true
 		w.mu.Unlock()
-		return nil
+		return w.drain(nil)
 	}
 	w.flushing = true
 	w.mu.Unlock()
@@ -137,13 +145,18 @@ func (w *linkWriter) submitMany(b []byte, from []*atomic.Uint64) error {
 		w.mu.Unlock()
 		return err
 	}
-	if w.flushing {
+	if w.flushing || len(w.pending) > 0 {
 		w.pending = append(w.pending, b...)
 		for _, c := range from {
 			w.addFromLocked(c)
 		}
+		if w.flushing {
+			w.mu.Unlock()
+			return nil
+		}
+		w.flushing = true
 		w.mu.Unlock()
-		return nil
+		return w.drain(nil)
 	}
 	w.flushing = true
 	w.mu.Unlock()
@@ -170,8 +183,10 @@ func (w *linkWriter) post(b []byte) {
 	w.spawn(func() { _ = w.drain(nil) })
 }
 
-// drain writes what is pending until nothing is, then gives the role up.
-// err is the caller's write error, if any.
+// drain writes what is pending until nothing is, then gives the role up;
+// or gives it up at once to a large frame waiting for it, which writes
+// what is pending first (else a stream of small frames could keep it
+// waiting). err is the caller's write error, if any.
 func (w *linkWriter) drain(err error) error {
 	for {
 		w.mu.Lock()
@@ -179,7 +194,7 @@ func (w *linkWriter) drain(err error) error {
 		if failed {
 			w.err = err
 		}
-		if w.err != nil || len(w.pending) == 0 {
+		if w.err != nil || len(w.pending) == 0 || w.waiters > 0 {
 			w.flushing = false
 			if w.err != nil {
 				w.pending = w.pending[:0]
@@ -187,7 +202,8 @@ func (w *linkWriter) drain(err error) error {
 				w.from = w.from[:0]
 			}
 			if w.waiters > 0 {
-				w.turn.Signal()
+				// All: after an error, every waiter must see it.
+				w.turn.Broadcast()
 			}
 			e := w.err
 			w.mu.Unlock()
