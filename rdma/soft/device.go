@@ -40,6 +40,7 @@ type device struct {
 	mu     sync.Mutex                // guards closed and conns
 	closed bool                      // set by Close: the accept loop stops taking connections
 	conns  map[*net.TCPConn]struct{} // accepted connections: links from peer devices
+	ins    map[*inLink]struct{}      // the links peers made, once past their hello
 
 	// attachWithin (ns) bounds how long a link from a peer may go without
 	// a QP attached: handshakeTimeout, shorter in tests.
@@ -78,6 +79,7 @@ func openDevice(name string, opts rdma.Options) (*device, error) {
 		nextQPN:   rand.Uint32(),
 		outs:      map[string]*outLink{},
 		conns:     map[*net.TCPConn]struct{}{},
+		ins:       map[*inLink]struct{}{},
 		closing:   make(chan struct{}),
 		sweepKick: make(chan struct{}, 1),
 	}

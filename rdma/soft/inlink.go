@@ -77,8 +77,14 @@ func (d *device) handshake(c *net.TCPConn) {
 		out: make([]byte, 0, answerBatch), gen: 1, qps: map[uint32]*qp{}, base: base}
 	l.view.Store(&map[uint32]*qp{})
 	l.w.init(c, func(error) { _ = c.Close() }, d.spawn)
+	d.mu.Lock()
+	d.ins[l] = struct{}{}
+	d.mu.Unlock()
 	fatal, err := l.serve()
 	l.end(fatal, err)
+	d.mu.Lock()
+	delete(d.ins, l)
+	d.mu.Unlock()
 }
 
 func (d *device) reject(c *net.TCPConn, what string, err error) {

@@ -48,7 +48,8 @@ type linkWriter struct {
 	spawn func(f func())
 	// timeout (ns) bounds how long one write may block, that is how long
 	// the peer may read nothing while we have bytes for it; 0 means no
-	// bound. The deadline is renewed lazily, not per write.
+	// bound. The device's watchdog enforces it (stuck): a deadline would
+	// cost a clock reading per write, 1% of a lone READ.
 	timeout atomic.Int64
 
 	mu        sync.Mutex
@@ -62,11 +63,15 @@ type linkWriter struct {
 	err       error // the first write error: everything after is dropped
 
 	// Owned by the holder of the flusher role.
-	deadline int64 // now() of the write deadline in force; 0: none
-	iov      [3][]byte
-	bufs     net.Buffers
+	iov  [3][]byte
+	bufs net.Buffers
 
-	writes atomic.Uint64 // write and writev calls made
+	// writes counts the write and writev calls begun, settled those that
+	// returned: a write is under way while they differ.
+	writes, settled atomic.Uint64
+	// Owned by the watchdog: the writes count it last saw, and when.
+	seenWrites uint64
+	seenAt     int64
 }
 
 func (w *linkWriter) init(c *net.TCPConn, onError func(error), spawn func(func())) {
@@ -224,9 +229,9 @@ func (w *linkWriter) drain(err error) error {
 // write writes p, counting the call for one and many. The caller holds the
 // flusher role.
 func (w *linkWriter) write(p []byte, one *atomic.Uint64, many []*atomic.Uint64) error {
-	w.renewDeadline()
 	w.count(one, many)
 	_, err := w.conn.Write(p)
+	w.settled.Add(1)
 	return err
 }
 
@@ -240,21 +245,21 @@ func (w *linkWriter) count(one *atomic.Uint64, many []*atomic.Uint64) {
 	}
 }
 
-// renewDeadline keeps a write deadline of between timeout/2 and timeout
-// ahead, touching the socket only when it got closer than timeout/2.
-func (w *linkWriter) renewDeadline() {
-	t := w.timeout.Load()
-	if t <= 0 {
-		return
+// stuck reports whether one write has been under way for the timeout or
+// longer, as far as calls at t (now()) at least a second apart can tell:
+// the peer read nothing all that time. The device's watchdog calls it.
+func (w *linkWriter) stuck(t int64) bool {
+	timeout := w.timeout.Load()
+	begun := w.writes.Load()
+	if timeout <= 0 || begun == w.settled.Load() {
+		w.seenWrites, w.seenAt = 0, 0
+		return false
 	}
-	if n := now(); w.deadline == 0 || w.deadline-n < t/2 {
-		w.setDeadline(n + t)
+	if begun != w.seenWrites {
+		w.seenWrites, w.seenAt = begun, t
+		return false
 	}
-}
-
-func (w *linkWriter) setDeadline(at int64) {
-	w.deadline = at
-	_ = w.conn.SetWriteDeadline(epoch.Add(time.Duration(at)))
+	return t-w.seenAt >= timeout
 }
 
 // writeFrame writes the pending frames, then batch (counted by one and
@@ -300,11 +305,10 @@ func (w *linkWriter) writeFrame(batch []byte, one *atomic.Uint64, many []*atomic
 			first = false
 			w.bufs = w.iov[:]
 			if timeout > 0 {
-				w.setDeadline(now() + int64(timeout))
-			} else {
-				w.renewDeadline()
+				_ = w.conn.SetWriteDeadline(time.Now().Add(timeout))
 			}
 			_, err = w.bufs.WriteTo(w.conn)
+			w.settled.Add(1)
 			w.iov = [3][]byte{}
 			p = p[n:]
 			if err == nil && progress != nil {
@@ -320,9 +324,12 @@ func (w *linkWriter) writeFrame(batch []byte, one *atomic.Uint64, many []*atomic
 			c.Add(1)
 		}
 		clear(pfrom)
-		w.renewDeadline()
 		_, err = w.bufs.WriteTo(w.conn)
+		w.settled.Add(1)
 		w.iov = [3][]byte{}
+	}
+	if timeout > 0 {
+		_ = w.conn.SetWriteDeadline(time.Time{})
 	}
 	return w.drain(err)
 }

@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -588,4 +589,81 @@ func TestLinkWriterKeepsOrder(t *testing.T) {
 		t.Errorf("%d frames in %d writes: none coalesced", writers*frames, w.writes.Load())
 	}
 	t.Logf("%d frames in %d writes", writers*frames, w.writes.Load())
+}
+
+// A peer that stops reading while a large request is on its way leaves the
+// writer blocked: the device's watchdog breaks the link once a write has
+// made no progress for the link's timeout, so a Close waiting for its
+// QP's frame returns, and the link's other QPs learn it is gone.
+func TestStuckWriterBreaksLink(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	release := make(chan struct{})
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		// The hello and two attaches, both acknowledged; then nothing
+		// more is read.
+		if _, err := io.ReadFull(c, make([]byte, helloSize)); err != nil {
+			return
+		}
+		for range 2 {
+			b := make([]byte, requestHeaderSize)
+			if _, err := io.ReadFull(c, b); err != nil {
+				return
+			}
+			a, err := decodeAttach(b)
+			if err != nil {
+				t.Errorf("fake peer: %v", err)
+				return
+			}
+			ack := make([]byte, responseHeaderSize)
+			encodeAttachAck(ack, attachAck{qpEnds: qpEnds{dst: a.src, src: a.dst}, code: ackOK})
+			c.Write(ack)
+		}
+		<-release
+	}()
+	defer func() { close(release); <-served }()
+
+	a := newSide(t, rdma.QPConfig{})
+	idleCQ := createCQ(t, a.dev, 16)
+	idle := createQP(t, a.pd, rdma.QPConfig{SendCQ: idleCQ, RecvCQ: idleCQ})
+	peer := rdma.QPInfo{Provider: "soft", QPNum: 99, Addr: ln.Addr().String()}
+	bringUp(t, idle, peer)
+	// The second attach goes out once the first is acknowledged.
+	eventually(t, "the first QP attached", func() error {
+		if idle.(*qp).out.Load() == nil {
+			return errors.New("not yet")
+		}
+		return nil
+	})
+	peer.QPNum = 98
+	bringUp(t, a.qp, peer)
+	const size = 4 << 20
+	src := register(t, a.pd, size, rw)
+	wrs := make([]rdma.SendWR, 16)
+	for i := range wrs {
+		wrs[i] = rdma.SendWR{ID: uint64(i), Op: rdma.OpWrite, SGL: sgl(src, 0, size), RemoteAddr: 1, RKey: 1}
+	}
+	post(t, a.qp, wrs...) // 64 MiB for a peer that reads none of it
+	time.Sleep(100 * time.Millisecond)
+	start := time.Now()
+	if err := a.qp.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Fatalf("Close took %v", d)
+	}
+	post(t, idle, rdma.SendWR{ID: 1, Op: rdma.OpWrite, SGL: sgl(src, 0, 8), RemoteAddr: 1, RKey: 1})
+	if wc := wait(t, idleCQ); wc.Status != rdma.StatusRetryExcErr {
+		t.Fatalf("the link's other QP: %+v, want RETRY_EXC_ERR", wc)
+	}
 }

@@ -2,9 +2,14 @@
 
 package soft
 
-import "time"
+import (
+	"fmt"
+	"time"
+)
 
 const (
+	// watchEvery is the period of the links' watchdog.
+	watchEvery = time.Second
 	// sweepEvery is the sweeper's period while QPs receive lazily.
 	sweepEvery = time.Millisecond
 	// sweepIdle: the sweeper sleeps after this long without lazy traffic.
@@ -25,17 +30,24 @@ func (d *device) sweepSoon(t int64) {
 
 // sweeper runs for the device's life, ticking only while links are read
 // lazily: each tick hands the links whose responses have waited lazyDelay
-// for a Wait to their goroutines.
+// for a Wait to their goroutines. Every watchEvery it is also the links'
+// watchdog.
 func (d *device) sweeper() {
 	defer d.wg.Done()
 	t := time.NewTicker(sweepEvery)
 	t.Stop()
 	defer t.Stop()
+	watch := time.NewTicker(watchEvery)
+	defer watch.Stop()
 	var links []*outLink
+	var writers []*linkWriter
 	for {
 		select {
 		case <-d.closing:
 			return
+		case <-watch.C:
+			writers = d.watchWriters(writers[:0])
+			continue
 		case <-d.sweepKick:
 		}
 		t.Reset(sweepEvery)
@@ -43,6 +55,9 @@ func (d *device) sweeper() {
 			select {
 			case <-d.closing:
 				return
+			case <-watch.C:
+				writers = d.watchWriters(writers[:0])
+				continue
 			case <-t.C:
 			}
 			n := now()
@@ -76,4 +91,31 @@ func (d *device) lazyLinks(links []*outLink) []*outLink {
 		}
 	}
 	return links
+}
+
+// watchWriters breaks the links whose writer has been stuck in one write
+// for the link's timeout: the peer read nothing all that time, and the
+// writer (maybe a Close waiting for its QP's frame) would wait for ever.
+// writers is scratch.
+func (d *device) watchWriters(writers []*linkWriter) []*linkWriter {
+	d.outMu.Lock()
+	for _, l := range d.outs {
+		writers = append(writers, &l.w)
+	}
+	d.outMu.Unlock()
+	d.mu.Lock()
+	for l := range d.ins {
+		writers = append(writers, &l.w)
+	}
+	d.mu.Unlock()
+	t := now()
+	for _, w := range writers {
+		if w.stuck(t) {
+			err := fmt.Errorf("the peer read nothing for %v", time.Duration(w.timeout.Load()))
+			d.log.Warn("rdma/soft: link stuck", "device", d.name, "remote", w.conn.RemoteAddr(), "err", err)
+			w.onError(err)
+		}
+	}
+	clear(writers)
+	return writers
 }
