@@ -20,7 +20,7 @@ var completionOps = [...]rdma.Opcode{
 
 // pushSend reports the completion of a send-queue request: always on
 // error, on success only when signaled. It reports whether it did.
-// fromInline says the caller is a Wait reading the connection inline.
+// fromInline says the caller is a Wait on the send CQ reading inline.
 func (q *qp) pushSend(w *sendWQE, st rdma.Status, fromInline bool) bool {
 	if st == rdma.StatusSuccess && !w.signaled || q.state.Load() == uint32(stateClosed) {
 		return false
@@ -55,49 +55,58 @@ func (q *qp) toError() bool {
 	}
 }
 
-// finishError completes the move to ERR: it closes both connections (the
-// peer sees its requests go unanswered, as with a QP in ERR on a real
-// fabric), stops the goroutines, and flushes the queues nobody else owns.
+// finishError completes the move to ERR: the QP leaves its links (the
+// peer's requests then fail as against a QP in ERR on a real fabric), its
+// sender goroutine stops, and the queues are flushed, but for a request
+// whose data is landing, which the lander flushes after it.
 func (q *qp) finishError(reason error) {
 	q.mu.Lock()
 	q.reason = reason
+	cancel := q.cancel
 	q.mu.Unlock()
 	q.kill()
-	q.mu.Lock()
-	req, resp, cancel := q.reqConn, q.respConn, q.cancel
-	if q.rsp.draining {
-		resp = nil // serve closes it gracefully
-	}
-	q.mu.Unlock()
 	if errors.Is(reason, errModifyToError) {
 		q.dev.log.Debug("rdma/soft: QP moved to ERR", "device", q.dev.name, "qp", q.num, "reason", reason)
 	} else {
 		q.dev.log.Warn("rdma/soft: QP moved to ERR", "device", q.dev.name, "qp", q.num, "reason", reason)
 	}
-	if req != nil {
-		_ = req.Close()
-	}
-	if resp != nil {
-		_ = resp.Close()
-	}
+	q.leaveLinks()
 	if cancel != nil {
 		cancel()
 	}
 	q.sq.mu.Lock()
-	if !q.sq.readerActive {
+	q.stopRNRLocked()
+	if !q.sq.landing {
 		q.flushSendLocked()
 	}
 	q.sq.mu.Unlock()
 	q.rq.mu.Lock()
-	if !q.rq.respActive {
+	if !q.rq.busy {
 		q.flushRecvLocked()
 	}
 	q.rq.mu.Unlock()
 }
 
-// kill closes q.dead, once: goroutines waiting for a RECV, the peer's RTR
-// or a kick give up.
-func (q *qp) kill() { q.deadOnce.Do(func() { close(q.dead) }) }
+// leaveLinks takes q off both its links: its requests' link (telling the
+// peer's responder), and the link its responder serves (telling the
+// peer's requester, whose outstanding requests then fail at once, unless
+// the responder already NAKed it into ERR).
+func (q *qp) leaveLinks() {
+	q.mu.Lock()
+	in := q.in
+	q.in = nil
+	q.mu.Unlock()
+	if in != nil && in.remove(q) && !q.rsp.nakd.Load() {
+		var b [responseHeaderSize]byte
+		encodeGone(b[:], qpEnds{dst: q.remote.QPNum, src: q.num})
+		in.w.post(b[:])
+	}
+	q.leaveOut(true)
+}
+
+// kill closes q.dead, once: goroutines waiting for the peer's RTR or a
+// kick give up.
+func (q *qp) kill() { q.once.Do(func() { close(q.dead) }) }
 
 // enterError moves the QP to ERR for reason, unless it is there already.
 func (q *qp) enterError(reason error) {
@@ -117,9 +126,9 @@ func (q *qp) flushSendLocked() {
 }
 
 // failSendLocked moves the QP to ERR, completes the oldest request with st
-// and, when no receiver owns the queue, flushes the rest. It reports
-// whether the caller must call finishError. The state moves first: whoever
-// polls an error completion finds the QP in ERR.
+// and, unless its link's reader is landing a response, flushes the rest.
+// It reports whether the caller must call finishError. The state moves
+// first: whoever polls an error completion finds the QP in ERR.
 func (q *qp) failSendLocked(st rdma.Status) bool {
 	s := &q.sq
 	flipped := q.toError()
@@ -128,7 +137,7 @@ func (q *qp) failSendLocked(st rdma.Status) bool {
 		s.head++
 		s.sent = max(s.sent, s.head)
 	}
-	if !s.readerActive {
+	if !s.landing {
 		q.flushSendLocked()
 	}
 	return flipped

@@ -24,8 +24,9 @@ type cq struct {
 	waiters int  // Waits parked on wake; push signals only for them
 
 	// lazy is the CQ's only QP while it is the send CQ of that QP alone:
-	// then Wait reads the QP's responses itself (see receive.go), and
-	// direct is set while it is blocked doing so.
+	// then Wait reads the QP's responses itself while the QP is alone on
+	// its link too (see reader.go), and direct is set while it is blocked
+	// doing so.
 	lazy   *qp
 	direct *qp
 
@@ -47,7 +48,7 @@ func newCQ(d *device, size int) *cq {
 
 // push adds a completion. A full CQ overruns and stays unusable, as in
 // verbs; completions for a closed CQ are dropped. A Wait reading a QP's
-// connection inline is interrupted unless it pushed the completion itself.
+// link inline is interrupted unless it pushed the completion itself.
 func (c *cq) push(wc *rdma.Completion, fromInline bool) {
 	c.mu.Lock()
 	switch {
@@ -83,7 +84,7 @@ func (c *cq) Poll(wc []rdma.Completion) (int, error) {
 	n, lazy, err := c.poll(wc)
 	if n == 0 && err == nil && lazy != nil {
 		// A busy-polling caller will not read lazy's responses itself:
-		// let the receiver goroutine do it now.
+		// let its link's goroutine do it now.
 		lazy.nudgeRx()
 	}
 	return n, err
@@ -170,8 +171,8 @@ func (c *cq) hasWaiters() bool {
 	return c.waiters > 0
 }
 
-// setDirect records that q's connection is about to be read inline for
-// this CQ, unless completions are already waiting.
+// setDirect records that q's link is about to be read inline for this CQ,
+// unless completions are already waiting.
 func (c *cq) setDirect(q *qp) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -206,8 +207,8 @@ func (c *cq) Close() error {
 	})
 }
 
-// attach counts q as a user. A lazy QP loses the CQ to itself: it must
-// go back to reading with its receiver goroutine. The count goes up before
+// attach counts q as a user. A lazy QP loses the CQ to itself: its link's
+// goroutine must read for it from now on. The count goes up before
 // the lazy QP is looked at, so a claimLazy either sees two users or is
 // demoted here.
 func (c *cq) attach(q *qp) error {

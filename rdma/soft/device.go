@@ -32,11 +32,19 @@ type device struct {
 	qps     map[uint32]*qp
 	nextQPN uint32
 
+	outMu sync.Mutex          // guards outs; taken before an outLink's mu
+	outs  map[string]*outLink // this device's links, by the peer device's address
+
 	life life.Lifetime // children: PDs and CQs
 
-	mu      sync.Mutex                // guards closed and pending
-	closed  bool                      // set by Close: the accept loop stops taking connections
-	pending map[*net.TCPConn]struct{} // accepted connections still in their handshake
+	mu     sync.Mutex                // guards closed and conns
+	closed bool                      // set by Close: the accept loop stops taking connections
+	conns  map[*net.TCPConn]struct{} // accepted connections: links from peer devices
+	ins    map[*inLink]struct{}      // the links peers made, once past their hello
+
+	// attachWithin (ns) bounds how long a link from a peer may go without
+	// a QP attached: handshakeTimeout, shorter in tests.
+	attachWithin atomic.Int64
 
 	closing chan struct{} // closed by Close
 	wg      sync.WaitGroup
@@ -69,10 +77,13 @@ func openDevice(name string, opts rdma.Options) (*device, error) {
 		lkeys:     newKeyGen(),
 		qps:       map[uint32]*qp{},
 		nextQPN:   rand.Uint32(),
-		pending:   map[*net.TCPConn]struct{}{},
+		outs:      map[string]*outLink{},
+		conns:     map[*net.TCPConn]struct{}{},
+		ins:       map[*inLink]struct{}{},
 		closing:   make(chan struct{}),
 		sweepKick: make(chan struct{}, 1),
 	}
+	d.attachWithin.Store(int64(handshakeTimeout))
 	d.life.InitDevice("rdma/soft: device " + name)
 	d.wg.Add(2)
 	go d.acceptLoop()
@@ -108,7 +119,7 @@ func (d *device) Close() error {
 	return d.life.Close(func() error {
 		d.mu.Lock()
 		d.closed = true
-		for c := range d.pending {
+		for c := range d.conns {
 			_ = c.Close()
 		}
 		d.mu.Unlock()
@@ -147,7 +158,7 @@ func (d *device) acceptLoop() {
 			_ = c.Close()
 			return
 		}
-		d.pending[c] = struct{}{}
+		d.conns[c] = struct{}{}
 		d.wg.Add(1)
 		d.mu.Unlock()
 		go d.handshake(c)
@@ -156,8 +167,27 @@ func (d *device) acceptLoop() {
 
 func (d *device) forget(c *net.TCPConn) {
 	d.mu.Lock()
-	delete(d.pending, c)
+	delete(d.conns, c)
 	d.mu.Unlock()
+}
+
+// spawn runs f on a goroutine that Close waits for.
+func (d *device) spawn(f func()) {
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		f()
+	}()
+}
+
+// isClosing reports whether Close was called: links ending then are no news.
+func (d *device) isClosing() bool {
+	select {
+	case <-d.closing:
+		return true
+	default:
+		return false
+	}
 }
 
 // addQP gives q a QP number unique on the device (24 bits, as in verbs).

@@ -10,8 +10,9 @@
 // Every Open creates an independent device with a TCP listener on
 // Options.ListenAddr (default 127.0.0.1:0), its data endpoint, which QPInfo
 // carries as Addr; give it an address the peers can reach (the listener's
-// address is advertised as it is, so ":7000" advertises "[::]:7000"). A device keeps an MR table keyed by rkey and a table of
-// its QPs. Devices lists one name, "soft0"; Open accepts any name.
+// address is advertised as it is, so ":7000" advertises "[::]:7000"). A
+// device keeps an MR table keyed by rkey, a table of its QPs and its links
+// to peer devices. Devices lists one name, "soft0"; Open accepts any name.
 //
 // Memory registration pins the buffer (rdma/internal/mem, mlock) and so
 // fails with an error naming RLIMIT_MEMLOCK where ibv_reg_mr would. Keys
@@ -19,60 +20,94 @@
 // reused for 2^32 registrations, so a stale rkey cannot reach a newer MR.
 // MR.Addr is the buffer's real virtual address, as with verbs.
 //
-// # Connections
+// # Links
 //
-// ModifyToRTS starts the QP's sender goroutine, which dials the peer
-// device's data endpoint and sends a hello naming the peer QP, this QP and
-// this QP's PSN; the peer device waits (up to 10 s) for that QP to reach
-// RTR, checks that it was connected to exactly this QP and PSN, attaches
-// the connection to the QP's responder and acknowledges. Each connected
-// pair thus uses two TCP connections, each carrying one direction's
-// requests and their responses. A QP accepts one such connection in its
-// life. Requests posted before the connection is up wait for it; if it
-// cannot be made they complete with RETRY_EXC_ERR. TCP_NODELAY is set.
-// (Carrying every QP between two devices over one connection, so that the
-// frames of many QPs leave in one write, is measured and designed in
-// docs/ARCHITECTURE.md, "rdma/soft", but not built; rdma/soft's
-// shared_test.go holds the tests it must keep passing.)
+// All QPs between two devices share one TCP connection, a link, per
+// direction of requests: this device's link to a peer device carries the
+// requests of every QP here connected to a QP there, and their answers.
+// ModifyToRTS starts the QP's sender goroutine, which joins the device's
+// link to the peer's data endpoint, dialing it (and saying hello) if
+// there is none, and attaches the QP: an attach frame names the peer QP,
+// this QP and this QP's PSN; the peer device waits (up to 10 s, on a
+// goroutine of its own, so the link serves on) for that QP to reach RTR,
+// checks that it was connected to exactly this QP and PSN, and answers
+// with an attach acknowledgement. A QP serves one requester in its life,
+// and a link that gets no QP attached within 10 s of its hello is closed,
+// so a peer that cannot attach one (it needs the QP numbers and the PSN
+// that rdma.ConnectQP exchanged) cannot hold a link open.
+// Requests posted before the acknowledgement wait for it; if the attach
+// fails they complete with RETRY_EXC_ERR. An attach on a link that dies
+// before it is acknowledged (the peer restarted and nobody had noticed) is
+// tried once more on a new link. A link is closed when the last QP leaves
+// it; a QP leaves when it closes or goes to ERR. TCP_NODELAY is set.
+//
+// Writes are batched across QPs (doorbell batching): a QP's transmitter
+// encodes its requests into a batch of its own and hands the batch to the
+// link's writer. Whoever finds the writer idle writes, and then whatever
+// other QPs left meanwhile, until nothing is pending; a QP that finds a
+// write in progress leaves its batch pending and returns, so the frames
+// of all the QPs that are ready together leave in one write. The
+// responder hands over its answers the same way. Payloads over 4 KiB
+// leave by writev straight from registered memory, holding the writer
+// until their frame is out, as frames cannot interleave. A write blocked
+// for the longest budget of the link's QPs (the peer read nothing all
+// that time) breaks the link: the device's sweeper goroutine looks every
+// second (a write deadline, renewed per write, cost 1% of a lone READ).
 //
 // # Wire format
 //
-// After the hello (24 bytes: "RKVS", version 1, 3 zero bytes, destination
-// QPN, source QPN, PSN, RNR budget in ms) and its acknowledgement (8 bytes:
-// "RKVA", a code, 3 zero bytes), each direction is a stream of frames, all
-// integers big-endian. A request is a 48-byte header
+// A link opens with a hello (8 bytes: "RKVS", version 2, 3 zero bytes).
+// Then each direction is a stream of frames, all integers big-endian,
+// each opening with a header of its direction's size. From the requester,
+// a request is a 52-byte header
 //
-//	payload length u32 | opcode u8 | 3 zero bytes | sequence u32 | rkey u32 |
-//	remote address u64 | length u32 | immediate u32 | compare/add u64 | swap u64
+//	payload length u32 | opcode u8 | 3 zero bytes | destination QP u32 | sequence u32 |
+//	rkey u32 | remote address u64 | length u32 | immediate u32 | compare/add u64 | swap u64
 //
-// then, for WRITE, WRITE_WITH_IMM, SEND and SEND_WITH_IMM, the payload. A
-// response is a 20-byte header
+// then, for WRITE, WRITE_WITH_IMM, SEND and SEND_WITH_IMM, the payload.
+// From the responder, a response is a 24-byte header
 //
-//	payload length u32 | kind u8 | status u8 | 2 zero bytes | sequence u32 | atomic value u64
+//	payload length u32 | kind u8 | status u8 | 2 zero bytes | destination QP u32 |
+//	sequence u32 | atomic value u64
 //
 // (kind ACK, NAK, READ data, atomic result), then, for READ data, the
-// bytes. Every request is answered, in order. Sequence numbers start at
-// the requester's PSN and must match exactly. Decoding (wire.go) is pure
-// and strict: unknown opcodes, non-zero reserved bytes, fields an opcode
-// does not use, lengths that disagree or exceed MaxMessageSize are all
+// bytes. Control frames have their direction's header size: a zero
+// payload length, the kind, a code byte (used by the attach
+// acknowledgement only), two zero bytes, the destination and source QPs,
+// the PSN (attach only), and zeros. The requester sends attach and detach
+// (the requester QP left: nothing more comes for it); the responder sends
+// the attach acknowledgement (a code: ok, no such QP, not ready, wrong
+// peer, busy) and gone (the responder QP left RTS: the requester's
+// outstanding requests fail with RETRY_EXC_ERR at once, as against a dead
+// QP). QP numbers are 24 bits, never 0.
+//
+// Every request is answered, in order. Sequence numbers start at the
+// requester's PSN and must match exactly. Decoding (wire.go) is pure and
+// strict: unknown opcodes, non-zero reserved bytes, fields a frame does
+// not use, lengths that disagree or exceed MaxMessageSize are all
 // rejected, so no length field can cause an allocation (payloads go
 // straight into registered memory) and a frame that decodes re-encodes to
-// the same bytes. A malformed, truncated or out-of-sequence frame closes
-// that connection and moves its QP to ERR, with the reason logged to
-// rdma.Options.Logger; nothing else on the device is affected.
+// the same bytes. A malformed or truncated frame closes its link, with
+// the reason logged to rdma.Options.Logger; the QPs whose requests it
+// carried go to ERR, the QPs whose answers it carried see the link fail
+// (below); nothing else on the device is affected. A well-formed frame
+// that breaks one QP's protocol (an out-of-sequence request, a response
+// to no request) costs that QP alone: the link stays in step. Frames for
+// a QP that left the link, or that left RTS, are read and dropped.
 //
 // # Responder
 //
-// One goroutine per incoming connection. It resolves the rkey in its own
-// device's MR table and checks that the MR is in the QP's PD, has the
-// access flag the opcode needs and contains the whole range (one byte past
-// the end fails); then it copies between the socket and the MR, never
-// calling application code. While it copies it holds the MR's read lock,
-// so Deregister waits for the copy and never frees memory under it. A
-// requester stalling in mid-payload is given AckTimeout*(RetryCount+1) per
-// MiB chunk. Zero-length READ and WRITE need no valid rkey (IBA C9-88).
-// Answers are batched like requests: the responder writes them out when
-// its read buffer holds no further request, so the requests of one post
+// One goroutine per link, for every QP attached to it. It resolves the
+// rkey in its own device's MR table and checks that the MR is in the QP's
+// PD, has the access flag the opcode needs and contains the whole range
+// (one byte past the end fails); then it copies between the socket and
+// the MR, never calling application code. While it copies it holds the
+// MR's read lock, so Deregister waits for the copy and never frees memory
+// under it. A requester stalling in mid-payload is given its QP's
+// AckTimeout*(RetryCount+1) per MiB chunk. Zero-length READ and WRITE need
+// no valid rkey (IBA C9-88). Answers are batched like requests: the
+// responder hands them to the writer when its read buffer holds no
+// further request, so the requests that arrived together, of any QPs,
 // are answered in one write.
 //
 // Atomics need 8-byte alignment (REM_INV_REQ_ERR otherwise) and operate
@@ -80,50 +115,55 @@
 // host's byte order, as rxe does; the original value lands in the
 // requester's 8-byte SGE in host order too.
 //
-// SEND and WRITE_WITH_IMM consume the oldest RECV. With none posted, the
-// responder waits up to half the requester's AckTimeout*(RetryCount+1) (so
-// the answer beats the requester's own timeout) for one, then answers RNR:
-// the request completes with RNR_RETRY_EXC_ERR, as when a real requester
-// exhausts rnr_retry; the responder QP stays usable. A SEND longer than
-// the RECV's buffers completes that RECV with LOC_LEN_ERR and the SEND with
-// REM_INV_REQ_ERR, as InfiniBand specifies (rxe in Linux 6.1 reports
-// LOC_QP_OP_ERR and REM_OP_ERR instead); a RECV whose SGEs fail the local
-// checks completes with LOC_PROT_ERR and the SEND with REM_OP_ERR. Other NAKs
-// (REM_ACCESS_ERR, REM_INV_REQ_ERR, REM_OP_ERR) move the responder's QP to
-// ERR too, as in RC. After any NAK the responder stops reading that
-// connection.
+// SEND and WRITE_WITH_IMM consume the oldest RECV. With none posted the
+// responder does not wait, which would hold up every QP on the link: it
+// NAKs RNR at once and drops the QP's later requests until the NAKed one
+// comes again. The requester sends it again (and what followed it) after
+// a delay, from 100 µs doubling to 10 ms, as IB's rnr_retry does, for up
+// to half its AckTimeout*(RetryCount+1); then the request completes with
+// RNR_RETRY_EXC_ERR. RNR leaves the responder's QP in RTS. A SEND longer
+// than the RECV's buffers completes that RECV with LOC_LEN_ERR and the
+// SEND with REM_INV_REQ_ERR, as InfiniBand specifies (rxe in Linux 6.1
+// reports LOC_QP_OP_ERR and REM_OP_ERR instead); a RECV whose SGEs fail
+// the local checks completes with LOC_PROT_ERR and the SEND with
+// REM_OP_ERR. Other NAKs (REM_ACCESS_ERR, REM_INV_REQ_ERR, REM_OP_ERR)
+// move the responder's QP to ERR too, as in RC; its requester learns from
+// the NAK, and the QP's later requests are read and dropped.
 //
 // # Requester
 //
 // PostSend copies the requests into the send ring and sends them inline
-// from the caller's goroutine when no one else is sending (a lock-free
-// owner flag; a busy owner is told to look again), so a request leaves
-// without a goroutine hand-off. Requests of 64 KiB or more, or past 256 KiB
-// sent in one call, go to the QP's sender goroutine so PostSend does not
-// block on long writes. (A PostSend can still block while the socket's
-// send buffer is full, that is while the peer does not read; a peer that
-// stays silent past the budget below has the connection closed, which ends
-// the write.) Small frames are batched and flushed when a batch is done;
-// payloads over 4 KiB are written with writev straight from registered
-// memory.
+// from the caller's goroutine when no one else is sending for the QP (a
+// lock-free owner flag; a busy owner is told to look again), so a request
+// leaves without a goroutine hand-off. Requests of 64 KiB or more, past
+// 256 KiB sent in one call, or over 4 KiB while the link's writer is busy,
+// go to the QP's sender goroutine so PostSend does not block on long
+// writes. (A PostSend can still block while the socket's send buffer is
+// full, that is while the peer does not read.) A payload's MRs are held
+// from the moment its request is taken for sending until its frame is
+// written; one being deregistered then fails the request with
+// LOC_PROT_ERR, as at post time, and its frame is not sent.
 //
 // Responses are read, READ data landed straight from the socket into the
 // target SGEs, and requests completed strictly in posting order (successful
 // ones only when signaled, by Signaled or SignalAll; failed ones always)
-// by whoever holds the QP's reader token:
+// by whoever holds the link's reader token:
 //
-//   - When a QP is the only user of its send CQ, CQ.Wait takes the token
-//     and reads the responses itself: the waiting goroutine sleeps in the
-//     socket read and the response wakes it, as a plain TCP client, with no
-//     hand-off between goroutines. Completions pushed into the CQ by others
-//     (the QP's responder, a flush) and the Wait's context interrupt that
-//     read, between frames only.
-//   - Otherwise the QP's receiver goroutine reads: always, when the send CQ
+//   - When the link carries one QP and that QP is the only user of its
+//     send CQ, CQ.Wait takes the token and reads the responses itself: the
+//     waiting goroutine sleeps in the socket read and the response wakes
+//     it, as a plain TCP client, with no hand-off between goroutines.
+//     Completions pushed into the CQ by others (the QP's responder, a
+//     flush) and the Wait's context interrupt that read, between frames
+//     only.
+//   - Otherwise the link's goroutine reads, and hands each frame to its
+//     QP: always, while the link carries several QPs or a QP whose send CQ
 //     serves several QPs; when Poll finds the CQ empty (a busy poller does
 //     not read); and when responses have waited 500 µs for a Wait, which
 //     the device's sweeper goroutine notices (it ticks every millisecond
 //     while there is such traffic, and sleeps otherwise; no timer is
-//     touched per request).
+//     touched per request). A link that comes to carry one QP again is
+//     read inline again.
 //
 // The steady-state post, Wait and Poll paths allocate nothing (a Wait with
 // a cancellable context allocates for context.AfterFunc when it reads
@@ -141,45 +181,52 @@
 // Completion queues: any number of goroutines may Poll and Wait on one CQ.
 // Parked Waits are woken one at a time through a one-slot channel and pass
 // the wakeup on while completions remain; only one Wait at a time can read
-// a lone QP's responses inline (it holds the QP's reader token), the
-// others park.
+// a link inline (it holds the token), the others park.
 //
-// A request fails with RETRY_EXC_ERR when the peer's connection closes or
-// resets while it is outstanding, or when the peer shows no sign of life
-// (no completion and no byte) for AckTimeout*(RetryCount+1). A QP whose
-// connection closed while idle stays in RTS and fails its next request so.
+// A request fails with RETRY_EXC_ERR when its link closes or resets while
+// it is outstanding, when the peer QP leaves RTS (gone), or when nothing
+// at all arrives on the link for the QP's AckTimeout*(RetryCount+1) while
+// it has requests outstanding: the responder answers in link order, so
+// silence on the link is silence for every QP on it, and each QP fails on
+// its own budget; silence in mid-frame fails the link. A QP whose link
+// closed, or whose peer left, while it was idle stays in RTS and fails its
+// next request so.
 //
 // # Errors
 //
 // The first failed request moves the QP to ERR and then completes with its
 // status (in that order, so whoever polls the failure finds the QP in ERR;
-// a RECV the responder fails likewise); the QP closes both its connections
-// (the peer's outstanding requests then fail as against a dead QP) and
-// completes every other outstanding and later request, on both queues,
-// with WR_FLUSH_ERR, in order. Posting in ERR is accepted and flushed, as
-// in verbs.
+// a RECV the responder fails likewise); the QP leaves its links (the
+// peer's requester is told its QP is gone, the peer's responder that the
+// requester left) and completes every other outstanding and later request,
+// on both queues, with WR_FLUSH_ERR, in order; a request whose data is
+// landing at that moment completes first. Posting in ERR is accepted and
+// flushed, as in verbs.
 //
 // # Close
 //
-// QP.Close marks the QP closed, closes its connections, and waits for its
-// goroutines and for any PostSend or Wait working its connection inline
-// (they hold a read lock that Close takes), so when it returns nothing
-// touches the buffers of the requests it discarded. MR.Deregister waits for
-// a copy in progress (the MR's lock), so memory is never freed under the
-// NIC either. Device, PD and CQ lifetimes (ErrBusy, exactly-once Close) are
-// rdma/internal/life's, shared with verbs.
+// QP.Close marks the QP closed, leaves its links, and waits for its
+// goroutine and for anything touching its requests' buffers: a PostSend
+// sending inline, and a link's reader or responder landing data in them
+// (they hold a read lock that Close takes; readers of a link only try it,
+// so that none waits for a Close that waits for a write that waits for
+// the peer, and drop the QP's frames when the lock is taken). So when it
+// returns nothing touches the buffers of the requests it discarded.
+// MR.Deregister waits for a copy in progress (the MR's lock, which the
+// NIC's copies likewise only try), so memory is never freed under the NIC
+// either. A Close can wait for a large request of its QP to finish
+// writing: its frame cannot be cut short on a shared link. Device, PD and
+// CQ lifetimes (ErrBusy, exactly-once Close) are rdma/internal/life's,
+// shared with verbs.
 //
 // # Differences from hardware
 //
-//   - Frames are not cut at the path MTU and there are no retransmissions:
-//     TCP is reliable, so retries only wait, and RetryCount only scales the
-//     time a silent peer is given. An RNR is not retried on the wire: the
-//     responder waits for a RECV instead.
+//   - Frames are not cut at the path MTU and there are no retransmissions
+//     but RNR's: TCP is reliable, so retries only wait, and RetryCount only
+//     scales the time a silent peer is given. A large frame holds its link
+//     until it is out.
 //   - Fence waits until every earlier request has completed, not only
 //     READs and atomics.
-//   - A request whose local MR is deregistered while its payload is on the
-//     way moves the QP to ERR and completes with WR_FLUSH_ERR, not
-//     LOC_PROT_ERR: its frame cannot be finished.
 //   - A CQ overrun makes the CQ unusable (Poll returns ErrCQOverrun) but
 //     raises no asynchronous event and does not move QPs to ERR.
 //   - QPs never leave ERR; there is no ModifyToReset in the API.

@@ -1,8 +1,9 @@
-// Stream fuzzing: arbitrary bytes after a valid hello must cost the victim QP at most, never the device.
+// Stream fuzzing: arbitrary bytes on a link after a valid hello and attach must cost the QPs on that link at most, never the device.
 
 package soft
 
 import (
+	"encoding/binary"
 	"io"
 	"net"
 	"testing"
@@ -11,16 +12,28 @@ import (
 	"github.com/rkv-io/rkv/rdma"
 )
 
+// fuzzTarget is a marker in a fuzzed frame's destination QP (offset 8,
+// invalid as it stands): the harness replaces it with the victim's number,
+// and an rkey starting with it (offset 16) with the MR's rkey and address.
+const fuzzTarget = 0xAA
+
 func FuzzResponderStream(f *testing.F) {
+	const psn = 1000
 	frame := func(r request, payload int) []byte {
 		b := make([]byte, requestHeaderSize, requestHeaderSize+payload)
 		encodeRequest(b, &r)
+		b[8] = fuzzTarget
 		return append(b, make([]byte, payload)...)
 	}
-	const psn = 1000
-	f.Add(frame(request{op: wireRead, seq: psn, length: 8}, 0))
-	f.Add(frame(request{op: wireWrite, seq: psn, length: 16}, 16))
-	f.Add(append(frame(request{op: wireSend, seq: psn, length: 4}, 4), frame(request{op: wireFetchAdd, seq: psn + 1, length: 8, compareAdd: 1}, 0)...))
+	const dst = 1
+	f.Add(frame(request{op: wireRead, dst: dst, seq: psn, length: 8}, 0))
+	f.Add(frame(request{op: wireWrite, dst: dst, seq: psn, length: 16}, 16))
+	f.Add(append(frame(request{op: wireSend, dst: dst, seq: psn, length: 4}, 4), frame(request{op: wireFetchAdd, dst: dst, seq: psn + 1, length: 8, compareAdd: 1}, 0)...))
+	f.Add(append(frame(request{op: wireSend, dst: dst, seq: psn, length: 4}, 4), frame(request{op: wireSend, dst: dst, seq: psn + 1, length: 4}, 4)...))
+	detach := make([]byte, requestHeaderSize)
+	encodeDetach(detach, qpEnds{dst: dst, src: 7})
+	detach[8] = fuzzTarget
+	f.Add(append(frame(request{op: wireRead, dst: dst, seq: psn, length: 8}, 0), detach...))
 	f.Add([]byte("\x00\x00\x00\x10garbage"))
 
 	dev, err := rdma.Open("soft", "", rdma.Options{})
@@ -58,21 +71,29 @@ func FuzzResponderStream(f *testing.F) {
 		}
 		defer c.Close()
 		c.SetDeadline(time.Now().Add(10 * time.Second))
-		h := make([]byte, helloSize)
-		encodeHello(h, hello{dstQPN: q.Num(), srcQPN: 7, psn: psn})
+		h := make([]byte, helloSize+requestHeaderSize)
+		encodeHello(h)
+		encodeAttach(h[helloSize:], attach{dst: q.Num(), src: 7, psn: psn})
 		c.Write(h)
-		ack := make([]byte, helloAckSize)
+		ack := make([]byte, responseHeaderSize)
 		if _, err := io.ReadFull(c, ack); err != nil {
 			t.Fatal(err)
 		}
-		// Point the fuzzer's rkeys and addresses at the MR now and then.
-		if len(stream) >= requestHeaderSize && stream[12] == 0xAA {
-			b := append([]byte(nil), stream...)
-			put32(b[12:], mr.RKey())
-			put64(b[16:], mr.Addr())
-			stream = b
+		b := append([]byte(nil), stream...)
+		for off := 0; off+requestHeaderSize <= len(b); off += requestHeaderSize {
+			h := b[off : off+requestHeaderSize]
+			if h[8] == fuzzTarget {
+				binary.BigEndian.PutUint32(h[8:], q.Num())
+			}
+			if h[16] == fuzzTarget {
+				binary.BigEndian.PutUint32(h[16:], mr.RKey())
+				binary.BigEndian.PutUint64(h[20:], mr.Addr())
+			}
+			if n := binary.BigEndian.Uint32(h); hasPayload(h[4]) && int64(n) <= int64(len(b)-off-requestHeaderSize) {
+				off += int(n)
+			}
 		}
-		c.Write(stream)
+		c.Write(b)
 		c.(*net.TCPConn).CloseWrite()
 		io.Copy(io.Discard, c) // the device answers, then closes or waits for more
 		wc := make([]rdma.Completion, 16)
@@ -82,13 +103,4 @@ func FuzzResponderStream(f *testing.F) {
 			}
 		}
 	})
-}
-
-func put32(b []byte, v uint32) {
-	b[0], b[1], b[2], b[3] = byte(v>>24), byte(v>>16), byte(v>>8), byte(v)
-}
-
-func put64(b []byte, v uint64) {
-	put32(b, uint32(v>>32))
-	put32(b[4:], uint32(v))
 }

@@ -55,34 +55,41 @@ func healthy(t *testing.T, a, b *side) {
 	}
 }
 
+// linkOpening is a hello and an attach of QP src to QP dst.
+func linkOpening(dst, src, psn uint32) []byte {
+	b := make([]byte, helloSize+requestHeaderSize)
+	encodeHello(b)
+	encodeAttach(b[helloSize:], attach{dst: dst, src: src, psn: psn})
+	return b
+}
+
+// ackOf is the acknowledgement of an attach of src to dst.
+func ackOf(dst, src uint32, code uint8) []byte {
+	b := make([]byte, responseHeaderSize)
+	encodeAttachAck(b, attachAck{qpEnds: qpEnds{dst: src, src: dst}, code: code})
+	return b
+}
+
 func TestHostileHandshakes(t *testing.T) {
 	a, b := newPair(t, rdma.QPConfig{})
-	valid := func(dst, src, psn uint32) []byte {
-		h := make([]byte, helloSize)
-		encodeHello(h, hello{dstQPN: dst, srcQPN: src, psn: psn})
-		return h
-	}
-	ack := func(code uint8) []byte {
-		b := make([]byte, helloAckSize)
-		encodeHelloAck(b, code)
-		return b
-	}
 	huge := make([]byte, 1<<20)
 	for i := range huge {
 		huge[i] = 0xff
 	}
+	an, bn, apsn := a.qp.Num(), b.qp.Num(), a.qp.Info().PSN
 	for name, c := range map[string]struct {
 		send []byte
 		ack  []byte
 	}{
 		"garbage":        {send: []byte("GET / HTTP/1.1\r\nHost: x\r\n\r\n")},
 		"all ones":       {send: huge},
-		"short hello":    {send: valid(1, 2, 3)[:10]},
+		"short hello":    {send: linkOpening(1, 2, 3)[:5]},
+		"version 1":      {send: append([]byte("RKVS\x01\x00\x00\x00"), make([]byte, 16)...)},
 		"bad version":    {send: append(append([]byte("RKVS"), 9), make([]byte, 19)...)},
-		"unknown QP":     {send: valid(0xfffffe, 2, 3), ack: ack(ackNoQP)},
-		"wrong peer QP":  {send: valid(b.qp.Num(), a.qp.Num()+1, a.qp.Info().PSN), ack: ack(ackWrongPeer)},
-		"wrong PSN":      {send: valid(b.qp.Num(), a.qp.Num(), a.qp.Info().PSN+1), ack: ack(ackWrongPeer)},
-		"second connect": {send: valid(b.qp.Num(), a.qp.Num(), a.qp.Info().PSN), ack: ack(ackBusy)},
+		"unknown QP":     {send: linkOpening(0xfffffe, 2, 3), ack: ackOf(0xfffffe, 2, ackNoQP)},
+		"wrong peer QP":  {send: linkOpening(bn, an+1, apsn), ack: ackOf(bn, an+1, ackWrongPeer)},
+		"wrong PSN":      {send: linkOpening(bn, an, apsn+1), ack: ackOf(bn, an, ackWrongPeer)},
+		"second connect": {send: linkOpening(bn, an, apsn), ack: ackOf(bn, an, ackBusy)},
 	} {
 		t.Run(name, func(t *testing.T) {
 			conn := dialDevice(t, b.dev)
@@ -97,8 +104,57 @@ func TestHostileHandshakes(t *testing.T) {
 	}
 }
 
+// A refused attach leaves the link up: the requester may attach another QP
+// on it, and the refused QP's later requests are dropped.
+func TestRefusedAttachKeepsLink(t *testing.T) {
+	a, b := newPair(t, rdma.QPConfig{})
+	victim := createQP(t, b.pd, rdma.QPConfig{SendCQ: b.cq, RecvCQ: b.cq})
+	const fakeQPN, fakePSN = 4242, 77
+	bringUpTo(t, victim, rdma.QPInfo{Provider: "soft", QPNum: fakeQPN, PSN: fakePSN, Addr: "127.0.0.1:1"})
+	mr := register(t, b.pd, 64, rw)
+	copy(mr.Bytes(), "on the link")
+	conn := dialDevice(t, b.dev)
+	conn.Write(linkOpening(victim.Num(), fakeQPN+1, fakePSN)) // the wrong peer
+	got := make([]byte, responseHeaderSize)
+	if _, err := io.ReadFull(conn, got); err != nil || !bytes.Equal(got, ackOf(victim.Num(), fakeQPN+1, ackWrongPeer)) {
+		t.Fatalf("first attach: % x %v", got, err)
+	}
+	// A READ for the refused pairing is dropped, unanswered.
+	req := make([]byte, requestHeaderSize)
+	encodeRequest(req, &request{op: wireRead, dst: victim.Num(), seq: fakePSN, rkey: mr.RKey(), addr: mr.Addr(), length: 11})
+	conn.Write(req)
+	var second [requestHeaderSize]byte
+	encodeAttach(second[:], attach{dst: victim.Num(), src: fakeQPN, psn: fakePSN})
+	conn.Write(second[:])
+	if _, err := io.ReadFull(conn, got); err != nil || !bytes.Equal(got, ackOf(victim.Num(), fakeQPN, ackOK)) {
+		t.Fatalf("second attach: % x %v", got, err)
+	}
+	conn.Write(req)
+	resp := make([]byte, responseHeaderSize+11)
+	if _, err := io.ReadFull(conn, resp); err != nil {
+		t.Fatal(err)
+	}
+	want := make([]byte, responseHeaderSize)
+	encodeResponse(want, &response{kind: respReadData, dst: fakeQPN, seq: fakePSN, length: 11})
+	if !bytes.Equal(resp[:responseHeaderSize], want) || string(resp[responseHeaderSize:]) != "on the link" {
+		t.Fatalf("READ answered % x", resp)
+	}
+	healthy(t, a, b)
+}
+
+// bringUpTo moves q to RTR against remote.
+func bringUpTo(t *testing.T, q rdma.QP, remote rdma.QPInfo) {
+	t.Helper()
+	if err := q.ModifyToInit(); err != nil {
+		t.Fatal(err)
+	}
+	if err := q.ModifyToRTR(remote); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // A hostile requester that passes the handshake and then misbehaves costs
-// its own QP, nothing else.
+// the QPs on its link, nothing else.
 func TestHostileFrames(t *testing.T) {
 	const fakeQPN, fakePSN = 4242, 77
 	frame := func(r request) []byte {
@@ -106,49 +162,50 @@ func TestHostileFrames(t *testing.T) {
 		encodeRequest(b, &r)
 		return b
 	}
-	for name, frames := range map[string]func(rkey uint32, addr uint64) []byte{
-		"garbage header": func(uint32, uint64) []byte { return bytes.Repeat([]byte{0xee}, requestHeaderSize) },
-		"unknown opcode": func(uint32, uint64) []byte {
-			b := frame(request{op: wireRead, seq: fakePSN})
+	for name, frames := range map[string]func(dst, rkey uint32, addr uint64) []byte{
+		"garbage header": func(uint32, uint32, uint64) []byte { return bytes.Repeat([]byte{0xee}, requestHeaderSize) },
+		"unknown opcode": func(dst, _ uint32, _ uint64) []byte {
+			b := frame(request{op: wireRead, dst: dst, seq: fakePSN})
 			b[4] = 42
 			return b
 		},
-		"payload length of 4 GiB": func(rkey uint32, addr uint64) []byte {
-			b := frame(request{op: wireWrite, seq: fakePSN, rkey: rkey, addr: addr, length: 8})
+		"payload length of 4 GiB": func(dst, rkey uint32, addr uint64) []byte {
+			b := frame(request{op: wireWrite, dst: dst, seq: fakePSN, rkey: rkey, addr: addr, length: 8})
 			binary.BigEndian.PutUint32(b, 0xffffffff)
-			binary.BigEndian.PutUint32(b[24:], 0xffffffff)
+			binary.BigEndian.PutUint32(b[28:], 0xffffffff)
 			return b
 		},
-		"wrong sequence": func(rkey uint32, addr uint64) []byte {
-			return frame(request{op: wireRead, seq: fakePSN + 5, rkey: rkey, addr: addr, length: 8})
+		"wrong sequence": func(dst, rkey uint32, addr uint64) []byte {
+			return frame(request{op: wireRead, dst: dst, seq: fakePSN + 5, rkey: rkey, addr: addr, length: 8})
 		},
-		"truncated header": func(uint32, uint64) []byte { return frame(request{op: wireRead, seq: fakePSN})[:20] },
-		"truncated payload": func(rkey uint32, addr uint64) []byte {
-			return append(frame(request{op: wireWrite, seq: fakePSN, rkey: rkey, addr: addr, length: 64}), 1, 2, 3)
+		"truncated header": func(dst, _ uint32, _ uint64) []byte { return frame(request{op: wireRead, dst: dst, seq: fakePSN})[:20] },
+		"truncated payload": func(dst, rkey uint32, addr uint64) []byte {
+			return append(frame(request{op: wireWrite, dst: dst, seq: fakePSN, rkey: rkey, addr: addr, length: 64}), 1, 2, 3)
 		},
-		"write past the MR": func(rkey uint32, addr uint64) []byte {
-			return frame(request{op: wireWrite, seq: fakePSN, rkey: rkey, addr: addr, length: MaxMessageSize})
+		"write past the MR": func(dst, rkey uint32, addr uint64) []byte {
+			return frame(request{op: wireWrite, dst: dst, seq: fakePSN, rkey: rkey, addr: addr, length: MaxMessageSize})
+		},
+		"malformed attach": func(dst, _ uint32, _ uint64) []byte {
+			b := make([]byte, requestHeaderSize)
+			encodeAttach(b, attach{dst: dst, src: 1, psn: 2})
+			b[30] = 1
+			return b
 		},
 	} {
 		t.Run(name, func(t *testing.T) {
 			a, b := newPair(t, rdma.QPConfig{})
 			victim := createQP(t, b.pd, rdma.QPConfig{SendCQ: b.cq, RecvCQ: b.cq})
-			victim.ModifyToInit()
-			victim.ModifyToRTR(rdma.QPInfo{Provider: "soft", QPNum: fakeQPN, PSN: fakePSN, Addr: "127.0.0.1:1"})
+			bringUpTo(t, victim, rdma.QPInfo{Provider: "soft", QPNum: fakeQPN, PSN: fakePSN, Addr: "127.0.0.1:1"})
 			postRecv(t, victim, rdma.RecvWR{ID: 31})
 			mr := register(t, b.pd, 4096, rw)
 
 			conn := dialDevice(t, b.dev)
-			h := make([]byte, helloSize)
-			encodeHello(h, hello{dstQPN: victim.Num(), srcQPN: fakeQPN, psn: fakePSN})
-			conn.Write(h)
-			okAck := make([]byte, helloAckSize)
-			encodeHelloAck(okAck, ackOK)
-			got := make([]byte, helloAckSize)
-			if _, err := io.ReadFull(conn, got); err != nil || !bytes.Equal(got, okAck) {
-				t.Fatalf("hello: % x %v", got, err)
+			conn.Write(linkOpening(victim.Num(), fakeQPN, fakePSN))
+			got := make([]byte, responseHeaderSize)
+			if _, err := io.ReadFull(conn, got); err != nil || !bytes.Equal(got, ackOf(victim.Num(), fakeQPN, ackOK)) {
+				t.Fatalf("attach: % x %v", got, err)
 			}
-			conn.Write(frames(mr.RKey(), mr.Addr()))
+			conn.Write(frames(victim.Num(), mr.RKey(), mr.Addr()))
 			conn.(*net.TCPConn).CloseWrite()
 			expectClosed(t, conn, nil)
 			// The victim QP went to ERR and flushed its RECV.
@@ -160,4 +217,48 @@ func TestHostileFrames(t *testing.T) {
 			healthy(t, b, a)
 		})
 	}
+}
+
+// A link that gets no QP attached within its time is closed: a peer that
+// cannot attach a QP has no use for it. One that attached in time stays.
+func TestLinkWithoutAttachClosed(t *testing.T) {
+	a, b := newPair(t, rdma.QPConfig{})
+	const within = 200 * time.Millisecond
+	b.dev.(*device).attachWithin.Store(int64(within))
+	victim := createQP(t, b.pd, rdma.QPConfig{SendCQ: b.cq, RecvCQ: b.cq})
+	const fakeQPN, fakePSN = 4242, 77
+	bringUpTo(t, victim, rdma.QPInfo{Provider: "soft", QPNum: fakeQPN, PSN: fakePSN, Addr: "127.0.0.1:1"})
+	mr := register(t, b.pd, 64, rw)
+
+	read := make([]byte, requestHeaderSize)
+	encodeRequest(read, &request{op: wireRead, dst: victim.Num(), seq: fakePSN, rkey: mr.RKey(), addr: mr.Addr(), length: 8})
+	for name, opening := range map[string][]byte{
+		"hello only":              linkOpening(1, 2, 3)[:helloSize],
+		"requests, no attach":     append(linkOpening(1, 2, 3)[:helloSize], read...),
+		"refused attaches only":   linkOpening(victim.Num(), fakeQPN+1, fakePSN),
+		"half a hello, then none": linkOpening(1, 2, 3)[:4],
+	} {
+		t.Run(name, func(t *testing.T) {
+			conn := dialDevice(t, b.dev)
+			start := time.Now()
+			conn.Write(opening)
+			io.Copy(io.Discard, conn) // until the device closes it
+			if d := time.Since(start); d < within/2 || d > 10*within {
+				t.Fatalf("closed after %v, want about %v", d, within)
+			}
+		})
+	}
+	conn := dialDevice(t, b.dev)
+	conn.Write(linkOpening(victim.Num(), fakeQPN, fakePSN))
+	got := make([]byte, responseHeaderSize)
+	if _, err := io.ReadFull(conn, got); err != nil || !bytes.Equal(got, ackOf(victim.Num(), fakeQPN, ackOK)) {
+		t.Fatalf("attach: % x %v", got, err)
+	}
+	time.Sleep(2 * within)
+	conn.Write(read)
+	resp := make([]byte, responseHeaderSize+8)
+	if _, err := io.ReadFull(conn, resp); err != nil {
+		t.Fatalf("a link with a QP attached was closed: %v", err)
+	}
+	healthy(t, a, b)
 }

@@ -41,8 +41,9 @@ func (q *qp) ModifyToRTR(remote rdma.QPInfo) error {
 	return nil
 }
 
-// ModifyToRTS starts the sender goroutine, which connects to the peer's
-// data endpoint; requests posted meanwhile wait for the connection.
+// ModifyToRTS starts the sender goroutine, which attaches the QP to its
+// peer over the link to the peer's device; requests posted meanwhile wait
+// for the attach.
 func (q *qp) ModifyToRTS() error {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -69,10 +70,10 @@ func (q *qp) ModifyToError() error {
 
 func (q *qp) isClosed() bool { return q.state.Load() == uint32(stateClosed) }
 
-// Close destroys the QP: it closes its connections, waits for its
-// goroutines and for any PostSend or Wait working its connection inline,
-// and drops outstanding requests without completions. When it returns,
-// nothing touches the buffers of those requests any more.
+// Close destroys the QP: it leaves its links, waits for its goroutine, for
+// any PostSend or Wait working inline and for any landing of data in its
+// buffers, and drops outstanding requests without completions. When it
+// returns, nothing touches the buffers of those requests any more.
 func (q *qp) Close() error {
 	q.mu.Lock()
 	if q.closed {
@@ -81,21 +82,19 @@ func (q *qp) Close() error {
 	}
 	q.closed = true
 	q.state.Store(uint32(stateClosed))
-	req, resp, cancel := q.reqConn, q.respConn, q.cancel
+	cancel := q.cancel
 	q.mu.Unlock()
 	q.kill()
-	if req != nil {
-		_ = req.Close()
-	}
-	if resp != nil {
-		_ = resp.Close()
-	}
+	q.leaveLinks()
 	if cancel != nil {
 		cancel()
 	}
+	q.sq.mu.Lock()
+	q.stopRNRLocked()
+	q.sq.mu.Unlock()
 	q.wg.Wait()
 	q.inline.Lock()
-	q.inline.Unlock() // a barrier: the inline readers and senders are done
+	q.inline.Unlock() // a barrier: inline senders and landers are done
 	q.dev.removeQP(q)
 	q.sendCQ.detach(q)
 	if q.recvCQ != q.sendCQ {

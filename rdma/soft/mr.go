@@ -74,10 +74,15 @@ func (m *mr) Deregister() error {
 	return nil
 }
 
-// lock holds the MR against deregistration for a copy; it reports false,
-// holding nothing, once the MR is deregistered.
-func (m *mr) lock() bool {
-	m.inuse.RLock()
+// tryLock holds the MR against deregistration for a copy; it reports
+// false, holding nothing, once the MR is deregistered. It only tries: the
+// NIC's copies hold their frame's link, and a Deregister under way (it
+// waits for the lock) would otherwise wait for a peer that waits for the
+// link. Failing then is right, as the MR is as good as gone.
+func (m *mr) tryLock() bool {
+	if !m.inuse.TryRLock() {
+		return false
+	}
 	if m.dead.Load() {
 		m.inuse.RUnlock()
 		return false

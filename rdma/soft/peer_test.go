@@ -112,14 +112,15 @@ func bringUp(t *testing.T, q rdma.QP, remote rdma.QPInfo) {
 	}
 }
 
-// fakePeer is a hand-written responder: it acknowledges the hello, then
-// hands the connection to serve.
+// fakePeer is a hand-written responder device: it answers the attach on
+// its link with ack, then hands the link to serve, with the attaching QP's
+// number (which responses name).
 type fakePeer struct {
 	ln net.Listener
 	wg sync.WaitGroup
 }
 
-func newFakePeer(t *testing.T, ack uint8, serve func(c net.Conn)) *fakePeer {
+func newFakePeer(t *testing.T, ack uint8, serve func(c net.Conn, requester uint32)) *fakePeer {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -133,15 +134,20 @@ func newFakePeer(t *testing.T, ack uint8, serve func(c net.Conn)) *fakePeer {
 			return
 		}
 		defer c.Close()
-		h := make([]byte, helloSize)
+		h := make([]byte, helloSize+requestHeaderSize)
 		if _, err := io.ReadFull(c, h); err != nil {
 			return
 		}
-		b := make([]byte, helloAckSize)
-		encodeHelloAck(b, ack)
+		a, err := decodeAttach(h[helloSize:])
+		if err != nil {
+			t.Errorf("fake peer: %v", err)
+			return
+		}
+		b := make([]byte, responseHeaderSize)
+		encodeAttachAck(b, attachAck{qpEnds: qpEnds{dst: a.src, src: a.dst}, code: ack})
 		c.Write(b)
 		if serve != nil {
-			serve(c)
+			serve(c, a.src)
 		}
 	}()
 	t.Cleanup(func() { ln.Close(); p.wg.Wait() })
@@ -154,7 +160,7 @@ func (p *fakePeer) info() rdma.QPInfo {
 
 func TestSilentPeer(t *testing.T) {
 	done := make(chan struct{})
-	p := newFakePeer(t, ackOK, func(c net.Conn) {
+	p := newFakePeer(t, ackOK, func(c net.Conn, _ uint32) {
 		io.Copy(io.Discard, c) // swallow requests, never answer
 		close(done)
 	})
@@ -184,23 +190,24 @@ func TestPeerRefusesHello(t *testing.T) {
 
 // A peer answering nonsense gets BAD_RESP_ERR, not a hang or a panic.
 func TestBadResponses(t *testing.T) {
-	respond := func(edit func(b []byte)) func(c net.Conn) {
-		return func(c net.Conn) {
+	respond := func(edit func(b []byte)) func(c net.Conn, requester uint32) {
+		return func(c net.Conn, requester uint32) {
 			req := make([]byte, requestHeaderSize)
 			if _, err := io.ReadFull(c, req); err != nil {
 				return
 			}
-			seq := binary.BigEndian.Uint32(req[8:])
+			seq := binary.BigEndian.Uint32(req[12:])
 			b := make([]byte, responseHeaderSize)
-			encodeResponse(b, &response{kind: respReadData, seq: seq, length: 8})
+			encodeResponse(b, &response{kind: respReadData, dst: requester, seq: seq, length: 8})
 			edit(b)
 			c.Write(append(b, make([]byte, 8)...))
 			io.Copy(io.Discard, c)
 		}
 	}
 	for name, edit := range map[string]func(b []byte){
-		"wrong sequence":     func(b []byte) { b[11]++ },
-		"wrong kind":         func(b []byte) { encodeResponse(b, &response{kind: respAck, seq: binary.BigEndian.Uint32(b[8:])}) },
+		"wrong sequence":     func(b []byte) { b[15]++ },
+		"wrong kind":         func(b []byte) { b[4] = respAck; binary.BigEndian.PutUint32(b, 0) },
+		"gone of another QP": func(b []byte) { encodeGone(b, qpEnds{dst: binary.BigEndian.Uint32(b[8:]), src: 98}) },
 		"wrong length":       func(b []byte) { binary.BigEndian.PutUint32(b, 9) },
 		"malformed":          func(b []byte) { b[4] = 77 },
 		"huge length":        func(b []byte) { binary.BigEndian.PutUint32(b, 0xffffffff) },

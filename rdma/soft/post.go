@@ -28,7 +28,7 @@ func (q *qp) PostSend(wrs []rdma.SendWR) error {
 		s.at(s.tail).load(&wrs[i], q)
 		s.tail++
 	}
-	if st == rdma.QPStateError && !s.readerActive {
+	if st == rdma.QPStateError && !s.landing {
 		q.flushSendLocked()
 	}
 	s.mu.Unlock()
@@ -59,13 +59,9 @@ func (q *qp) PostRecv(wrs []rdma.RecvWR) error {
 		r.at(r.tail).load(&wrs[i], q)
 		r.tail++
 	}
-	if st == rdma.QPStateError && !r.respActive {
+	if st == rdma.QPStateError && !r.busy {
 		q.flushRecvLocked()
 	}
 	r.mu.Unlock()
-	select {
-	case r.posted <- struct{}{}:
-	default:
-	}
 	return perr
 }

@@ -3,10 +3,8 @@
 package soft
 
 import (
-	"bufio"
 	"context"
 	"math/rand/v2"
-	"net"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -32,22 +30,31 @@ type qp struct {
 
 	state atomic.Uint32 // rdma.QPState, or stateClosed
 
-	mu       sync.Mutex // transitions; the fields below
-	remote   rdma.QPInfo
-	reqConn  *net.TCPConn // our requester to the peer's responder
-	respConn *net.TCPConn // the peer's requester to our responder
-	cancel   context.CancelFunc
-	closed   bool
-	reason   error         // why the QP went to ERR
-	rtr      chan struct{} // closed on reaching RTR
-	dead     chan struct{} // closed on entering ERR or on Close
-	deadOnce sync.Once
-	wg       sync.WaitGroup // the QP's goroutines: sender, receiver, responder
+	mu     sync.Mutex // transitions; the fields below
+	remote rdma.QPInfo
+	outl   *outLink // the link of q's requests, from its attach until it leaves
+	in     *inLink  // the link q's responder serves, once attached
+	cancel context.CancelFunc
+	closed bool
+	reason error         // why the QP went to ERR
+	rtr    chan struct{} // closed on reaching RTR
+	dead   chan struct{} // closed on entering ERR or on Close
+	once   sync.Once
+	wg     sync.WaitGroup // the sender goroutine
 
-	// inline is held shared by a PostSend sending and by a CQ.Wait reading
-	// the QP's connection on their own goroutines, which wg does not
-	// count; Close takes it once the connections are closed, so it returns
-	// only when nothing touches the QP's buffers any more.
+	// out is outl once the peer acknowledged the attach: the link whose
+	// reader delivers q's responses. Atomic for the paths that look at it
+	// without q.mu.
+	out atomic.Pointer[outLink]
+	// ackc carries the attach's acknowledgement, or the link's failure,
+	// to the sender goroutine.
+	ackc chan attachResult
+
+	// inline is held shared by a PostSend sending inline and by whoever
+	// lands data in the buffers of q's requests (the reader of q's link, or
+	// a responder filling a RECV); Close takes it once q left its links, so
+	// it returns only when nothing touches those buffers any more. Readers
+	// of a link only try it: failing means Close is under way.
 	inline sync.RWMutex
 
 	sq  sendQueue
@@ -68,14 +75,13 @@ func newQP(p *pd, cfg rdma.QPConfig, scq, rcq *cq) *qp {
 		budget: cfg.AckTimeout * time.Duration(cfg.RetryCount+1),
 		rtr:    make(chan struct{}),
 		dead:   make(chan struct{}),
+		ackc:   make(chan attachResult, 1),
 	}
 	q.sq.init(cfg.MaxSendWR, cfg.MaxSGE)
 	q.rq.init(cfg.MaxRecvWR, cfg.MaxSGE)
 	q.tx.kick = make(chan struct{}, 1)
 	q.tx.wqe.sgl = make([]sge, 0, cfg.MaxSGE)
-	q.tx.w.buf = make([]byte, 0, frameBufSize)
-	q.rx.br = bufio.NewReaderSize(nil, readBufSize)
-	q.rx.kick = make(chan struct{}, 1)
+	q.tx.w.buf = make([]byte, 0, batchSize)
 	return q
 }
 
@@ -93,10 +99,20 @@ func (q *qp) Info() rdma.QPInfo {
 	return rdma.QPInfo{Provider: ProviderName, QPNum: q.num, PSN: q.psn, MTU: pathMTU, Addr: q.dev.addr}
 }
 
-// rnrBudget is how long the peer's responder may wait for a RECV before
-// answering RNR: half the requester's budget, so the RNR NAK arrives
-// before the requester gives the peer up as dead.
+// rnrBudget is how long the requester retries a request the peer answered
+// with RNR (no RECV posted) before completing it with RNR_RETRY_EXC_ERR:
+// half its budget, as a responder waiting out an RNR used to have.
 func (q *qp) rnrBudget() time.Duration { return min(q.budget/2, maxRNRBudget) }
+
+// maxRNRBudget caps the RNR budget.
+const maxRNRBudget = time.Minute
 
 // seqOf is the wire sequence number of the send queue's i-th request.
 func (q *qp) seqOf(i uint64) uint32 { return q.psn + uint32(i) }
+
+// gone reports whether the QP is in ERR or closed: it takes no part in
+// its links any more.
+func (q *qp) gone() bool {
+	s := q.state.Load()
+	return s == uint32(rdma.QPStateError) || s == uint32(stateClosed)
+}

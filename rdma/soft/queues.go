@@ -4,6 +4,7 @@ package soft
 
 import (
 	"sync"
+	"time"
 
 	"github.com/rkv-io/rkv/rdma"
 )
@@ -94,14 +95,24 @@ type sendQueue struct {
 	mu   sync.Mutex
 	ring []sendWQE
 	// Requests [head, sent) were handed to the wire (or failed locally),
-	// [sent, tail) wait for the transmitter. Counters only grow.
+	// [sent, tail) wait for the transmitter. Counters only grow, except
+	// that an RNR NAK moves sent back to head: the responder dropped
+	// everything after the NAKed request, and it is all sent again.
 	head, sent, tail uint64
 
-	readerActive bool  // a receiver goroutine owns completions of [head, sent)
-	linkDown     error // no connection to the peer: the next request fails with RETRY_EXC_ERR
-	blocked      bool  // a request failed locally: nothing after it is sent
-	fenced       bool  // the transmitter waits for [head, sent) to drain before a fenced request
-	armed        bool  // the receiver's read deadline is set
+	// landing: the reader of the QP's link is completing the head request
+	// (it lands data without the lock); a flush waits for it to finish.
+	landing  bool
+	linkDown error // no link to the peer: the next request fails with RETRY_EXC_ERR
+	blocked  bool  // a request failed locally: nothing after it is sent
+	fenced   bool  // the transmitter waits for [head, sent) to drain before a fenced request
+	armAt    int64 // now() when the pipeline last went from empty to busy
+
+	// RNR: the peer had no RECV for the head request.
+	rnrWait  bool        // waiting to send it again; nothing is sent meanwhile
+	rnrSince int64       // now() of the first RNR NAK of the head request; 0: none
+	rnrTries int         // RNR NAKs of the head request so far
+	rnrTimer *time.Timer // sends it again
 }
 
 func (s *sendQueue) init(n, maxSGE int) {
@@ -144,8 +155,9 @@ type recvQueue struct {
 	mu         sync.Mutex
 	ring       []recvWQE
 	head, tail uint64
-	respActive bool          // a responder goroutine owns the RECV it took and flushes on exit
-	posted     chan struct{} // a RECV was posted: wakes a responder waiting out an RNR
+	// busy: the responder is filling the head RECV (without the lock); a
+	// flush waits for it to finish.
+	busy bool
 }
 
 func (r *recvQueue) init(n, maxSGE int) {
@@ -154,7 +166,6 @@ func (r *recvQueue) init(n, maxSGE int) {
 	for i := range r.ring {
 		r.ring[i].sgl = sgls[i*maxSGE : i*maxSGE : (i+1)*maxSGE]
 	}
-	r.posted = make(chan struct{}, 1)
 }
 
 func (r *recvQueue) at(i uint64) *recvWQE { return &r.ring[i%uint64(len(r.ring))] }

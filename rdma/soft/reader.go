@@ -1,238 +1,226 @@
-// The reader token: who reads a QP's responses, an inline Wait or the receiver goroutine.
+// The reader token of a link: who reads its responses, an inline Wait or the link's goroutine.
 
 package soft
 
 import (
+	"bufio"
 	"context"
-	"fmt"
-	"net"
+	"sync"
+	"sync/atomic"
 	"time"
-
-	"github.com/rkv-io/rkv/rdma"
 )
 
-// Who reads a QP's responses: the reader role is a token. A Wait on the
-// QP's send CQ takes it when it can ("inline": the waiting goroutine itself
-// sleeps in the socket read and is woken by the response, with no hand-off
-// between goroutines); the receiver goroutine takes it otherwise. A QP
-// whose send CQ serves other QPs too is "eager": its goroutine keeps the
-// token for good.
+// Who reads a link's responses: the reader role is a token. While the
+// link carries one QP and that QP is the only user of its send CQ, a Wait
+// on that CQ takes the token when it can ("inline": the waiting goroutine
+// itself sleeps in the socket read and is woken by the response, with no
+// hand-off between goroutines, as a plain TCP client). Otherwise the link
+// is "eager": its goroutine keeps the token and hands every frame to its
+// QP, whose Waits it wakes.
 const (
 	rxFree      int32 = iota // nobody reads; with requests on the wire, the sweeper watches
-	rxGoroutine              // the receiver goroutine reads
+	rxGoroutine              // the link's goroutine reads
 	rxInline                 // a Wait reads
-	rxDead                   // the connection failed: nobody reads again
+	rxDead                   // the link failed: nobody reads again
 )
 
 // lazyDelay is how long responses may wait for a Wait to read them before
-// the device's sweeper hands them to the receiver goroutine (see sweep.go).
+// the device's sweeper hands them to the link's goroutine (see sweep.go).
 const lazyDelay = 500 * time.Microsecond
 
-// startReceiver attaches conn as the QP's requester connection and starts
-// the receiver goroutine, unless the QP left RTS meanwhile.
-func (q *qp) startReceiver(conn *net.TCPConn) error {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if q.closed || q.state.Load() != uint32(rdma.QPStateRTS) {
-		_ = conn.Close()
-		return fmt.Errorf("QP left RTS while connecting")
-	}
-	q.reqConn = conn
-	q.tx.w.conn = conn
-	q.rx.conn = conn
-	q.rx.br.Reset(conn)
-	if q.sendCQ.claimLazy(q) {
-		q.rx.owner.Store(rxFree)
-	} else {
-		q.rx.eager.Store(true)
-		q.rx.owner.Store(rxGoroutine)
-	}
-	q.sq.mu.Lock()
-	q.sq.readerActive = true
-	q.sq.mu.Unlock()
-	q.wg.Add(1)
-	go q.receive()
-	return nil
+// linkReader is the read side of an outLink.
+type linkReader struct {
+	owner        atomic.Int32
+	pending      atomic.Bool   // requests on the wire and nobody reading
+	pendingSince atomic.Int64  // now() when pending was set
+	kick         chan struct{} // the goroutine should look at owner
+
+	// Owned by the holder of the token.
+	br      *bufio.Reader
+	hdr     [responseHeaderSize]byte
+	got     int // bytes read since the last liveness check
+	inline  *cq // an inline reader's CQ and context
+	ctx     context.Context
+	expired []*qp // scratch of stillWaiting
+
+	// progress is now() of the last sign of life of the peer: a byte read,
+	// or a chunk of a large request written.
+	progress atomic.Int64
+
+	dmu      sync.Mutex   // serializes changes of the read deadline
+	deadline atomic.Int64 // now() of the read deadline in force; 0: none
 }
 
-// receive is the receiver goroutine: it reads whenever it holds the token.
-func (q *qp) receive() {
-	defer q.wg.Done()
+// run is the link's goroutine: it reads whenever it holds the token.
+func (l *outLink) run() {
 	for {
-		switch q.rx.owner.Load() {
+		switch l.owner.Load() {
 		case rxDead:
 			return
 		case rxGoroutine:
-			if err := q.readResponses(); err != nil {
-				q.rxFail(err)
+			if err := l.readLoop(); err != nil {
+				l.fail(err)
 				return
 			}
 			continue
 		}
 		select {
-		case <-q.rx.kick:
-		case <-q.dead:
+		case <-l.kick:
+		case <-l.life.Done():
 			// An inline reader fails on the closed connection and
-			// settles the queue itself.
-			if q.rx.owner.CompareAndSwap(rxFree, rxGoroutine) {
-				q.rxFail(errQPGone)
+			// settles the link itself.
+			if l.owner.CompareAndSwap(rxFree, rxGoroutine) {
+				l.fail(errLinkClosed)
 			}
 			return
 		}
 	}
 }
 
-// readResponses reads until the QP is idle (lazy) or the connection fails.
-func (q *qp) readResponses() error {
+// readLoop reads until the link is lazy and idle, or fails.
+func (l *outLink) readLoop() error {
 	for {
-		if _, _, err := q.readFrame(false); err != nil {
+		if _, _, err := l.readFrame(nil); err != nil && err != errInterrupted {
 			return err
 		}
-		if q.gone() {
-			return errQPGone
-		}
-		if !q.rx.eager.Load() && q.releaseIfIdle() {
+		if !l.eager.Load() && l.releaseIfIdle() {
 			return nil
 		}
 	}
 }
 
-// takeRx gives the token to the goroutine if it is free and needed.
-func (q *qp) takeRx() {
+// releaseIfIdle frees the goroutine's token once the lazy link's QP has
+// nothing on the wire.
+func (l *outLink) releaseIfIdle() bool {
+	q := l.view.Load().sole
+	if q == nil {
+		return false
+	}
 	s := &q.sq
 	s.mu.Lock()
-	if s.head < s.sent && q.rx.owner.CompareAndSwap(rxFree, rxGoroutine) {
-		q.rx.pending.Store(false)
+	defer s.mu.Unlock()
+	if s.head != s.sent || l.eager.Load() {
+		return false
 	}
-	s.mu.Unlock()
+	return l.owner.CompareAndSwap(rxGoroutine, rxFree)
 }
 
-// nudgeRx hands a free token to the goroutine at once: for Poll, whose
-// caller will not read responses itself, and for the sweeper.
-func (q *qp) nudgeRx() {
-	if !q.rx.pending.Load() {
-		return
-	}
-	q.takeRx()
-	q.kickRx()
-}
-
-func (q *qp) kickRx() {
+func (l *outLink) kickRx() {
 	select {
-	case q.rx.kick <- struct{}{}:
+	case l.kick <- struct{}{}:
 	default:
 	}
 }
 
-// releaseIfIdle frees the goroutine's token once nothing is on the wire.
-func (q *qp) releaseIfIdle() bool {
-	s := &q.sq
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.head != s.sent || q.rx.eager.Load() {
-		return false
+// nudge hands a free token to the goroutine at once when responses wait:
+// for Poll, whose caller will not read them itself, and for the sweeper.
+func (l *outLink) nudge() {
+	if l.pending.Load() && l.owner.CompareAndSwap(rxFree, rxGoroutine) {
+		l.pending.Store(false)
+		l.kickRx()
 	}
-	return q.rx.owner.CompareAndSwap(rxGoroutine, rxFree)
 }
 
-// setEager makes the goroutine the reader for good: the send CQ now
+// nudgeRx is nudge for q's link.
+func (q *qp) nudgeRx() {
+	if l := q.out.Load(); l != nil {
+		l.nudge()
+	}
+}
+
+// setEager makes the link's goroutine q's reader for good: q's send CQ now
 // serves other QPs, whose completions an inline reader would not see.
 func (q *qp) setEager() {
 	q.rx.eager.Store(true)
-	s := &q.sq
-	s.mu.Lock()
-	took := q.rx.owner.CompareAndSwap(rxFree, rxGoroutine)
-	s.mu.Unlock()
-	if took {
-		q.rx.pending.Store(false)
-		q.kickRx()
+	if l := q.out.Load(); l != nil {
+		l.mu.Lock()
+		l.setEagerLocked()
+		l.mu.Unlock()
 	}
 }
 
-// needReaderLocked runs when requests go on an idle wire: someone must
-// read their responses. With the token free, a parked Wait is woken to
-// read inline, and the sweeper will give the token to the goroutine if
-// nobody takes it within lazyDelay.
-func (q *qp) needReaderLocked(t int64) {
-	if q.rx.owner.Load() != rxFree {
+// needReaderLocked runs, under q.sq.mu, when q's requests go on an idle
+// wire: someone must read their responses. With the token free, a parked
+// Wait is woken to read inline, and the sweeper will give the token to the
+// goroutine if nobody takes it within lazyDelay.
+func (l *outLink) needReaderLocked(q *qp, t int64) {
+	if l.owner.Load() != rxFree {
 		return
 	}
-	q.markPendingLocked(t)
+	l.markPending(t)
 	if q.sendCQ.hasWaiters() {
 		q.sendCQ.signal()
 	}
 }
 
-func (q *qp) markPendingLocked(t int64) {
-	q.rx.pendingSince.Store(t)
-	q.rx.pending.Store(true)
-	q.dev.sweepSoon(t)
+func (l *outLink) markPending(t int64) {
+	l.pendingSince.Store(t)
+	l.pending.Store(true)
+	l.dev.sweepSoon(t)
 }
 
-// waitInline reads q's responses from the calling Wait until a completion
+// waitInline reads q's link from the calling Wait until a completion
 // lands in c. It reports false when it cannot take the token.
 func (q *qp) waitInline(ctx context.Context, c *cq) bool {
+	l := q.out.Load()
+	if l == nil {
+		return false
+	}
 	s := &q.sq
 	s.mu.Lock()
-	ok := s.readerActive && s.head < s.sent && !q.rx.eager.Load() && q.rx.owner.CompareAndSwap(rxFree, rxInline)
+	ok := s.head < s.sent && !l.eager.Load() && l.owner.CompareAndSwap(rxFree, rxInline)
 	if ok {
-		q.rx.pending.Store(false)
+		l.pending.Store(false)
 	}
 	s.mu.Unlock()
 	if !ok {
 		return false
 	}
-	q.inline.RLock()
-	defer q.inline.RUnlock()
-	if q.isClosed() {
-		q.rxFail(errQPGone)
-		return true
-	}
 	var err error
 	if c.setDirect(q) {
 		var stop func() bool
 		if ctx.Done() != nil {
-			stop = context.AfterFunc(ctx, q.interruptRx)
+			stop = context.AfterFunc(ctx, l.interrupt)
 		}
-		q.rx.inline, q.rx.ctx = c, ctx
+		l.inline, l.ctx = c, ctx
 		for {
 			var pushed, idle bool
-			pushed, idle, err = q.readFrame(true)
-			if err != nil || idle || pushed && q.rx.br.Buffered() < responseHeaderSize {
+			pushed, idle, err = l.readFrame(c)
+			if err != nil || idle || pushed && l.br.Buffered() < responseHeaderSize || l.eager.Load() {
 				break
 			}
 		}
-		q.rx.inline, q.rx.ctx = nil, nil
+		l.inline, l.ctx = nil, nil
 		c.clearDirect()
 		if stop != nil {
 			stop()
 		}
 	}
 	if err != nil && err != errInterrupted {
-		q.rxFail(err)
-		return true
-	}
-	if q.gone() {
-		// The QP went to ERR meanwhile; the goroutine left the queue
-		// to the token holder.
-		q.rxFail(errQPGone)
+		l.fail(err)
 		return true
 	}
 	s.mu.Lock()
-	switch {
-	case q.rx.eager.Load():
-		q.rx.owner.Store(rxGoroutine)
-		q.kickRx()
-	default:
-		q.rx.owner.Store(rxFree)
+	if l.eager.Load() {
+		l.owner.Store(rxGoroutine)
+		l.kickRx()
+	} else {
+		l.owner.Store(rxFree)
 		if s.head < s.sent {
-			q.markPendingLocked(now())
+			l.markPending(now())
 		}
 	}
 	s.mu.Unlock()
 	return true
 }
 
-// interruptRx makes an inline reader's blocked read return, so its Wait
-// can look at the CQ or its context.
-func (q *qp) interruptRx() { _ = q.rx.conn.SetReadDeadline(time.Unix(1, 0)) }
+// interrupt makes an inline reader's blocked read return, so its Wait can
+// look at the CQ, its context, or hand the link over.
+func (l *outLink) interrupt() { _ = l.conn.SetReadDeadline(time.Unix(1, 0)) }
+
+// interruptRx is interrupt for q's link.
+func (q *qp) interruptRx() {
+	if l := q.out.Load(); l != nil {
+		l.interrupt()
+	}
+}

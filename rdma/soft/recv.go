@@ -3,15 +3,19 @@
 package soft
 
 import (
-	"time"
-
 	"github.com/rkv-io/rkv/rdma"
 )
 
-func (q *qp) doSend(req *request) (rdma.Status, string, error) {
-	w, st, err := q.peekRecv()
+func (q *qp) doSend(l *inLink, req *request) (rdma.Status, string, error) {
+	// The RECV's buffers are the QP's requests': Close must wait for
+	// the copy into them. A Close under way drops the request.
+	if !q.inline.TryRLock() {
+		return rdma.StatusSuccess, "", nil
+	}
+	defer q.inline.RUnlock()
+	w := q.takeRecv()
 	if w == nil {
-		return st, "no RECV posted", err
+		return rdma.StatusRNRRetryExcErr, "no RECV posted", nil
 	}
 	if w.localErr != 0 {
 		q.failRecv(w, w.localErr)
@@ -32,14 +36,15 @@ func (q *qp) doSend(req *request) (rdma.Status, string, error) {
 		if n == 0 {
 			continue
 		}
-		if !e.m.lock() {
+		if !e.m.tryLock() {
 			q.failRecv(w, rdma.StatusLocProtErr)
 			return rdma.StatusRemOpErr, "RECV's MR deregistered", nil
 		}
-		err := q.readPayload(e.m.buf[e.off : e.off+n])
+		err := l.readPayload(e.m.buf[e.off:e.off+n], q.budget)
 		e.m.unlock()
 		if err != nil {
-			return 0, "", err // the RECV stays posted and is flushed
+			q.releaseRecv(w, nil) // the RECV stays posted, or is flushed
+			return 0, "", err
 		}
 		left -= n
 	}
@@ -47,68 +52,49 @@ func (q *qp) doSend(req *request) (rdma.Status, string, error) {
 	if req.op == wireSendImm {
 		wc.Imm, wc.HasImm = req.imm, true
 	}
-	q.popRecv(w, wc)
-	return rdma.StatusSuccess, "", q.respond(respAck, 0, req.seq, 0)
+	q.releaseRecv(w, &wc)
+	return rdma.StatusSuccess, "", l.respond(q, respAck, 0, req.seq, 0)
 }
 
-// peekRecv returns the oldest posted RECV without consuming it, waiting
-// up to the RNR budget for one to be posted. It returns nil and
-// RNR_RETRY_EXC_ERR when none comes, or nil and errQPGone when the QP
-// leaves RTS meanwhile.
-//
-// Only the responder consumes RECVs and a flush waits for it to stop, so
-// the RECV stays put until popRecv.
-func (q *qp) peekRecv() (*recvWQE, rdma.Status, error) {
+// takeRecv returns the oldest posted RECV and marks the receive queue busy,
+// so that a flush leaves it to releaseRecv; nil when none is posted (the
+// request is NAKed RNR at once: waiting would hold up the link) or the QP
+// left RTS.
+func (q *qp) takeRecv() *recvWQE {
 	r := &q.rq
-	var t *time.Timer
-	defer func() {
-		if t != nil {
-			t.Stop()
-		}
-	}()
-	for {
-		r.mu.Lock()
-		if r.head < r.tail {
-			w := r.at(r.head)
-			r.mu.Unlock()
-			return w, 0, nil
-		}
-		r.mu.Unlock()
-		if t == nil {
-			if q.rsp.rnr <= 0 {
-				return nil, rdma.StatusRNRRetryExcErr, nil
-			}
-			// Earlier answers must not wait behind this one.
-			if err := q.rsp.w.flush(); err != nil {
-				return nil, 0, err
-			}
-			t = time.NewTimer(q.rsp.rnr)
-		}
-		select {
-		case <-r.posted:
-		case <-t.C:
-			return nil, rdma.StatusRNRRetryExcErr, nil
-		case <-q.dead:
-			return nil, 0, errQPGone
-		}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if q.gone() || r.head == r.tail {
+		return nil
 	}
+	r.busy = true
+	return r.at(r.head)
+}
+
+// releaseRecv ends what takeRecv began: with wc, the RECV completes and
+// leaves the queue; without, it stays. A QP that went to ERR meanwhile is
+// flushed now.
+func (q *qp) releaseRecv(w *recvWQE, wc *rdma.Completion) {
+	r := &q.rq
+	r.mu.Lock()
+	if wc != nil {
+		q.pushRecv(w, *wc)
+		r.head++
+	}
+	r.busy = false
+	if q.state.Load() == uint32(rdma.QPStateError) {
+		q.flushRecvLocked()
+	}
+	r.mu.Unlock()
 }
 
 // failRecv moves the QP to ERR, so that whoever polls the error finds it
-// there, and completes the RECV peekRecv returned with st. The responder
-// then NAKs the request and serve finishes the move to ERR.
+// there, and completes the RECV takeRecv returned with st, flushing the
+// rest. The responder then NAKs the request and serveRequest finishes the
+// move to ERR.
 func (q *qp) failRecv(w *recvWQE, st rdma.Status) {
 	if q.toError() {
 		q.rsp.flipped = true
 	}
-	q.popRecv(w, rdma.Completion{Status: st, Op: rdma.OpRecv})
-}
-
-// popRecv completes the RECV peekRecv returned and removes it.
-func (q *qp) popRecv(w *recvWQE, wc rdma.Completion) {
-	q.pushRecv(w, wc)
-	r := &q.rq
-	r.mu.Lock()
-	r.head++
-	r.mu.Unlock()
+	q.releaseRecv(w, &rdma.Completion{Status: st, Op: rdma.OpRecv})
 }

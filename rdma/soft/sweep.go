@@ -1,10 +1,15 @@
-// The device's sweeper: gives responses nobody is reading inline to the QP's receiver goroutine.
+// The device's sweeper: gives responses nobody is reading inline to the link's goroutine.
 
 package soft
 
-import "time"
+import (
+	"fmt"
+	"time"
+)
 
 const (
+	// watchEvery is the period of the links' watchdog.
+	watchEvery = time.Second
 	// sweepEvery is the sweeper's period while QPs receive lazily.
 	sweepEvery = time.Millisecond
 	// sweepIdle: the sweeper sleeps after this long without lazy traffic.
@@ -23,19 +28,26 @@ func (d *device) sweepSoon(t int64) {
 	}
 }
 
-// sweeper runs for the device's life, ticking only while QPs receive
-// lazily: each tick hands the QPs whose responses have waited lazyDelay
-// for a Wait to their receiver goroutines.
+// sweeper runs for the device's life, ticking only while links are read
+// lazily: each tick hands the links whose responses have waited lazyDelay
+// for a Wait to their goroutines. Every watchEvery it is also the links'
+// watchdog.
 func (d *device) sweeper() {
 	defer d.wg.Done()
 	t := time.NewTicker(sweepEvery)
 	t.Stop()
 	defer t.Stop()
-	var qps []*qp
+	watch := time.NewTicker(watchEvery)
+	defer watch.Stop()
+	var links []*outLink
+	var writers []*linkWriter
 	for {
 		select {
 		case <-d.closing:
 			return
+		case <-watch.C:
+			writers = d.watchWriters(writers[:0])
+			continue
 		case <-d.sweepKick:
 		}
 		t.Reset(sweepEvery)
@@ -43,16 +55,19 @@ func (d *device) sweeper() {
 			select {
 			case <-d.closing:
 				return
+			case <-watch.C:
+				writers = d.watchWriters(writers[:0])
+				continue
 			case <-t.C:
 			}
 			n := now()
-			qps = d.lazyQPs(qps[:0])
-			for _, q := range qps {
-				if q.rx.pending.Load() && n-q.rx.pendingSince.Load() >= int64(lazyDelay) {
-					q.nudgeRx()
+			links = d.lazyLinks(links[:0])
+			for _, l := range links {
+				if n-l.pendingSince.Load() >= int64(lazyDelay) {
+					l.nudge()
 				}
 			}
-			clear(qps)
+			clear(links)
 			if n-d.lastLazy.Load() > int64(sweepIdle) {
 				d.sweeping.Store(false)
 				// Traffic noted after the check finds sweeping false
@@ -66,14 +81,41 @@ func (d *device) sweeper() {
 	}
 }
 
-// lazyQPs appends the device's QPs with responses waiting for a reader.
-func (d *device) lazyQPs(qps []*qp) []*qp {
-	d.qpMu.RLock()
-	defer d.qpMu.RUnlock()
-	for _, q := range d.qps {
-		if q.rx.pending.Load() {
-			qps = append(qps, q)
+// lazyLinks appends the device's links with responses waiting for a reader.
+func (d *device) lazyLinks(links []*outLink) []*outLink {
+	d.outMu.Lock()
+	defer d.outMu.Unlock()
+	for _, l := range d.outs {
+		if l.pending.Load() {
+			links = append(links, l)
 		}
 	}
-	return qps
+	return links
+}
+
+// watchWriters breaks the links whose writer has been stuck in one write
+// for the link's timeout: the peer read nothing all that time, and the
+// writer (maybe a Close waiting for its QP's frame) would wait for ever.
+// writers is scratch.
+func (d *device) watchWriters(writers []*linkWriter) []*linkWriter {
+	d.outMu.Lock()
+	for _, l := range d.outs {
+		writers = append(writers, &l.w)
+	}
+	d.outMu.Unlock()
+	d.mu.Lock()
+	for l := range d.ins {
+		writers = append(writers, &l.w)
+	}
+	d.mu.Unlock()
+	t := now()
+	for _, w := range writers {
+		if w.stuck(t) {
+			err := fmt.Errorf("the peer read nothing for %v", time.Duration(w.timeout.Load()))
+			d.log.Warn("rdma/soft: link stuck", "device", d.name, "remote", w.conn.RemoteAddr(), "err", err)
+			w.onError(err)
+		}
+	}
+	clear(writers)
+	return writers
 }

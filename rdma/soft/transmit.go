@@ -1,9 +1,9 @@
-// The requester's transmitter: sends posted requests in order, inline from PostSend when idle, else from the sender goroutine.
+// The requester's transmitter: sends posted requests in order onto the QP's link, inline from PostSend when idle, else from the sender goroutine.
 
 package soft
 
 import (
-	"errors"
+	"context"
 	"fmt"
 	"sync/atomic"
 	"time"
@@ -32,10 +32,12 @@ const (
 type transmitter struct {
 	state  atomic.Int32
 	kick   chan struct{} // hands ownership to the sender goroutine
-	w      frameWriter
-	wqe    sendWQE // the owner's copy of the request being sent
+	w      frameBatch    // requests encoded, not yet handed to the link
+	wqe    sendWQE       // the owner's copy of the request being sent
+	dst    uint32        // the peer QP, which every request names
 	hdr    [requestHeaderSize]byte
-	broken bool // a write failed: the receiver reports it
+	pieces [][]byte // scratch: the SGEs of a large request
+	broken bool     // a write failed: the link's reader reports it
 }
 
 // epoch is the origin of now's monotonic clock.
@@ -44,12 +46,34 @@ var epoch = time.Now()
 // now is a monotonic time in nanoseconds.
 func now() int64 { return int64(time.Since(epoch)) }
 
-var errMRGone = errors.New("a local MR was deregistered while its request was being sent")
-
 // wireOps maps send opcodes to wire opcodes.
 var wireOps = [...]uint8{
 	rdma.OpWrite: wireWrite, rdma.OpWriteImm: wireWriteImm, rdma.OpSend: wireSend, rdma.OpSendImm: wireSendImm,
 	rdma.OpRead: wireRead, rdma.OpCompareSwap: wireCompareSwap, rdma.OpFetchAdd: wireFetchAdd,
+}
+
+// sender is the QP's sender goroutine: it attaches the QP to its peer,
+// then sends whatever PostSend hands it.
+func (q *qp) sender(ctx context.Context, remote rdma.QPInfo) {
+	defer q.wg.Done()
+	if err := q.connect(ctx, remote); err != nil {
+		if ctx.Err() == nil && !q.gone() {
+			q.dev.log.Warn("rdma/soft: cannot connect QP", "device", q.dev.name, "qp", q.num,
+				"peer", remote.Addr, "peer_qp", remote.QPNum, "err", err)
+		}
+		q.sq.mu.Lock()
+		q.sq.linkDown = err
+		q.sq.mu.Unlock()
+	}
+	q.runTx(false)
+	for {
+		select {
+		case <-q.tx.kick:
+			q.runTx(false)
+		case <-q.dead:
+			return
+		}
+	}
 }
 
 // kickTx makes sure the requests just posted get sent.
@@ -65,6 +89,26 @@ func (q *qp) kickTx() {
 					q.runTx(true)
 				}
 				q.inline.RUnlock()
+				return
+			}
+		case txBusy:
+			if q.tx.state.CompareAndSwap(txBusy, txMore) {
+				return
+			}
+		default:
+			return
+		}
+	}
+}
+
+// kickTxAsync is kickTx for callers that must not send themselves (a
+// timer): an idle transmitter is handed to the sender goroutine.
+func (q *qp) kickTxAsync() {
+	for {
+		switch q.tx.state.Load() {
+		case txIdle:
+			if q.tx.state.CompareAndSwap(txIdle, txBusy) {
+				q.tx.kick <- struct{}{} // never blocks: only the owner kicks, once
 				return
 			}
 		case txBusy:
@@ -93,9 +137,10 @@ func (q *qp) runTx(inline bool) {
 
 // transmit sends the requests waiting in the send queue. It returns false
 // when it passed ownership on: to the sender goroutine (a large request
-// met inline), or to the receiver (a fence waiting for earlier requests).
+// met inline), or to the reader (a fence waiting for earlier requests).
 func (q *qp) transmit(inline bool) bool {
 	s := &q.sq
+	l := q.out.Load()
 	sentInline := 0
 	for {
 		s.mu.Lock()
@@ -104,17 +149,17 @@ func (q *qp) transmit(inline bool) bool {
 			break
 		}
 		if s.linkDown != nil {
-			// The receiver is gone and nothing is outstanding: the peer
-			// cannot answer, as when a real requester exhausts its retries.
+			// No link and nothing outstanding: the peer cannot answer, as
+			// when a real requester exhausts its retries.
 			reason := s.linkDown
 			flipped := q.failSendLocked(rdma.StatusRetryExcErr)
 			s.mu.Unlock()
 			if flipped {
-				q.finishError(fmt.Errorf("no connection to the peer: %w", reason))
+				q.finishError(fmt.Errorf("no link to the peer: %w", reason))
 			}
 			break
 		}
-		if q.tx.broken || s.blocked {
+		if l == nil || q.tx.broken || s.blocked || s.rnrWait {
 			s.mu.Unlock()
 			break
 		}
@@ -142,7 +187,7 @@ func (q *qp) transmit(inline bool) bool {
 			// fenced is set, completeHead may hand ownership to the
 			// sender goroutine at any moment.
 			s.mu.Unlock()
-			_ = q.flushTx()
+			q.flushTx(l)
 			s.mu.Lock()
 			if s.head < s.sent {
 				s.fenced = true
@@ -153,30 +198,36 @@ func (q *qp) transmit(inline bool) bool {
 			continue
 		}
 		p := w.payload()
-		if inline && (p >= handoffSize || sentInline+p > inlineBudget) {
+		if inline && (p >= handoffSize || sentInline+p > inlineBudget || p > copyMax && l.w.busy()) {
+			// Long writes, and waits for another's, are the sender
+			// goroutine's.
 			s.mu.Unlock()
-			_ = q.flushTx()
+			q.flushTx(l)
 			q.tx.kick <- struct{}{} // never blocks: only the owner kicks, once
 			return false
+		}
+		if p > 0 && !lockSGL(w.sgl) {
+			// The frame must leave whole, as other QPs' frames share the
+			// link: the payload's MRs are held until it has. One being
+			// deregistered fails the request, as at post time.
+			w.localErr = rdma.StatusLocProtErr
+			s.mu.Unlock()
+			continue
 		}
 		sentInline += p
 		q.tx.wqe.copyFrom(w)
 		seq := q.seqOf(s.sent)
 		if s.head == s.sent {
-			q.armLocked()
+			q.armLocked(l)
 		}
 		s.sent++
 		s.mu.Unlock()
-		if err := q.writeRequest(&q.tx.wqe, seq); err != nil {
-			if errors.Is(err, errMRGone) {
-				q.enterError(fmt.Errorf("request %d: %w", q.tx.wqe.id, err))
-			} else {
-				q.tx.broken = true // the receiver sees the connection fail and reports it
-			}
+		if err := q.writeRequest(l, &q.tx.wqe, seq); err != nil {
+			q.tx.broken = true // the link's reader sees it fail and reports it
 			return true
 		}
 	}
-	_ = q.flushTx()
+	q.flushTx(l)
 	return true
 }
 
@@ -189,27 +240,17 @@ func sglAlive(sgl []sge) bool {
 	return true
 }
 
-func (q *qp) flushTx() error {
-	if q.tx.broken || q.tx.w.conn == nil {
-		return nil
+// flushTx hands the batch to the link.
+func (q *qp) flushTx(l *outLink) {
+	if len(q.tx.w.buf) == 0 {
+		return
 	}
-	if err := q.tx.w.flush(); err != nil {
-		q.tx.broken = true
-		return err
+	if l != nil && !q.tx.broken {
+		if err := l.w.submit(q.tx.w.buf, &q.tx.w.writes); err != nil {
+			q.tx.broken = true
+		}
 	}
-	return nil
-}
-
-// armLocked notes that the pipeline, empty until now, has a request on the
-// wire: the peer has q.budget from now to answer.
-func (q *qp) armLocked() {
-	t := now()
-	q.rx.progress.Store(t)
-	if !q.sq.armed {
-		q.sq.armed = true
-		_ = q.rx.conn.SetReadDeadline(epoch.Add(time.Duration(t) + q.budget))
-	}
-	q.needReaderLocked(t)
+	q.tx.w.buf = q.tx.w.buf[:0]
 }
 
 // completeLocalErrLocked completes the head request, which failed locally,
@@ -224,37 +265,65 @@ func (q *qp) completeLocalErrLocked() error {
 	return reason
 }
 
-// writeRequest writes one request frame: header, then payload straight
-// from the registered memory.
-func (q *qp) writeRequest(w *sendWQE, seq uint32) error {
+// writeRequest writes one request frame: the header, then the payload
+// from registered memory, copied into the batch when small, else by writev
+// straight from it. The caller locked the payload's MRs; writeRequest
+// unlocks them.
+func (q *qp) writeRequest(l *outLink, w *sendWQE, seq uint32) error {
 	r := request{
-		op: wireOps[w.op], seq: seq, rkey: w.rkey, addr: w.raddr, length: w.length,
+		op: wireOps[w.op], dst: q.tx.dst, seq: seq, rkey: w.rkey, addr: w.raddr, length: w.length,
 		imm: w.imm, compareAdd: w.compareAdd, swap: w.swap,
 	}
-	encodeRequest(q.tx.hdr[:], &r)
-	if err := q.tx.w.write(q.tx.hdr[:]); err != nil {
-		return err
+	payload := w.payload()
+	if payload > 0 {
+		defer unlockSGL(w.sgl)
 	}
-	if !hasPayload(r.op) {
+	b := &q.tx.w
+	if payload <= copyMax {
+		if len(b.buf)+requestHeaderSize+payload > cap(b.buf) {
+			q.flushTx(l)
+		}
+		n := len(b.buf)
+		b.buf = b.buf[:n+requestHeaderSize]
+		encodeRequest(b.buf[n:], &r)
+		for _, e := range w.sgl {
+			if e.n > 0 && payload > 0 {
+				b.buf = append(b.buf, e.m.buf[e.off:e.off+e.n]...)
+			}
+		}
 		return nil
 	}
+	encodeRequest(q.tx.hdr[:], &r)
+	b.buf = append(b.buf, q.tx.hdr[:]...)
+	q.tx.pieces = q.tx.pieces[:0]
 	for _, e := range w.sgl {
-		if e.n == 0 {
-			continue
-		}
-		if !e.m.lock() {
-			return errMRGone
-		}
-		var err error
-		if e.n <= copyMax {
-			err = q.tx.w.write(e.m.buf[e.off : e.off+e.n])
-		} else {
-			err = q.tx.w.writeLarge(e.m.buf[e.off:e.off+e.n], &q.rx.progress)
-		}
-		e.m.unlock()
-		if err != nil {
-			return err
+		if e.n > 0 {
+			q.tx.pieces = append(q.tx.pieces, e.m.buf[e.off:e.off+e.n])
 		}
 	}
-	return nil
+	err := l.w.writeFrame(b.buf, &b.writes, nil, q.tx.pieces, 0, &l.progress)
+	clear(q.tx.pieces)
+	b.buf = b.buf[:0]
+	return err
+}
+
+// lockSGL holds the MRs of an SGE list against deregistration, or holds
+// nothing and reports false when one is going away. It only tries: a
+// Deregister under way must not wait for a write that waits for the peer.
+func lockSGL(sgl []sge) bool {
+	for i := range sgl {
+		if sgl[i].n > 0 && !sgl[i].m.tryLock() {
+			unlockSGL(sgl[:i])
+			return false
+		}
+	}
+	return true
+}
+
+func unlockSGL(sgl []sge) {
+	for i := range sgl {
+		if sgl[i].n > 0 {
+			sgl[i].m.unlock()
+		}
+	}
 }

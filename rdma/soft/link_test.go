@@ -1,0 +1,669 @@
+// Tests of links: one connection per pair of devices, shared by their QPs, and what each QP keeps to itself.
+
+package soft
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/rkv-io/rkv/rdma"
+	"github.com/rkv-io/rkv/rdma/rdmatest"
+)
+
+// links returns a device's links to peers and the number of links peers
+// made to it.
+func links(d rdma.Device) (out []*outLink, in int) {
+	dev := d.(*device)
+	dev.outMu.Lock()
+	for _, l := range dev.outs {
+		out = append(out, l)
+	}
+	dev.outMu.Unlock()
+	dev.mu.Lock()
+	in = len(dev.conns)
+	dev.mu.Unlock()
+	return out, in
+}
+
+// eventually retries check until it returns nil, for up to 5 s.
+func eventually(t *testing.T, what string, check func() error) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		err := check()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %v", what, err)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// Every QP between two devices shares one link each way.
+func TestQPsShareOneLink(t *testing.T) {
+	const n = 8
+	p := newDevicePair(t, n, 256, rdma.QPConfig{})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for i, q := range p.qps {
+		if err := q.roundTrip(ctx, i, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, d := range []rdma.Device{p.dx, p.dy} {
+		out, in := links(d)
+		if len(out) != 1 || in != 1 {
+			t.Fatalf("%d links out and %d in for %d QP pairs, want one each way", len(out), in, n)
+		}
+		out[0].mu.Lock()
+		members := len(out[0].members)
+		out[0].mu.Unlock()
+		if members != n {
+			t.Errorf("link carries %d QPs, want %d", members, n)
+		}
+	}
+	l := p.qps[0].x.(*qp).out.Load()
+	for i, q := range p.qps {
+		if got := q.x.(*qp).out.Load(); got != l {
+			t.Errorf("QP %d on link %p, QP 0 on %p", i, got, l)
+		}
+	}
+}
+
+// Frames of many QPs that are ready while the link is being written leave
+// together in the next write.
+func TestFramesOfManyQPsLeaveInOneWrite(t *testing.T) {
+	const n = 8
+	p := newDevicePair(t, n, 256, rdma.QPConfig{})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for i, q := range p.qps {
+		if err := q.roundTrip(ctx, i, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, q := range p.qps {
+		// The sender goroutine may still be giving the transmitter up
+		// after sending what was posted while the QP attached.
+		eventually(t, fmt.Sprintf("QP %d's transmitter idle", i), func() error {
+			if st := q.x.(*qp).tx.state.Load(); st != txIdle {
+				return fmt.Errorf("state %d", st)
+			}
+			return nil
+		})
+	}
+	l := p.qps[0].x.(*qp).out.Load()
+	w := &l.w
+	// Hold the flusher role, as a writer busy in a syscall would.
+	w.mu.Lock()
+	w.flushing = true
+	w.mu.Unlock()
+	writes0 := w.writes.Load()
+	qpWrites := make([]uint64, n)
+	for i, q := range p.qps {
+		qpWrites[i] = q.x.(*qp).tx.w.writes.Load()
+		post(t, q.x, rdma.SendWR{ID: 7, Op: rdma.OpRead, Flags: rdma.Signaled, SGL: sgl(q.local, 0, 8), RemoteAddr: q.remote.Addr(), RKey: q.remote.RKey()})
+	}
+	if got := w.writes.Load() - writes0; got != 0 {
+		t.Fatalf("%d writes while the role was held", got)
+	}
+	if err := w.drain(nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := w.writes.Load() - writes0; got != 1 {
+		t.Errorf("%d QPs' requests left in %d writes, want 1", n, got)
+	}
+	for i, q := range p.qps {
+		expectStatus(t, q.cx, 7, rdma.StatusSuccess)
+		if got := q.x.(*qp).tx.w.writes.Load() - qpWrites[i]; got != 1 {
+			t.Errorf("QP %d: its request left in %d writes, want 1", i, got)
+		}
+	}
+}
+
+// A QP connected while the link to its peer's device is up and busy joins
+// that link; the QPs on it do not notice.
+func TestAttachToLinkAlreadyUp(t *testing.T) {
+	p := newDevicePair(t, 2, 256, rdma.QPConfig{})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	stop := make(chan struct{})
+	done := busy(ctx, p.qps, stop)
+	time.Sleep(20 * time.Millisecond)
+	l := p.qps[1].x.(*qp).out.Load()
+	for i := range 8 {
+		q := &qpPair{cx: createCQ(t, p.dx, 64), cy: createCQ(t, p.dy, 64), slotSize: 256}
+		q.x = createQP(t, p.px, rdma.QPConfig{SendCQ: q.cx, RecvCQ: q.cx})
+		q.y = createQP(t, p.py, rdma.QPConfig{SendCQ: q.cy, RecvCQ: q.cy})
+		rdmatest.Connect(t, q.x, q.y)
+		q.local, q.remote = register(t, p.px, 256, rw), register(t, p.py, 256, rw)
+		if err := q.roundTrip(ctx, 100+i, 0); err != nil {
+			t.Fatal(err)
+		}
+		if got := q.x.(*qp).out.Load(); got != l {
+			t.Fatalf("new QP %d on link %p, the busy QP on %p", i, got, l)
+		}
+	}
+	checkNeighbours(t, stop, done, "while QPs attached to their link")
+	if out, in := links(p.dx); len(out) != 1 || in != 1 {
+		t.Fatalf("%d links out and %d in, want one each way", len(out), in)
+	}
+}
+
+// A link carrying one QP whose CQ is its own is read inline by the QP's
+// Wait; with a second QP on it, by the link's goroutine; alone again,
+// inline again.
+func TestInlineOnlyWhileAlone(t *testing.T) {
+	var inline, goroutine atomic.Int64
+	testHookLand = func(in bool) {
+		if in {
+			inline.Add(1)
+		} else {
+			goroutine.Add(1)
+		}
+	}
+	defer func() { testHookLand = nil }()
+	p := newDevicePair(t, 1, 256, rdma.QPConfig{})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	rounds := func(q *qpPair, id int) (in, byGoroutine int64) {
+		t.Helper()
+		i0, g0 := inline.Load(), goroutine.Load()
+		for r := range 50 {
+			if err := q.roundTrip(ctx, id, r); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return inline.Load() - i0, goroutine.Load() - g0
+	}
+	first := p.qps[0]
+	if in, g := rounds(first, 0); in < 40 {
+		t.Errorf("alone on its link: %d of 50 READs read inline, %d by the goroutine", in, g)
+	}
+	second := &qpPair{cx: createCQ(t, p.dx, 64), cy: createCQ(t, p.dy, 64), slotSize: 256}
+	second.x = createQP(t, p.px, rdma.QPConfig{SendCQ: second.cx, RecvCQ: second.cx})
+	second.y = createQP(t, p.py, rdma.QPConfig{SendCQ: second.cy, RecvCQ: second.cy})
+	rdmatest.Connect(t, second.x, second.y)
+	second.local, second.remote = register(t, p.px, 256, rw), register(t, p.py, 256, rw)
+	if in, g := rounds(first, 0); in != 0 {
+		t.Errorf("sharing its link: %d of 50 READs read inline, %d by the goroutine", in, g)
+	}
+	if err := second.x.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if in, g := rounds(first, 0); in < 40 {
+		t.Errorf("alone again: %d of 50 READs read inline, %d by the goroutine", in, g)
+	}
+}
+
+// A SEND that finds no RECV does not hold the link: the other QPs on it
+// keep completing while it is retried, and it completes once a RECV is
+// posted.
+func TestRNRDoesNotHoldTheLink(t *testing.T) {
+	const n = 4
+	p := newDevicePair(t, n, 256, slowCfg)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	stop := make(chan struct{})
+	done := busy(ctx, p.qps, stop)
+	q := p.qps[0]
+	copy(q.local.Bytes(), "rnr")
+	post(t, q.x, rdma.SendWR{ID: 1, Op: rdma.OpSend, Flags: rdma.Signaled, SGL: sgl(q.local, 0, 3)},
+		rdma.SendWR{ID: 2, Op: rdma.OpRead, Flags: rdma.Signaled, SGL: sgl(q.local, 8, 3), RemoteAddr: q.remote.Addr(), RKey: q.remote.RKey()})
+	time.Sleep(100 * time.Millisecond)
+	checkNeighbours(t, stop, done, "while a SEND waited for a RECV")
+	expectNone(t, q.cx, time.Millisecond)
+	postRecv(t, q.y, rdma.RecvWR{ID: 9, SGL: sgl(q.remote, 100, 8)})
+	expectStatus(t, q.cx, 1, rdma.StatusSuccess)
+	expectStatus(t, q.cx, 2, rdma.StatusSuccess)
+	if wc := expectStatus(t, q.cy, 9, rdma.StatusSuccess); wc.ByteLen != 3 || string(q.remote.Bytes()[100:103]) != "rnr" {
+		t.Fatalf("RECV %+v holds %q", wc, q.remote.Bytes()[100:103])
+	}
+	if q.x.State() != rdma.QPStateRTS || q.y.State() != rdma.QPStateRTS {
+		t.Fatalf("after the RNR: QPs in %v and %v", q.x.State(), q.y.State())
+	}
+}
+
+// A QP whose completions are taken slowly, with much data in flight, does
+// not hold up the other QPs' completions: the link's goroutine reads on.
+func TestSlowReaderBlocksNoOther(t *testing.T) {
+	const n, reads, size = 4, 64, 64 << 10
+	p := newDevicePair(t, n, 256, rdma.QPConfig{MaxSendWR: reads})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	q := p.qps[0]
+	local := register(t, p.px, reads*size, rw)
+	remote := register(t, p.py, size, rw)
+	wrs := make([]rdma.SendWR, reads)
+	for i := range wrs {
+		wrs[i] = rdma.SendWR{ID: uint64(i), Op: rdma.OpRead, Flags: rdma.Signaled, SGL: sgl(local, i*size, size), RemoteAddr: remote.Addr(), RKey: remote.RKey()}
+	}
+	stop := make(chan struct{})
+	done := busy(ctx, p.qps, stop)
+	post(t, q.x, wrs...)
+	slow := make(chan error, 1)
+	go func() {
+		wc := make([]rdma.Completion, 1)
+		for i := range reads {
+			time.Sleep(2 * time.Millisecond) // a reader that takes its time
+			if _, err := q.cx.Wait(ctx, wc); err != nil || wc[0].ID != uint64(i) || wc[0].Status != rdma.StatusSuccess {
+				slow <- fmt.Errorf("completion %d: %+v, %v", i, wc[0], err)
+				return
+			}
+		}
+		slow <- nil
+	}()
+	time.Sleep(50 * time.Millisecond) // the slow reader is far from done
+	checkNeighbours(t, stop, done, "next to a slow reader")
+	if err := <-slow; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// When the last QP using a link leaves it, the link closes, at both ends.
+// The peers of the closed QPs fail their next request (a lazily read link
+// notices the peer's going only then), and their link closes in turn.
+func TestLinkClosedWithLastQP(t *testing.T) {
+	const n = 4
+	p := newDevicePair(t, n, 256, fastFail)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for i, q := range p.qps {
+		if err := q.roundTrip(ctx, i, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, q := range p.qps {
+		if out, _ := links(p.dx); len(out) != 1 {
+			t.Fatalf("%d links out with %d QPs left", len(out), n-i)
+		}
+		if err := q.x.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	closed := func(what string, d rdma.Device, outs, ins bool) {
+		t.Helper()
+		eventually(t, what, func() error {
+			out, in := links(d)
+			if outs && len(out) != 0 || ins && in != 0 {
+				return fmt.Errorf("%d links out and %d in", len(out), in)
+			}
+			return nil
+		})
+	}
+	closed("the closed QPs' link, at their end", p.dx, true, false)
+	closed("the closed QPs' link, at the peer's end", p.dy, false, true)
+	for _, q := range p.qps {
+		if st := q.y.State(); st != rdma.QPStateRTS {
+			t.Fatalf("peer of a closed QP in %v, want RTS until its next request", st)
+		}
+		post(t, q.y, rdma.SendWR{ID: 3, Op: rdma.OpRead, SGL: sgl(q.remote, 0, 8), RemoteAddr: q.local.Addr(), RKey: q.local.RKey()})
+		expectStatus(t, q.cy, 3, rdma.StatusRetryExcErr)
+	}
+	closed("the peers' link, at their end", p.dy, true, false)
+	closed("the peers' link, at the closed QPs' end", p.dx, false, true)
+}
+
+// A peer device that goes away, in order (its QPs, then the device) or at
+// once (its links cut, as when its process dies): QPs with requests
+// outstanding fail them with RETRY_EXC_ERR, idle QPs fail their next one,
+// within the budget, and a QP connected to a new device works.
+func TestPeerDeviceGoes(t *testing.T) {
+	for _, abrupt := range []bool{false, true} {
+		t.Run(fmt.Sprintf("abrupt=%v", abrupt), func(t *testing.T) {
+			const n = 4
+			p := newDevicePair(t, n, 1<<20, fastFail)
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			for i, q := range p.qps {
+				if err := q.roundTrip(ctx, i, 0); err != nil {
+					t.Fatal(err)
+				}
+			}
+			busyQ := p.qps[0]
+			wrs := make([]rdma.SendWR, 8)
+			for i := range wrs {
+				wrs[i] = rdma.SendWR{ID: uint64(10 + i), Op: rdma.OpRead, Flags: rdma.Signaled, SGL: sgl(busyQ.local, 0, 1<<20), RemoteAddr: busyQ.remote.Addr(), RKey: busyQ.remote.RKey()}
+			}
+			post(t, busyQ.x, wrs...)
+			start := time.Now()
+			if abrupt {
+				cutLinks(p.dy)
+			} else {
+				for _, q := range p.qps {
+					if err := q.y.Close(); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			failed := false
+			for i := range wrs {
+				wc := wait(t, busyQ.cx)
+				switch {
+				case wc.ID != uint64(10+i):
+					t.Fatalf("completion of %d, want %d", wc.ID, 10+i)
+				case failed && wc.Status != rdma.StatusWRFlushErr, !failed && wc.Status != rdma.StatusSuccess && wc.Status != rdma.StatusRetryExcErr:
+					t.Fatalf("completion %+v", wc)
+				}
+				failed = failed || wc.Status != rdma.StatusSuccess
+			}
+			if !failed {
+				t.Log("every READ finished before the peer went")
+			}
+			for i, q := range p.qps[1:] {
+				post(t, q.x, rdma.SendWR{ID: 1, Op: rdma.OpRead, Flags: rdma.Signaled, SGL: sgl(q.local, 0, 8), RemoteAddr: q.remote.Addr(), RKey: q.remote.RKey()})
+				if wc := wait(t, q.cx); wc.Status != rdma.StatusRetryExcErr {
+					t.Fatalf("idle QP %d: next request %+v, want RETRY_EXC_ERR", i+1, wc)
+				}
+			}
+			if d := time.Since(start); d > 5*time.Second {
+				t.Fatalf("took %v for the QPs to see the peer gone", d)
+			}
+			// A new device: a new link.
+			fresh := &qpPair{cx: createCQ(t, p.dx, 64), slotSize: 256}
+			dz := openDev(t)
+			pz := allocPD(t, dz)
+			fresh.cy = createCQ(t, dz, 64)
+			fresh.x = createQP(t, p.px, rdma.QPConfig{SendCQ: fresh.cx, RecvCQ: fresh.cx})
+			fresh.y = createQP(t, pz, rdma.QPConfig{SendCQ: fresh.cy, RecvCQ: fresh.cy})
+			rdmatest.Connect(t, fresh.x, fresh.y)
+			fresh.local, fresh.remote = register(t, p.px, 256, rw), register(t, pz, 256, rw)
+			if err := fresh.roundTrip(ctx, 99, 0); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// cutLinks closes every connection of d, as the death of its process
+// would, leaving its QPs as they are.
+func cutLinks(d rdma.Device) {
+	dev := d.(*device)
+	dev.mu.Lock()
+	for c := range dev.conns {
+		_ = c.Close()
+	}
+	dev.mu.Unlock()
+	dev.outMu.Lock()
+	for _, l := range dev.outs {
+		l.mu.Lock()
+		if l.conn != nil {
+			_ = l.conn.Close()
+		}
+		l.mu.Unlock()
+	}
+	dev.outMu.Unlock()
+}
+
+// A malformed frame ends its link: every QP attached to it goes to ERR,
+// and the QPs on the device's other links do not notice.
+func TestMalformedFrameEndsItsLinkOnly(t *testing.T) {
+	p := newDevicePair(t, 2, 256, rdma.QPConfig{})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	stop := make(chan struct{})
+	done := busy(ctx, p.qps, stop)
+	const fakePSN = 5
+	var victims []rdma.QP
+	conn := dialDevice(t, p.dy)
+	conn.Write(linkOpening(1, 2, 3)[:helloSize])
+	cy := createCQ(t, p.dy, 16)
+	for i := range 3 {
+		v := createQP(t, p.py, rdma.QPConfig{SendCQ: cy, RecvCQ: cy})
+		bringUpTo(t, v, rdma.QPInfo{Provider: "soft", QPNum: uint32(100 + i), PSN: fakePSN, Addr: "127.0.0.1:1"})
+		postRecv(t, v, rdma.RecvWR{ID: uint64(i)})
+		var a [requestHeaderSize]byte
+		encodeAttach(a[:], attach{dst: v.Num(), src: uint32(100 + i), psn: fakePSN})
+		conn.Write(a[:])
+		victims = append(victims, v)
+	}
+	got := make([]byte, 3*responseHeaderSize)
+	if _, err := io.ReadFull(conn, got); err != nil {
+		t.Fatal(err)
+	}
+	conn.Write([]byte("this is not a frame, nor the start of one, and it goes on long enough"))
+	seen := map[uint64]bool{}
+	for range victims {
+		wc := wait(t, cy)
+		if wc.Status != rdma.StatusWRFlushErr || seen[wc.ID] {
+			t.Fatalf("victim's RECV: %+v", wc)
+		}
+		seen[wc.ID] = true
+	}
+	for i, v := range victims {
+		if v.State() != rdma.QPStateError {
+			t.Errorf("victim %d in %v", i, v.State())
+		}
+	}
+	checkNeighbours(t, stop, done, "while another link broke")
+	for _, q := range p.qps {
+		if q.x.State() != rdma.QPStateRTS || q.y.State() != rdma.QPStateRTS {
+			t.Fatalf("a QP on another link in %v/%v", q.x.State(), q.y.State())
+		}
+	}
+}
+
+// Requests behind an RNR-NAKed SEND, a fenced one among them, are sent
+// again with it, in order, and the fence still waits for the SEND.
+func TestRNRWithFence(t *testing.T) {
+	p := newDevicePair(t, 1, 4096, slowCfg)
+	q := p.qps[0]
+	copy(q.remote.Bytes()[1024:], "fenced")
+	copy(q.local.Bytes(), "sent")
+	post(t, q.x,
+		rdma.SendWR{ID: 1, Op: rdma.OpSend, Flags: rdma.Signaled, SGL: sgl(q.local, 0, 4)},
+		rdma.SendWR{ID: 2, Op: rdma.OpWrite, SGL: sgl(q.local, 0, 4), RemoteAddr: q.remote.Addr() + 2048, RKey: q.remote.RKey()},
+		rdma.SendWR{ID: 3, Op: rdma.OpRead, Flags: rdma.Signaled | rdma.Fence, SGL: sgl(q.local, 100, 6), RemoteAddr: q.remote.Addr() + 1024, RKey: q.remote.RKey()})
+	time.Sleep(30 * time.Millisecond) // a few RNR NAKs and retries
+	expectNone(t, q.cx, time.Millisecond)
+	if string(q.remote.Bytes()[2048:2052]) == "sent" {
+		t.Fatal("the WRITE behind the RNR-NAKed SEND was executed before it")
+	}
+	postRecv(t, q.y, rdma.RecvWR{ID: 9, SGL: sgl(q.remote, 0, 64)})
+	expectStatus(t, q.cx, 1, rdma.StatusSuccess)
+	expectStatus(t, q.cx, 3, rdma.StatusSuccess)
+	expectStatus(t, q.cy, 9, rdma.StatusSuccess)
+	if string(q.local.Bytes()[100:106]) != "fenced" || string(q.remote.Bytes()[2048:2052]) != "sent" {
+		t.Fatalf("after the retries: READ brought %q, WRITE left %q", q.local.Bytes()[100:106], q.remote.Bytes()[2048:2052])
+	}
+}
+
+// The link writer keeps each writer's frames in order and whole, whatever
+// mix of small frames, posted frames and large frames the writers hand it
+// at once.
+func TestLinkWriterKeepsOrder(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, _ := ln.Accept()
+		accepted <- c
+	}()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	server := <-accepted
+	if server == nil {
+		t.Fatal("accept failed")
+	}
+	defer server.Close()
+	var spawned sync.WaitGroup
+	var w linkWriter
+	w.init(c.(*net.TCPConn), func(error) { c.Close() }, func(f func()) { spawned.Go(f) })
+
+	const writers, frames = 8, 400
+	// A frame: writer u8 | sequence u32 | payload length u32 | payload,
+	// every payload byte the writer's number plus the sequence.
+	frame := func(src, seq, n int) (hdr, payload []byte) {
+		hdr = []byte{byte(src), 0, 0, 0, 0, 0, 0, 0, 0}
+		binary.BigEndian.PutUint32(hdr[1:], uint32(seq))
+		binary.BigEndian.PutUint32(hdr[5:], uint32(n))
+		payload = bytes.Repeat([]byte{byte(src + seq)}, n)
+		return hdr, payload
+	}
+	read := make(chan error, 1)
+	go func() {
+		br := bufio.NewReader(server)
+		next := make([]int, writers)
+		hdr := make([]byte, 9)
+		for total := 0; total < writers*frames; total++ {
+			if _, err := io.ReadFull(br, hdr); err != nil {
+				read <- err
+				return
+			}
+			src, seq, n := int(hdr[0]), int(binary.BigEndian.Uint32(hdr[1:])), int(binary.BigEndian.Uint32(hdr[5:]))
+			if src >= writers || seq != next[src] {
+				read <- fmt.Errorf("frame %d of writer %d, want %d", seq, src, next[src])
+				return
+			}
+			next[src]++
+			p := make([]byte, n)
+			if _, err := io.ReadFull(br, p); err != nil {
+				read <- err
+				return
+			}
+			if !bytes.Equal(p, bytes.Repeat([]byte{byte(src + seq)}, n)) {
+				read <- fmt.Errorf("frame %d of writer %d torn", seq, src)
+				return
+			}
+		}
+		read <- nil
+	}()
+	var wg sync.WaitGroup
+	for src := range writers {
+		wg.Go(func() {
+			var count writeCount
+			for seq := range frames {
+				switch seq % 7 {
+				case 3: // large, straight from "registered memory"
+					hdr, payload := frame(src, seq, 20<<10+seq)
+					if err := w.writeFrame(hdr, &count.writes, nil, [][]byte{payload[:1000], payload[1000:]}, 0, nil); err != nil {
+						return // the test failed, and closed the connection
+					}
+				case 5:
+					hdr, payload := frame(src, seq, seq%100)
+					w.post(append(hdr, payload...))
+				default:
+					hdr, payload := frame(src, seq, seq%300)
+					if err := w.submit(append(hdr, payload...), &count.writes); err != nil {
+						return
+					}
+				}
+			}
+		})
+	}
+	select {
+	case err := <-read:
+		if err != nil {
+			c.Close() // unblocks the writers
+			wg.Wait()
+			spawned.Wait()
+			t.Fatal(err)
+		}
+	case <-time.After(20 * time.Second):
+		c.Close()
+		wg.Wait()
+		spawned.Wait()
+		t.Fatal("the reader did not get every frame")
+	}
+	wg.Wait()
+	spawned.Wait()
+	if w.writes.Load() >= writers*frames {
+		t.Errorf("%d frames in %d writes: none coalesced", writers*frames, w.writes.Load())
+	}
+	t.Logf("%d frames in %d writes", writers*frames, w.writes.Load())
+}
+
+// A peer that stops reading while a large request is on its way leaves the
+// writer blocked: the device's watchdog breaks the link once a write has
+// made no progress for the link's timeout, so a Close waiting for its
+// QP's frame returns, and the link's other QPs learn it is gone.
+func TestStuckWriterBreaksLink(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	release := make(chan struct{})
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		// The hello and two attaches, both acknowledged; then nothing
+		// more is read.
+		if _, err := io.ReadFull(c, make([]byte, helloSize)); err != nil {
+			return
+		}
+		for range 2 {
+			b := make([]byte, requestHeaderSize)
+			if _, err := io.ReadFull(c, b); err != nil {
+				return
+			}
+			a, err := decodeAttach(b)
+			if err != nil {
+				t.Errorf("fake peer: %v", err)
+				return
+			}
+			ack := make([]byte, responseHeaderSize)
+			encodeAttachAck(ack, attachAck{qpEnds: qpEnds{dst: a.src, src: a.dst}, code: ackOK})
+			c.Write(ack)
+		}
+		<-release
+	}()
+	defer func() { close(release); <-served }()
+
+	a := newSide(t, rdma.QPConfig{})
+	idleCQ := createCQ(t, a.dev, 16)
+	idle := createQP(t, a.pd, rdma.QPConfig{SendCQ: idleCQ, RecvCQ: idleCQ})
+	peer := rdma.QPInfo{Provider: "soft", QPNum: 99, Addr: ln.Addr().String()}
+	bringUp(t, idle, peer)
+	// The second attach goes out once the first is acknowledged.
+	eventually(t, "the first QP attached", func() error {
+		if idle.(*qp).out.Load() == nil {
+			return errors.New("not yet")
+		}
+		return nil
+	})
+	peer.QPNum = 98
+	bringUp(t, a.qp, peer)
+	const size = 4 << 20
+	src := register(t, a.pd, size, rw)
+	wrs := make([]rdma.SendWR, 16)
+	for i := range wrs {
+		wrs[i] = rdma.SendWR{ID: uint64(i), Op: rdma.OpWrite, SGL: sgl(src, 0, size), RemoteAddr: 1, RKey: 1}
+	}
+	post(t, a.qp, wrs...) // 64 MiB for a peer that reads none of it
+	time.Sleep(100 * time.Millisecond)
+	start := time.Now()
+	if err := a.qp.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Fatalf("Close took %v", d)
+	}
+	post(t, idle, rdma.SendWR{ID: 1, Op: rdma.OpWrite, SGL: sgl(src, 0, 8), RemoteAddr: 1, RKey: 1})
+	if wc := wait(t, idleCQ); wc.Status != rdma.StatusRetryExcErr {
+		t.Fatalf("the link's other QP: %+v, want RETRY_EXC_ERR", wc)
+	}
+}
