@@ -155,7 +155,7 @@ type MR interface {
 type CQ interface {
 	// Poll moves up to len(wc) completions into wc[:n] and returns n. It
 	// never blocks beyond a short lock (soft may hand a lone QP's
-	// responses to its receiver goroutine, so a busy poller makes
+	// responses to its link's goroutine, so a busy poller makes
 	// progress). wc is the caller's: Poll writes wc[:n] and keeps no
 	// reference. It fails with ErrCQOverrun once more completions arrived
 	// than the CQ could hold: the CQ is then unusable, as in verbs.
