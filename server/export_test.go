@@ -49,10 +49,17 @@ func PromotionFinishesToLose(s *Server) int32 { return max(s.moves.loseFinishes.
 // returns the commit's reply.
 func CommitWithCopies(t *testing.T, primary *Server, backups []*Server, key, value []byte) proto.Message {
 	t.Helper()
+	return CommitAtEpoch(t, primary, backups, primary.Map().Epoch(), key, value)
+}
+
+// CommitAtEpoch is CommitWithCopies with the commit's map epoch given: a
+// client whose map is ahead of the primary's, or behind it.
+func CommitAtEpoch(t *testing.T, primary *Server, backups []*Server, epoch uint64, key, value []byte) proto.Message {
+	t.Helper()
 	ps := openSession(t, primary, "")
 	pl := ps.lease()
 	n := ps.writeRecord(pl, 0, pl.VersionBase, key, value, -1)
-	commit := &proto.Commit{LeaseID: pl.ID, Length: uint64(n), Epoch: primary.Map().Epoch()}
+	commit := &proto.Commit{LeaseID: pl.ID, Length: uint64(n), Epoch: epoch}
 	for _, b := range backups {
 		bs := openSession(t, b, "")
 		bl := bs.lease()

@@ -262,6 +262,44 @@ func TestDeadBackupIsDroppedAndAddedBack(t *testing.T) {
 	readAll(t, cl, a, keys, "with the backup back")
 }
 
+// A commit whose map is ahead of the primary's (its client learned first
+// that a dead backup was dropped, and wrote no copy there) waits for the
+// primary's map to catch up, then applies; one whose epoch the primary's
+// map does not reach is refused as a moving shard, which the client
+// retries with the map fetched again, never as a bad request.
+func TestCommitFromANewerMapWaitsForIt(t *testing.T) {
+	if testing.Short() {
+		t.Skip("two servers, a stop, and a commit refused after waiting 5s")
+	}
+	c, _, leader := replicated(t, 2, 2, func(cfg *server.Config) { cfg.BackupTimeout = 500 * time.Millisecond })
+	waitRoles(t, c, c.Map())
+	var keys [][]byte
+	for i := 0; len(keys) < 2; i++ {
+		k := fmt.Appendf(nil, "ahead-%d", i)
+		if o, _ := leader.Map().Owner(proto.ShardOf(k)); o == leader.Name() {
+			keys = append(keys, k)
+		}
+	}
+
+	r := server.CommitAtEpoch(t, leader, nil, leader.Map().Epoch()+1000, keys[0], []byte("v"))
+	if pe, ok := r.(*proto.Error); !ok || pe.Code != proto.CodeShardMoving {
+		t.Fatalf("a commit at an epoch the map never reaches, naming no copy: %v, want a CodeShardMoving refusal", r)
+	}
+
+	other := "s1"
+	if leader.Name() == "s1" {
+		other = "s2"
+	}
+	c.Stop(other)
+	next := leader.Map().Epoch() + 1 // the one dropping the stopped backup
+	if r := server.CommitAtEpoch(t, leader, nil, next, keys[1], []byte("v")); r.Type() != proto.MsgCommitReply {
+		t.Fatalf("a commit at the epoch that drops the stopped backup, naming no copy for it: %v, want it applied", r)
+	}
+	if info := leader.Map().Shard(proto.ShardOf(keys[1])); len(info.Owners) != 1 {
+		t.Fatalf("owners %v once the commit applied, want the primary alone", info.Owners)
+	}
+}
+
 // The map's leader, the primary of a third of the shards, stops while a
 // writer runs, at three replicas on three servers: another voter leads,
 // fails its shards over to their backups, and every key is readable at

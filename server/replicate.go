@@ -34,11 +34,27 @@ func (f *forwarder) Forwards(sh proto.Shard) bool { return f.s.Map().Holders(sh)
 // retry is answered once per replica by the sessions).
 func (f *forwarder) Forward(ctx context.Context, w store.Forwarded) error {
 	m := f.s.Map()
+	if m.Epoch() < f.epoch {
+		// The client's map is newer than this server's (a dead backup
+		// dropped, which the client learned of first): the copies it
+		// names are for that map's backups, which this server's map
+		// reaches within a moment.
+		wait, cancel := context.WithTimeout(ctx, backupWait)
+		var err error
+		m, err = f.s.waitEpoch(wait, f.epoch)
+		cancel()
+		if err != nil {
+			return &proto.Error{Code: proto.CodeShardMoving, Message: fmt.Sprintf("the commit's map is at epoch %d: %v", f.epoch, err)}
+		}
+	}
 	info := m.Shard(w.Shard)
 	if info.Owner() != f.s.cfg.Name {
 		return &proto.Error{Code: proto.CodeNotOwner, Message: fmt.Sprintf("%v is %s's at map epoch %d", w.Shard, info.Owner(), m.Epoch())}
 	}
 	backups := info.Owners[1:]
+	if len(backups) == 0 {
+		return nil // dropped since Forwards said there were some
+	}
 	reqs := make([]proto.Message, len(backups))
 	for i, b := range backups {
 		if w.Delete {
