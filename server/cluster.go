@@ -383,8 +383,9 @@ func (s *Server) lead() {
 	defer s.wg.Done()
 	tick := time.NewTicker(250 * time.Millisecond)
 	defer tick.Stop()
-	l := &leader{s: s, down: map[string]time.Time{}, warned: map[string]time.Time{}}
-	defer l.unwatch()
+	l := &leader{s: s, down: map[string]time.Time{}, warned: map[string]time.Time{}, watch: newProcessWatch(s.peerConfig())}
+	s.watch.Store(l.watch)
+	defer l.watch.stop()
 	for {
 		// A map change wakes the leader at once, as well as the tick: the
 		// next group of moves starts as soon as one finishes (waiting for
@@ -404,7 +405,7 @@ func (s *Server) lead() {
 				s.stopLeading()
 			}
 			l.active = false
-			l.unwatch()
+			l.watchLeader()
 			continue
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -415,8 +416,6 @@ func (s *Server) lead() {
 				continue
 			}
 			l.active = true
-			l.watch = newProcessWatch(s.peerConfig())
-			s.watch.Store(l.watch)
 			s.startLeading()
 			s.log.Info("leading the cluster map", "map", s.node.Map().String())
 		}
@@ -431,15 +430,30 @@ type leader struct {
 	active bool
 	down   map[string]time.Time // since when a map server has been out of the gossip view, or its process gone
 	warned map[string]time.Time // rate limit of repeated warnings
-	watch  *processWatch        // while active
+	watch  *processWatch        // of every map server while active, of the leader otherwise
 }
 
-// unwatch stops the process watch, if any.
-func (l *leader) unwatch() {
-	if l.watch != nil {
-		l.s.watch.Store(nil)
-		l.watch.stop()
-		l.watch = nil
+// watchLeader points the process watch at the map's leader alone, and
+// keeps it on the last one known while an election finds none: if the
+// leader's process dies, the server elected next knows since when, and
+// fails its shards over once FailoverTimeout has passed since then, not
+// since it began to lead (it also need not wait out their read lease).
+func (l *leader) watchLeader() {
+	id, _ := l.s.node.Leader()
+	if id == "" || id == l.s.id {
+		return
+	}
+	want := map[string][2]string{}
+	for _, srv := range l.s.node.Map().Servers() {
+		if srv.ID != id {
+			continue
+		}
+		if mb := l.s.ml.View().Lookup(srv.Name); mb != nil && mb.MetaErr == nil && mb.Meta.ServerID == id && mb.Meta.ControlAddr != "" {
+			want[srv.Name] = [2]string{id, mb.Meta.ControlAddr}
+		}
+	}
+	if len(want) > 0 {
+		l.watch.sync(want)
 	}
 }
 
@@ -510,7 +524,7 @@ func (l *leader) duties(ctx context.Context) {
 			since := now
 			if t, gone := l.watch.goneSince(srv.Name); gone {
 				since = t
-				s.log.Info("a server's process is gone: its session with the leader ended and its control address refuses connections", "server", srv.Name)
+				s.log.Info("a server's process is gone: its session with this server ended and its control address refuses connections", "server", srv.Name)
 			}
 			l.down[srv.Name] = since
 		}

@@ -2,6 +2,7 @@ package server
 
 import (
 	"testing"
+	"time"
 
 	"github.com/rkv-io/rkv/proto"
 )
@@ -72,3 +73,20 @@ func CommitAtEpoch(t *testing.T, primary *Server, backups []*Server, epoch uint6
 // OfferCommitSlot makes s offer new sessions a commit slot of n bytes on
 // their write QP (0: proto.CommitSlotSize).
 func OfferCommitSlot(s *Server, n uint32) { s.commitSlot.Store(n) }
+
+// ProcessGoneSince is what s's process watch knows of the named server's
+// process: since when it has been gone, if it is.
+func ProcessGoneSince(s *Server, name string) (time.Time, bool) {
+	w := s.watch.Load()
+	if w == nil {
+		return time.Time{}, false
+	}
+	return w.goneSince(name)
+}
+
+// LeadingSince is when s began to lead the map: zero while it does not.
+func LeadingSince(s *Server) time.Time {
+	s.grants.mu.Lock()
+	defer s.grants.mu.Unlock()
+	return s.grants.since
+}

@@ -290,7 +290,7 @@ type Server struct {
 
 	lease  readLease                    // this server's read lease
 	grants leaseGrants                  // the leases this server granted, while it leads
-	watch  atomic.Pointer[processWatch] // the leader's process watch, while it leads
+	watch  atomic.Pointer[processWatch] // of every server while this one leads the map, of its leader otherwise
 
 	mu      sync.Mutex
 	closed  bool

@@ -86,6 +86,39 @@ func TestDeadVotersGiveTheirVotes(t *testing.T) {
 
 // mapLeaderOf is the running server that leads the map's Raft group, or
 // nil.
+// The map leader's process ends: the server elected next knows since when
+// from the watch it held on the leader while it followed, not only from
+// the moment it began to lead, so the dead leader's shards fail over once
+// FailoverTimeout has passed since the death, with the election counted
+// in it.
+func TestNextLeaderKnowsSinceWhenTheLeaderIsGone(t *testing.T) {
+	if testing.Short() {
+		t.Skip("three servers, the leader stopped")
+	}
+	c, _, old := replicated(t, 3, 3, func(*server.Config) {})
+	waitReplicaStates(t, c, c.Map())
+	time.Sleep(300 * time.Millisecond) // the followers' watches on the leader
+	stopped := time.Now()
+	c.Stop(old.Name())
+	var next *server.Server
+	testcluster.WaitFor(t, 30*time.Second, "a new map leader that failed the old one's shards over", func() error {
+		if next = mapLeaderOf(c); next == nil {
+			return errors.New("no map leader")
+		}
+		if n := len(next.Map().Owned(old.Name())); n > 0 {
+			return fmt.Errorf("%s is still primary of %d shards in %s's map", old.Name(), n, next.Name())
+		}
+		return nil
+	})
+	since, gone := server.ProcessGoneSince(next, old.Name())
+	leading := server.LeadingSince(next)
+	if !gone || !since.Before(leading) || since.Sub(stopped) > time.Second {
+		t.Fatalf("%s, leading %v after the stop, knows %s's process gone %v, %v after the stop; want it known gone since about the stop, before it led",
+			next.Name(), leading.Sub(stopped), old.Name(), gone, since.Sub(stopped))
+	}
+	t.Logf("%s led %v after the stop, and knew %s gone %v after it", next.Name(), leading.Sub(stopped).Round(time.Millisecond), old.Name(), since.Sub(stopped).Round(time.Millisecond))
+}
+
 func mapLeaderOf(c *testcluster.Cluster) *server.Server {
 	for _, s := range c.Running() {
 		if s.MapNode().IsLeader() {
