@@ -310,9 +310,34 @@ type Cluster struct {
 	Servers []*Server
 }
 
+// PortTaken reports whether err is a server's exit because a port picked
+// for it (freeport.Loopback) was taken before it bound it: any process's
+// outgoing connection may take a free port. Such a start is worth doing
+// again on other ports, up to StartAttempts times.
+func PortTaken(err error) bool {
+	return err != nil && strings.Contains(err.Error(), "address already in use")
+}
+
+// StartAttempts bounds the starts of a server whose ports were taken.
+const StartAttempts = 3
+
 // StartCluster starts opts.Servers servers, the later ones joining the
-// first, and waits until each has registered every arena.
-func StartCluster(ctx context.Context, opts ClusterOptions) (_ *Cluster, err error) {
+// first, and waits until each has registered every arena. A cluster one
+// of whose servers found a port taken is started again from empty data
+// directories (PortTaken).
+func StartCluster(ctx context.Context, opts ClusterOptions) (*Cluster, error) {
+	for attempt := 1; ; attempt++ {
+		c, err := startCluster(ctx, opts)
+		if !PortTaken(err) || attempt == StartAttempts {
+			return c, err
+		}
+		if err := os.RemoveAll(opts.Server.Dir); err != nil {
+			return nil, err
+		}
+	}
+}
+
+func startCluster(ctx context.Context, opts ClusterOptions) (_ *Cluster, err error) {
 	if opts.Servers <= 0 {
 		opts.Servers = 1
 	}

@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os/exec"
 	"strings"
 	"testing"
@@ -416,5 +417,24 @@ func TestProcessStop(t *testing.T) {
 	}
 	if err := p.Stop(time.Second); err == nil || !strings.Contains(err.Error(), "bye") {
 		t.Fatalf("Stop of a failed process: %v, want its exit status and log", err)
+	}
+}
+
+// A bind on a busy port is a port taken; other failures are not.
+func TestPortTaken(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	_, err = net.Listen("tcp", ln.Addr().String())
+	if err == nil {
+		t.Fatal("a second listener on a busy port")
+	}
+	if !PortTaken(fmt.Errorf("rkv-server node1 exited: exit status 1; log:\n%w", err)) {
+		t.Fatalf("PortTaken(%v) = false", err)
+	}
+	if PortTaken(nil) || PortTaken(errors.New("rkv-server node1 exited: exit status 1")) {
+		t.Fatal("PortTaken of nil or of another exit")
 	}
 }

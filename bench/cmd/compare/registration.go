@@ -45,19 +45,27 @@ func measureRegistration(ctx context.Context, o *options, work, bin string, res 
 	for _, n := range counts {
 		dirs[n] = filepath.Join(work, fmt.Sprintf("registration-%d", n))
 		logf("registration: preparing %d arenas of %d MiB", n, o.arenaBytes>>20)
-		if err := prepareRegistration(ctx, serverOptions(bin, dirs[n], n, o.arenaBytes)); err != nil {
+		so := serverOptions(bin, dirs[n], n, o.arenaBytes)
+		if _, err := retryTakenPort(func() (struct{}, error) {
+			if err := os.RemoveAll(so.Dir); err != nil {
+				return struct{}{}, err
+			}
+			return struct{}{}, prepareRegistration(ctx, so)
+		}); err != nil {
 			return err
 		}
 	}
 	for run := 1; run <= o.runs; run++ {
 		for _, n := range counts {
 			for _, cold := range []bool{true, false} {
-				if cold {
-					if err := evictArenas(filepath.Join(dirs[n], "data")); err != nil {
-						return err
+				r, err := retryTakenPort(func() (report.Registration, error) {
+					if cold {
+						if err := evictArenas(filepath.Join(dirs[n], "data")); err != nil {
+							return report.Registration{}, err
+						}
 					}
-				}
-				r, err := timeStart(ctx, serverOptions(bin, dirs[n], n, o.arenaBytes))
+					return timeStart(ctx, serverOptions(bin, dirs[n], n, o.arenaBytes))
+				})
 				if err != nil {
 					return fmt.Errorf("registration with %d arenas, run %d: %w", n, run, err)
 				}
@@ -101,6 +109,19 @@ func evictArenas(dir string) error {
 		}
 	}
 	return nil
+}
+
+// retryTakenPort calls start again, up to target.StartAttempts times in
+// all, while it fails because a port picked for its server was taken
+// before the server bound it (target.PortTaken).
+func retryTakenPort[T any](start func() (T, error)) (T, error) {
+	for attempt := 1; ; attempt++ {
+		v, err := start()
+		if !target.PortTaken(err) || attempt == target.StartAttempts {
+			return v, err
+		}
+		logf("a port picked for the server was taken before it bound it: starting it again on others")
+	}
 }
 
 func serverOptions(bin, dir string, arenas int, arenaBytes int64) target.ServerOptions {
