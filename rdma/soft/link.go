@@ -115,7 +115,17 @@ func (w *linkWriter) addFromLocked(c *atomic.Uint64) {
 // others left meanwhile, until nothing is pending; otherwise b is copied
 // to the pending buffer and submit returns at once. It returns the link's
 // write error, if it has one; b may be reused when submit returns.
-func (w *linkWriter) submit(b []byte, from *atomic.Uint64) error {
+func (w *linkWriter) submit(b []byte, from *atomic.Uint64) error { return w.enqueue(b, from, nil) }
+
+// submitMany is submit for frames counted by several QPs: the responder's
+// batch.
+func (w *linkWriter) submitMany(b []byte, from []*atomic.Uint64) error {
+	return w.enqueue(b, nil, from)
+}
+
+// enqueue is submit's and submitMany's body: b counted by one and by each
+// of many, as write counts them.
+func (w *linkWriter) enqueue(b []byte, one *atomic.Uint64, many []*atomic.Uint64) error {
 	w.mu.Lock()
 	if w.err != nil {
 		err := w.err
@@ -127,32 +137,8 @@ func (w *linkWriter) submit(b []byte, from *atomic.Uint64) error {
 		// other. (Pending frames with nobody flushing wait for a large
 		// frame that was given the role, or for this caller.)
 		w.pending = append(w.pending, b...)
-		w.addFromLocked(from)
-		if w.flushing {
-			w.mu.Unlock()
-			return nil
-		}
-		w.flushing = true
-		w.mu.Unlock()
-		return w.drain(nil)
-	}
-	w.flushing = true
-	w.mu.Unlock()
-	return w.drain(w.write(b, from, nil))
-}
-
-// submitMany is submit for frames counted by several QPs: the responder's
-// batch.
-func (w *linkWriter) submitMany(b []byte, from []*atomic.Uint64) error {
-	w.mu.Lock()
-	if w.err != nil {
-		err := w.err
-		w.mu.Unlock()
-		return err
-	}
-	if w.flushing || len(w.pending) > 0 {
-		w.pending = append(w.pending, b...)
-		for _, c := range from {
+		w.addFromLocked(one)
+		for _, c := range many {
 			w.addFromLocked(c)
 		}
 		if w.flushing {
@@ -165,7 +151,7 @@ func (w *linkWriter) submitMany(b []byte, from []*atomic.Uint64) error {
 	}
 	w.flushing = true
 	w.mu.Unlock()
-	return w.drain(w.write(b, nil, from))
+	return w.drain(w.write(b, one, many))
 }
 
 // post hands b to the link without ever blocking on the socket: the frames
