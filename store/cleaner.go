@@ -116,7 +116,10 @@ func (s *Store) cleanRound() {
 			return
 		}
 		if err := s.clean(sg); err != nil {
-			if !errors.Is(err, ErrClosed) {
+			switch {
+			case errors.Is(err, ErrFull): // room left to waiting writers, or none: the next round goes on
+				s.log.Debug("cleaning a segment: no room to move records into", "arena", sg.arena.id, "offset", sg.start, "err", err)
+			case !errors.Is(err, ErrClosed):
 				s.log.Warn("cleaning a segment", "arena", sg.arena.id, "offset", sg.start, "err", err)
 			}
 			return

@@ -111,14 +111,28 @@ func (s *Store) GrantLeaseIn(ctx context.Context, pd rdma.PD, size, least int64)
 	return l.Lease, nil
 }
 
-// fullWait bounds how long a request for space waits for the cleaner to
-// free a segment before it fails with ErrFull.
-const fullWait = 2 * time.Second
+// A request for space the cleaner has to free waits for up to fullWait
+// while the cleaner makes no progress (moves no record, frees no segment),
+// and fullWaitMost in all, before it fails with ErrFull: at a high
+// utilization, or on a loaded machine, the next free segment may take
+// seconds, and the store is not full.
+const (
+	fullWait     = 2 * time.Second
+	fullWaitMost = 20 * time.Second
+)
 
 // takeRegion carves need to want bytes, waiting while arenas are still
-// registering, and for up to fullWait while the cleaner frees space.
+// registering, and while the cleaner frees space (see fullWait).
 func (s *Store) takeRegion(ctx context.Context, need, want int64) (region, error) {
-	var fullSince time.Time
+	var fullSince, stalledSince time.Time
+	var progress uint64 // the cleaner's, at stalledSince
+	defer func() {
+		if !fullSince.IsZero() {
+			s.mu.Lock()
+			s.spaceWaiters--
+			s.mu.Unlock()
+		}
+	}()
 	for {
 		s.mu.Lock()
 		if s.closed {
@@ -132,13 +146,20 @@ func (s *Store) takeRegion(ctx context.Context, need, want int64) (region, error
 		case err == nil:
 			return r, nil
 		case errors.Is(err, ErrFull):
+			now := time.Now()
 			if fullSince.IsZero() {
-				fullSince = time.Now()
+				fullSince = now
+				s.mu.Lock()
+				s.spaceWaiters++
+				s.mu.Unlock()
+			}
+			if p := s.cleanerProgress(); stalledSince.IsZero() || p != progress {
+				stalledSince, progress = now, p
 			}
 			if len(s.arenaList()) != arenas {
 				continue // an arena was added since (the carve may have started it): carve again
 			}
-			if time.Since(fullSince) > fullWait || !s.cleanable() {
+			if now.Sub(stalledSince) > fullWait || now.Sub(fullSince) > fullWaitMost || !s.cleanable() {
 				s.stats.leasesRefused.Add(1)
 				return region{}, err
 			}
@@ -152,6 +173,12 @@ func (s *Store) takeRegion(ctx context.Context, need, want int64) (region, error
 		case <-time.After(5 * time.Millisecond):
 		}
 	}
+}
+
+// cleanerProgress changes whenever the cleaner moves records or a segment
+// comes free.
+func (s *Store) cleanerProgress() uint64 {
+	return s.stats.cleanerMoved.Load() + s.stats.segmentsFreed.Load()
 }
 
 // EndLease ends a lease: its region is deregistered, so its rkey stops

@@ -178,7 +178,11 @@ func (s *Store) carveLocked(need, want int64, forCleaner bool) (region, error) {
 	switch {
 	case pick == nil && waiting:
 		return region{}, errNoReadyArena
-	case pick == nil || !forCleaner && free <= s.reserveSegments():
+	case pick == nil || !forCleaner && free <= s.reserveSegments(),
+		// A writer waits for space: what comes free above the reserve
+		// is its, or a cleaner that consumes each segment it frees (as
+		// it does at a high utilization) starves the writers for ever.
+		forCleaner && s.spaceWaiters > 0 && free > s.reserveSegments():
 		s.kickCleaner()
 		s.maybeGrowLocked()
 		return region{}, fmt.Errorf("%w: no free segment for %d bytes (%s; %s)", ErrFull, size, s.spaceLocked(), s.growHint())

@@ -159,8 +159,9 @@ func soak(t *testing.T, fill float64, factor int64) float64 {
 		k.version++
 		if _, err := lw.put(k.key, soakValue(k.key, k.version, k.size)); err != nil {
 			st := sv.s.Stats()
-			t.Fatalf("put %d after %d MiB written (%.1fx the capacity): %v; live %d, dead %d, free %d, %d segments cleaned\n%s",
-				i, written>>20, float64(written)/float64(capacity), err, st.Live, st.Dead, st.Free, st.SegmentsCleaned, segmentTable(sv.s))
+			// The table first: a log's tail then ends with the error.
+			t.Fatalf("segments:\n%sput %d after %d MiB written (%.1fx the capacity): %v; live %d, dead %d, free %d, %d segments cleaned",
+				segmentTable(sv.s), i, written>>20, float64(written)/float64(capacity), err, st.Live, st.Dead, st.Free, st.SegmentsCleaned)
 		}
 		written += int64(proto.RecordSize(len(k.key), k.size))
 	}
@@ -551,4 +552,49 @@ func TestArenasAddedWhileServing(t *testing.T) {
 	waitArenas(t, sv.s, 3)
 	checkFilled(t, newClient(t, sv), n, "after a restart")
 	checkAccounting(t, sv.s)
+}
+
+// What comes free above the reserve goes to a writer waiting for space
+// before the cleaner: a cleaner that takes each segment it frees, as it
+// does at a high utilization, would starve the writers for ever.
+func TestWaitingWriterTakesFreeSpaceBeforeTheCleaner(t *testing.T) {
+	sv := newServer(t, cleanerOptions())
+	waitArenas(t, sv.s, 2)
+	s := sv.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	// Leave the reserve and one segment more free: the rest taken, as if
+	// sealed full (their states put back before the store closes).
+	var taken []*segment
+	for _, sg := range s.segments {
+		if sg.state == segmentFree && len(s.segments)-len(taken) > s.reserveSegments()+1 {
+			sg.state = segmentSealed
+			taken = append(taken, sg)
+		}
+	}
+	defer func() {
+		for _, sg := range taken {
+			sg.state = segmentFree
+		}
+	}()
+	s.spaceWaiters = 1
+	if _, err := s.carveLocked(s.opts.SegmentSize, s.opts.SegmentSize, true); !errors.Is(err, ErrFull) {
+		t.Fatalf("the cleaner took the segment above the reserve from a waiting writer: %v", err)
+	}
+	r, err := s.carveLocked(s.opts.SegmentSize, s.opts.SegmentSize, false)
+	if err != nil {
+		t.Fatalf("the waiting writer: %v", err)
+	}
+	s.spaceWaiters = 0
+	// The reserve is left, for the cleaner alone.
+	if _, err := s.carveLocked(s.opts.SegmentSize, s.opts.SegmentSize, false); !errors.Is(err, ErrFull) {
+		t.Fatalf("a writer took the reserve: %v", err)
+	}
+	r2, err := s.carveLocked(s.opts.SegmentSize, s.opts.SegmentSize, true)
+	if err != nil {
+		t.Fatalf("the cleaner, with no writer waiting, could not open the reserve: %v", err)
+	}
+	for _, x := range []region{r, r2} {
+		s.endRegionLocked(x, 0)
+	}
 }

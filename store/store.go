@@ -97,6 +97,11 @@ type Store struct {
 	ingest      fillRegion // where Ingest copies records
 	cleaner     cleanerState
 
+	// spaceWaiters counts the requests waiting for a free segment
+	// (takeRegion): what comes free above the reserve is theirs before
+	// the cleaner's.
+	spaceWaiters int
+
 	commits chan *pendingCommit
 	// inflight counts the commits, deletes and Ingest batches admitted
 	// and not yet finished: Close waits for them before it stops the
