@@ -149,21 +149,25 @@
 // ones only when signaled, by Signaled or SignalAll; failed ones always)
 // by whoever holds the link's reader token:
 //
-//   - When the link carries one QP and that QP is the only user of its
-//     send CQ, CQ.Wait takes the token and reads the responses itself: the
-//     waiting goroutine sleeps in the socket read and the response wakes
-//     it, as a plain TCP client, with no hand-off between goroutines.
+//   - When every QP on the link is the only user of its send CQ, a
+//     CQ.Wait of a QP with requests outstanding takes the token and reads
+//     the responses itself: the waiting goroutine sleeps in the socket
+//     read and the response wakes it, as a plain TCP client, with no
+//     hand-off between goroutines. It hands the frames of the link's other
+//     QPs to them, as the goroutine does, and when it stops while another
+//     QP has requests on the wire it gives the token to the goroutine.
 //     Completions pushed into the CQ by others (the QP's responder, a
 //     flush) and the Wait's context interrupt that read, between frames
 //     only.
 //   - Otherwise the link's goroutine reads, and hands each frame to its
-//     QP: always, while the link carries several QPs or a QP whose send CQ
-//     serves several QPs; when Poll finds the CQ empty (a busy poller does
-//     not read); and when responses have waited 500 µs for a Wait, which
-//     the device's sweeper goroutine notices (it ticks every millisecond
-//     while there is such traffic, and sleeps otherwise; no timer is
-//     touched per request). A link that comes to carry one QP again is
-//     read inline again.
+//     QP: always, while the link carries a QP whose send CQ serves several
+//     QPs; when Poll finds the CQ empty (a busy poller does not read);
+//     while several QPs have requests outstanding and the Wait that read
+//     inline stopped; and when responses have waited 500 µs for a Wait,
+//     which the device's sweeper goroutine notices (it ticks every
+//     millisecond while there is such traffic, and sleeps otherwise; no
+//     timer is touched per request). A link that comes to carry no QP
+//     with a shared CQ is read inline again.
 //
 // The steady-state post, Wait and Poll paths allocate nothing (a Wait with
 // a cancellable context allocates for context.AfterFunc when it reads

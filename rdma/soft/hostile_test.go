@@ -77,6 +77,11 @@ func TestHostileHandshakes(t *testing.T) {
 		huge[i] = 0xff
 	}
 	an, bn, apsn := a.qp.Num(), b.qp.Num(), a.qp.Info().PSN
+	// Both attaches answered before the first hostile one: an attach that
+	// reaches b's QP before a's does is served (the first one wins), and
+	// then it is a's that is refused.
+	healthy(t, a, b)
+	healthy(t, b, a)
 	for name, c := range map[string]struct {
 		send []byte
 		ack  []byte

@@ -162,10 +162,11 @@ func TestAttachToLinkAlreadyUp(t *testing.T) {
 	}
 }
 
-// A link carrying one QP whose CQ is its own is read inline by the QP's
-// Wait; with a second QP on it, by the link's goroutine; alone again,
-// inline again.
-func TestInlineOnlyWhileAlone(t *testing.T) {
+// A link whose QPs each have a CQ of their own is read inline by the Wait
+// of the QP with requests on the wire, an idle QP beside it or not (a
+// client's write QP beside its read QP); with a QP on it whose CQ is
+// shared, by the link's goroutine; without that QP, inline again.
+func TestInlineWhileTheOtherQPsAreIdle(t *testing.T) {
 	var inline, goroutine atomic.Int64
 	testHookLand = func(in bool) {
 		if in {
@@ -192,20 +193,68 @@ func TestInlineOnlyWhileAlone(t *testing.T) {
 	if in, g := rounds(first, 0); in < 40 {
 		t.Errorf("alone on its link: %d of 50 READs read inline, %d by the goroutine", in, g)
 	}
-	second := &qpPair{cx: createCQ(t, p.dx, 64), cy: createCQ(t, p.dy, 64), slotSize: 256}
-	second.x = createQP(t, p.px, rdma.QPConfig{SendCQ: second.cx, RecvCQ: second.cx})
-	second.y = createQP(t, p.py, rdma.QPConfig{SendCQ: second.cy, RecvCQ: second.cy})
-	rdmatest.Connect(t, second.x, second.y)
-	second.local, second.remote = register(t, p.px, 256, rw), register(t, p.py, 256, rw)
-	if in, g := rounds(first, 0); in != 0 {
-		t.Errorf("sharing its link: %d of 50 READs read inline, %d by the goroutine", in, g)
+	pair := func(cx, cy rdma.CQ) *qpPair {
+		q := &qpPair{cx: cx, cy: cy, slotSize: 256}
+		q.x = createQP(t, p.px, rdma.QPConfig{SendCQ: cx, RecvCQ: cx})
+		q.y = createQP(t, p.py, rdma.QPConfig{SendCQ: cy, RecvCQ: cy})
+		rdmatest.Connect(t, q.x, q.y)
+		q.local, q.remote = register(t, p.px, 256, rw), register(t, p.py, 256, rw)
+		return q
 	}
-	if err := second.x.Close(); err != nil {
-		t.Fatal(err)
+	idle := pair(createCQ(t, p.dx, 64), createCQ(t, p.dy, 64))
+	if in, g := rounds(first, 0); in < 40 {
+		t.Errorf("beside an idle QP: %d of 50 READs read inline, %d by the goroutine", in, g)
+	}
+	if in, g := rounds(idle, 1); in < 40 {
+		t.Errorf("the other QP, the first idle: %d of 50 READs read inline, %d by the goroutine", in, g)
+	}
+	shared := createCQ(t, p.dx, 64)
+	sharing := []*qpPair{pair(shared, createCQ(t, p.dy, 64)), pair(shared, createCQ(t, p.dy, 64))}
+	if in, g := rounds(first, 0); in != 0 {
+		t.Errorf("beside QPs sharing a CQ: %d of 50 READs read inline, %d by the goroutine", in, g)
+	}
+	for _, q := range sharing {
+		if err := q.x.Close(); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if in, g := rounds(first, 0); in < 40 {
-		t.Errorf("alone again: %d of 50 READs read inline, %d by the goroutine", in, g)
+		t.Errorf("without them again: %d of 50 READs read inline, %d by the goroutine", in, g)
 	}
+}
+
+// QPs of one lazy link busy at once, each with its own Wait: whoever reads
+// inline hands the others' responses to them, and hands the link over
+// when it stops, so that none waits for ever or for the sweeper.
+func TestLazyLinkQPsBusyTogether(t *testing.T) {
+	const qps, rounds = 4, 500
+	p := newDevicePair(t, qps, 256, rdma.QPConfig{})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	errs := make(chan error, qps)
+	t0 := time.Now()
+	for i, q := range p.qps {
+		go func() {
+			for r := range rounds {
+				// Uneven pauses, so that each QP is sometimes alone on
+				// the wire and sometimes not.
+				if r%(i+2) == 0 {
+					time.Sleep(time.Duration(i*50) * time.Microsecond)
+				}
+				if err := q.roundTrip(ctx, i, r); err != nil {
+					errs <- err
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range qps {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Logf("%d QPs x %d round trips in %v", qps, rounds, time.Since(t0))
 }
 
 // A SEND that finds no RECV does not hold the link: the other QPs on it

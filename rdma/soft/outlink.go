@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -274,8 +275,9 @@ func (q *qp) attached(l *outLink) bool {
 }
 
 // publishLocked publishes the members for the reader and decides who
-// reads: the link's goroutine, unless the link carries one QP that reads
-// lazily (its CQ is its own) and no attach is waiting for an answer.
+// reads: the link's goroutine, unless every QP on the link reads lazily
+// (its CQ is its own) and no attach is waiting for an answer. A lazy
+// link's Waits take turns reading it inline (reader.go).
 func (l *outLink) publishLocked() {
 	v := &qpView{byN: make(map[uint32]*qp, len(l.members))}
 	for n, m := range l.members {
@@ -291,7 +293,7 @@ func (l *outLink) publishLocked() {
 
 func (l *outLink) setEagerLocked() {
 	v := l.view.Load()
-	eager := v.sole == nil || l.attaching > 0 || v.sole.rx.eager.Load()
+	eager := l.attaching > 0 || slices.ContainsFunc(v.all, func(q *qp) bool { return q.rx.eager.Load() })
 	l.eager.Store(eager)
 	if !eager {
 		if l.owner.Load() == rxGoroutine && l.conn != nil {

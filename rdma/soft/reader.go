@@ -10,13 +10,17 @@ import (
 	"time"
 )
 
-// Who reads a link's responses: the reader role is a token. While the
-// link carries one QP and that QP is the only user of its send CQ, a Wait
-// on that CQ takes the token when it can ("inline": the waiting goroutine
-// itself sleeps in the socket read and is woken by the response, with no
-// hand-off between goroutines, as a plain TCP client). Otherwise the link
-// is "eager": its goroutine keeps the token and hands every frame to its
-// QP, whose Waits it wakes.
+// Who reads a link's responses: the reader role is a token. While every
+// QP on the link is the only user of its send CQ, a Wait on one of those
+// CQs takes the token when it can ("inline": the waiting goroutine itself
+// sleeps in the socket read and is woken by the response, with no hand-off
+// between goroutines, as a plain TCP client). An inline reader hands the
+// frames of the link's other QPs to them as the goroutine would, and when
+// it stops while another QP has requests on the wire, it gives the token
+// to the goroutine: so a client's idle QPs beside a busy one (its write
+// QP beside its read QP) cost it nothing. Otherwise the link is "eager":
+// its goroutine keeps the token and hands every frame to its QP, whose
+// Waits it wakes.
 const (
 	rxFree      int32 = iota // nobody reads; with requests on the wire, the sweeper watches
 	rxGoroutine              // the link's goroutine reads
@@ -89,20 +93,47 @@ func (l *outLink) readLoop() error {
 	}
 }
 
-// releaseIfIdle frees the goroutine's token once the lazy link's QP has
+// releaseIfIdle frees the goroutine's token once the lazy link's QPs have
 // nothing on the wire.
 func (l *outLink) releaseIfIdle() bool {
-	q := l.view.Load().sole
-	if q == nil {
+	if l.busy(nil) || !l.owner.CompareAndSwap(rxGoroutine, rxFree) {
 		return false
 	}
-	s := &q.sq
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.head != s.sent || l.eager.Load() {
-		return false
+	return !l.keepReading(nil)
+}
+
+// busy reports whether a QP of the link other than except has requests on
+// the wire.
+func (l *outLink) busy(except *qp) bool {
+	for _, q := range l.view.Load().all {
+		if q == except {
+			continue
+		}
+		s := &q.sq
+		s.mu.Lock()
+		busy := s.head != s.sent
+		s.mu.Unlock()
+		if busy {
+			return true
+		}
 	}
-	return l.owner.CompareAndSwap(rxGoroutine, rxFree)
+	return false
+}
+
+// keepReading runs after the token was freed: a QP other than except that
+// has requests on the wire (put there before the token was free, so its
+// needReaderLocked saw it taken) gets the goroutine as its reader again.
+// A QP that posts after the token was freed calls for a reader itself.
+// It reports whether the goroutine has the token.
+func (l *outLink) keepReading(except *qp) bool {
+	if l.eager.Load() || l.busy(except) {
+		if l.owner.CompareAndSwap(rxFree, rxGoroutine) {
+			l.pending.Store(false)
+			l.kickRx()
+			return true
+		}
+	}
+	return false
 }
 
 func (l *outLink) kickRx() {
@@ -211,6 +242,7 @@ func (q *qp) waitInline(ctx context.Context, c *cq) bool {
 		}
 	}
 	s.mu.Unlock()
+	l.keepReading(q)
 	return true
 }
 

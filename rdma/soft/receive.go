@@ -68,7 +68,9 @@ func (l *outLink) readFrame(c *cq) (pushed, idle bool, err error) {
 		// A QP that left the link: its responses are read and dropped.
 		return false, false, l.discard(int(r.length))
 	}
-	return q.onResponse(l, &r, c)
+	pushed, idle, err = q.onResponse(l, &r, c)
+	// Another QP's being idle is no reason for an inline reader to stop.
+	return pushed, idle && q.sendCQ == c, err
 }
 
 func (l *outLink) readError(err error) error {
@@ -124,7 +126,7 @@ func (l *outLink) peerGone(p qpEnds, c *cq) (pushed, idle bool, err error) {
 	if flipped {
 		q.finishError(fmt.Errorf("peer QP %d left RTS", p.src))
 	}
-	return pushed, true, nil
+	return pushed, q.sendCQ == c, nil
 }
 
 // onResponse checks a response against q's oldest request, lands its data
