@@ -73,6 +73,11 @@ func (r *raftStream) offer(nc net.Conn) bool {
 	case r.handoff <- tc:
 		return true
 	case <-r.done:
+		// No handler took it: out of the set Close waits to drain (the
+		// caller closes the connection).
+		r.mu.Lock()
+		delete(r.accepted, tc)
+		r.mu.Unlock()
 		return false
 	}
 }
@@ -103,11 +108,14 @@ func (r *raftStream) Accept() (net.Conn, error) {
 	}
 }
 
-// Close stops Accept and closes every accepted connection.
+// Close stops Accept, closes every accepted connection, and waits (up to
+// handlerDrain) for raft's handler of each to return, which closes it
+// too: a handler may be applying a heartbeat to the log store, which the
+// node closes after the transport, and Pebble panics on a closed DB.
 func (r *raftStream) Close() error {
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	if r.closed {
+		r.mu.Unlock()
 		return nil
 	}
 	r.closed = true
@@ -115,9 +123,24 @@ func (r *raftStream) Close() error {
 	for nc := range r.accepted {
 		nc.(*trackedConn).Conn.Close() // the handler's own Close then finds it gone
 	}
-	clear(r.accepted)
-	return nil
+	r.mu.Unlock()
+	deadline := time.Now().Add(handlerDrain)
+	for {
+		r.mu.Lock()
+		left := len(r.accepted)
+		r.mu.Unlock()
+		switch {
+		case left == 0:
+			return nil
+		case time.Now().After(deadline):
+			return fmt.Errorf("server: %d Raft connection handlers still running %v after their connections closed", left, handlerDrain)
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
+
+// handlerDrain bounds how long Close waits for raft's connection handlers.
+const handlerDrain = 5 * time.Second
 
 // Addr is this server's Raft address.
 func (r *raftStream) Addr() net.Addr { return r.local }
