@@ -1,0 +1,43 @@
+package client
+
+import (
+	"context"
+	"testing"
+	"time"
+)
+
+// TestLiveBound: a commit's waits under a caller's own ctx share one
+// bound while it lasts, get a fresh one once it expired, and end with the
+// caller's ctx; under a shared deadline they take the shared tick.
+func TestLiveBound(t *testing.T) {
+	c := &Client{liveChecks: sharedDeadlines{timeout: liveCheckEvery}, deadlines: sharedDeadlines{timeout: time.Second}}
+	ctx, cancel := context.WithCancel(context.Background())
+	b := liveBound{c: c, ctx: ctx}
+	first := b.next()
+	if first == ctx || first.Err() != nil {
+		t.Fatalf("first bound %v (err %v): want a live context of its own", first, first.Err())
+	}
+	if d, ok := first.Deadline(); !ok || time.Until(d) > liveCheckEvery {
+		t.Fatalf("first bound's deadline %v, %v: want within %v", d, ok, liveCheckEvery)
+	}
+	if again := b.next(); again != first {
+		t.Fatal("a second wait got a new bound while the first was live")
+	}
+	<-first.Done()
+	fresh := b.next()
+	if fresh == first || fresh.Err() != nil {
+		t.Fatalf("after the bound expired: %v (err %v), want a fresh live one", fresh, fresh.Err())
+	}
+	cancel()
+	if err := fresh.Err(); err != context.Canceled {
+		t.Fatalf("bound after the caller's cancel: %v, want context.Canceled", err)
+	}
+	b.stop()
+
+	shared := c.deadlines.get(time.Now()) // an operation's without a ctx of its own
+	sb := liveBound{c: c, ctx: shared}
+	if got := sb.next(); !isShared(got) || got != c.liveChecks.get(time.Now()) {
+		t.Fatalf("under a shared deadline the bound is %v, want the shared tick", got)
+	}
+	sb.stop()
+}
