@@ -21,10 +21,16 @@ const deadlineSlices = 32
 type sharedDeadlines struct {
 	timeout time.Duration
 	cur     atomic.Pointer[sharedDeadline]
+	// derived is the one shared by the operations under a caller's ctx
+	// that can be cancelled but has no deadline (getFor).
+	derived atomic.Pointer[sharedDeadline]
 }
 
 type sharedDeadline struct {
-	ctx context.Context
+	// done is the Done channel of the caller's ctx it was derived from
+	// (derived only): contexts with one Done channel end together.
+	done <-chan struct{}
+	ctx  context.Context
 	// cancel is never called early: the context ends at its deadline,
 	// and its timer then releases it.
 	cancel context.CancelFunc
@@ -45,6 +51,36 @@ func (d *sharedDeadlines) get(now time.Time) context.Context {
 	d.cur.Store(cur)
 	return cur.ctx
 }
+
+// getFor is get for an operation under parent, a ctx that can be cancelled
+// but has no deadline (a server's request context, a load generator's
+// run): it returns a context derived from parent that ends between timeout
+// and timeout and a slice after now, shared with the operations under a
+// context with the same Done channel (so cancelled together) that start in
+// the same slice, and a no-op cancel. A WithDeadline of its own for each
+// operation under such a ctx cost a timer and four allocations. Under any
+// other parent than the one it shares for (a server serving many requests
+// at once), an operation gets a context of its own and the cancel that
+// releases it, so that the derived contexts left to end by their timers
+// stay one per slice. As with get, nothing under do reads parent's values,
+// which the shared context may not carry.
+func (d *sharedDeadlines) getFor(parent context.Context, now time.Time) (context.Context, context.CancelFunc) {
+	done := parent.Done()
+	cur := d.derived.Load()
+	switch {
+	case cur != nil && cur.done == done && now.Before(cur.until):
+		return cur.ctx, noCancel
+	case cur != nil && cur.done != done && now.Before(cur.until):
+		return context.WithDeadline(parent, now.Add(d.timeout))
+	}
+	slice := d.timeout / deadlineSlices
+	ctx, cancel := context.WithDeadline(parent, now.Add(d.timeout+slice))
+	d.derived.Store(&sharedDeadline{done: done, ctx: ctx, cancel: cancel, until: now.Add(slice)})
+	return ctx, noCancel
+}
+
+// noCancel is the cancel of a shared context: it ends by itself.
+func noCancel() {}
 
 // sharedContext marks a context from sharedDeadlines: no caller can cancel
 // it, so a wait under it may instead be bounded by a shared tick and look

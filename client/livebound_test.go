@@ -7,8 +7,9 @@ import (
 )
 
 // TestLiveBound: a commit's waits under a caller's own ctx share one
-// bound while it lasts, get a fresh one once it expired, and end with the
-// caller's ctx; under a shared deadline they take the shared tick.
+// bound while it lasts, with the other commits under that ctx, get a fresh
+// one once it expired, and end with the caller's ctx; under a shared
+// deadline they take the shared tick.
 func TestLiveBound(t *testing.T) {
 	c := &Client{liveChecks: sharedDeadlines{timeout: liveCheckEvery}, deadlines: sharedDeadlines{timeout: time.Second}}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -17,8 +18,12 @@ func TestLiveBound(t *testing.T) {
 	if first == ctx || first.Err() != nil {
 		t.Fatalf("first bound %v (err %v): want a live context of its own", first, first.Err())
 	}
-	if d, ok := first.Deadline(); !ok || time.Until(d) > liveCheckEvery {
-		t.Fatalf("first bound's deadline %v, %v: want within %v", d, ok, liveCheckEvery)
+	if d, ok := first.Deadline(); !ok || time.Until(d) > liveCheckEvery+liveCheckEvery/deadlineSlices {
+		t.Fatalf("first bound's deadline %v, %v: want within %v and a slice", d, ok, liveCheckEvery)
+	}
+	other := liveBound{c: c, ctx: ctx}
+	if shared := other.next(); shared != first {
+		t.Fatal("another commit under the same ctx a moment later got a bound of its own")
 	}
 	if again := b.next(); again != first {
 		t.Fatal("a second wait got a new bound while the first was live")

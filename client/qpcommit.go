@@ -33,14 +33,16 @@ const liveCheckEvery = 100 * time.Millisecond
 // liveBound bounds each wait for a commit's reply to about liveCheckEvery,
 // so that the waiter looks at the control connection between them. Under a
 // shared deadline, which no caller cancels, the bound is a shared tick too
-// (the deadline is then noticed up to a tick late); a caller's own ctx gets
-// a context of its own, one for all the waits of a commit (usually two:
-// the SEND's completion, then the reply) until it expires: one per wait,
-// a timer each, cost a PUT 8-11% of the client's CPU at 16 goroutines.
+// (the deadline is then noticed up to a tick late); under a caller's own
+// ctx it is one derived from that ctx (sharedDeadlines.getFor: shared with
+// the commits under the same ctx that start close together), kept for all
+// the waits of a commit (usually two: the SEND's completion, then the
+// reply) until it expires. A context with a timer per wait cost a PUT
+// 8-11% of the client's CPU at 16 goroutines.
 type liveBound struct {
 	c      *Client
 	ctx    context.Context // the caller's
-	own    context.Context // for a caller's own ctx: the current bound
+	own    context.Context // under a caller's own ctx: the current bound
 	cancel context.CancelFunc
 }
 
@@ -51,7 +53,7 @@ func (b *liveBound) next() context.Context {
 	}
 	if b.own == nil || b.own.Err() != nil {
 		b.stop()
-		b.own, b.cancel = context.WithTimeout(b.ctx, liveCheckEvery)
+		b.own, b.cancel = b.c.liveChecks.getFor(b.ctx, time.Now())
 	}
 	return b.own
 }

@@ -80,6 +80,8 @@ func (c *Client) do(ctx context.Context, what string, attempt func(ctx context.C
 		case bounded:
 		case n == 0 && ctx.Done() == nil:
 			actx = c.deadlines.get(start) // see sharedDeadlines
+		case n == 0:
+			actx, cancel = c.deadlines.getFor(ctx, start)
 		default:
 			actx, cancel = context.WithDeadline(ctx, end)
 		}

@@ -43,6 +43,9 @@ func TestNotSentOnlyWhenNoAttemptSentAnything(t *testing.T) {
 	}
 }
 
+// sameDone keys a value on a context: one with the same Done channel.
+type sameDone struct{}
+
 func TestAttemptDeadlines(t *testing.T) {
 	const timeout = 320 * time.Millisecond
 	slice := timeout / deadlineSlices
@@ -73,13 +76,36 @@ func TestAttemptDeadlines(t *testing.T) {
 		t.Errorf("an operation two slices later got the first one's context, which ends too soon for it")
 	}
 
+	// Operations under one cancellable ctx without a deadline (a load
+	// generator's run) share one derived from it the same way; one under
+	// another such ctx meanwhile gets its own, RetryTimeout away.
+	run, stop := context.WithCancel(context.Background())
+	defer stop()
+	start = time.Now()
+	first, second = attemptCtx(run), attemptCtx(context.WithValue(run, sameDone{}, true))
+	if d, ok := first.Deadline(); !ok || d.Before(start.Add(timeout)) || d.After(time.Now().Add(timeout+slice)) {
+		t.Fatalf("attempt under a cancellable ctx: deadline %v after the start (ok %v), want %v to %v", d.Sub(start), ok, timeout, timeout+slice)
+	}
+	if second != first && time.Since(start) < slice {
+		t.Errorf("two operations under one cancellable ctx a moment apart got contexts of their own")
+	}
+	other, stopOther := context.WithCancel(context.Background())
+	if own := attemptCtx(other); own == first && time.Since(start) < slice {
+		t.Errorf("an operation under another ctx got the shared one, which its own cancel does not end")
+	}
+	stopOther()
+	stop()
+	if first.Err() != context.Canceled {
+		t.Errorf("the shared context after its ctx's cancel: %v, want context.Canceled", first.Err())
+	}
+
 	// A caller's cancel reaches the attempt at once.
 	ctx, cancel := context.WithCancel(context.Background())
 	time.AfterFunc(20*time.Millisecond, cancel)
 	t0 := time.Now()
 	err := c.do(ctx, "GET", func(ctx context.Context) error {
-		if d, ok := ctx.Deadline(); !ok || d.After(t0.Add(timeout+slice)) {
-			t.Errorf("attempt of a cancellable ctx: deadline %v (ok %v), want one within RetryTimeout", d, ok)
+		if d, ok := ctx.Deadline(); !ok || d.After(time.Now().Add(timeout+slice)) {
+			t.Errorf("attempt of a cancellable ctx: deadline %v (ok %v), want one within RetryTimeout and a slice", d, ok)
 		}
 		<-ctx.Done()
 		return retry("s1", "%w", ctx.Err())
