@@ -169,9 +169,12 @@
 //     timer is touched per request). A link that comes to carry no QP
 //     with a shared CQ is read inline again.
 //
-// The steady-state post, Wait and Poll paths allocate nothing (a Wait with
-// a cancellable context allocates for context.AfterFunc when it reads
-// inline).
+// The steady-state post, Wait and Poll paths allocate nothing. A Wait that
+// reads inline under a context that can end registers the interrupt of
+// its read for that context's end (context.AfterFunc) once, and keeps it
+// for the next inline Wait under a context with the same Done channel;
+// a kept registration that fires later interrupts whatever read is then
+// under way, which looks at its CQ and context and reads on.
 //
 // Local checks happen at post time and again just before the request is
 // sent (an MR deregistered since fails it): an SGE outside its MR, in an

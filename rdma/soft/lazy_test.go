@@ -94,6 +94,50 @@ func TestWaitContextWhileInline(t *testing.T) {
 	expectStatus(t, b.cq, 2, rdma.StatusSuccess)
 }
 
+// TestInlineWaitsShareTheirInterrupt: inline Waits under one cancellable
+// context register its interrupt once, not once per Wait, so a READ and
+// its Wait allocate nothing; a Wait under another context is still
+// interrupted when that one ends, and the first context's registration,
+// replaced, does not stop the link from serving.
+func TestInlineWaitsShareTheirInterrupt(t *testing.T) {
+	a, b := newPair(t, slowCfg)
+	src := register(t, a.pd, 64, rw)
+	dst := register(t, b.pd, 64, rw)
+	wr := []rdma.SendWR{{ID: 1, Op: rdma.OpRead, Flags: rdma.Signaled, SGL: sgl(src, 0, 64), RemoteAddr: dst.Addr(), RKey: dst.RKey()}}
+	ctx, cancel := context.WithCancel(context.Background())
+	wc := make([]rdma.Completion, 1)
+	read := func() {
+		if err := a.qp.PostSend(wr); err != nil {
+			t.Fatal(err)
+		}
+		if n, err := a.cq.Wait(ctx, wc); n != 1 || err != nil || wc[0].Status != rdma.StatusSuccess {
+			t.Fatalf("READ: %d %v %v", n, err, wc[0].Status)
+		}
+	}
+	read()
+	if allocs := testing.AllocsPerRun(200, read); allocs != 0 {
+		t.Errorf("a READ and its inline Wait under one cancellable context allocate %.1f times", allocs)
+	}
+	cancel() // fires the kept registration into an idle link
+
+	post(t, a.qp, rdma.SendWR{ID: 2, Op: rdma.OpSend, Flags: rdma.Signaled, SGL: sgl(src, 0, 8)}) // no RECV: no answer
+	other, stop := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer stop()
+	start := time.Now()
+	if n, err := a.cq.Wait(other, wc); n != 0 || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Wait under another context: %d %v", n, err)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("Wait under another context returned after %v", d)
+	}
+	postRecv(t, b.qp, rdma.RecvWR{ID: 3, SGL: sgl(dst, 0, 8)})
+	expectStatus(t, a.cq, 2, rdma.StatusSuccess)
+	expectStatus(t, b.cq, 3, rdma.StatusSuccess)
+	wr[0].ID = 4
+	ctx = context.Background()
+	read()
+}
+
 // An inline Wait blocked on a QP's responses must still return a RECV
 // completion the responder pushes into the same CQ.
 func TestInlineWaitSeesOtherCompletions(t *testing.T) {

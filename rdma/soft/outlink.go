@@ -352,6 +352,7 @@ func (l *outLink) leave(q *qp, detach bool) {
 	switch {
 	case last:
 		l.close()
+		l.stopInterrupts()
 		if conn != nil {
 			_ = conn.Close()
 		}
@@ -406,6 +407,7 @@ func (l *outLink) fail(err error) {
 	l.mu.Unlock()
 	d.outMu.Unlock()
 	l.close()
+	l.stopInterrupts()
 	if conn != nil {
 		_ = conn.Close()
 	}

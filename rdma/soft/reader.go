@@ -51,6 +51,12 @@ type linkReader struct {
 	// or a chunk of a large request written.
 	progress atomic.Int64
 
+	// interrupts is the registration that interrupts an inline read when
+	// its Wait's context ends, kept for the next inline Wait under a
+	// context with the same Done channel (a caller's ctx, shared by its
+	// operations): one per Wait cost a lone READ three allocations.
+	interrupts atomic.Pointer[interruptOn]
+
 	dmu      sync.Mutex   // serializes changes of the read deadline
 	deadline atomic.Int64 // now() of the read deadline in force; 0: none
 }
@@ -209,10 +215,7 @@ func (q *qp) waitInline(ctx context.Context, c *cq) bool {
 	}
 	var err error
 	if c.setDirect(q) {
-		var stop func() bool
-		if ctx.Done() != nil {
-			stop = context.AfterFunc(ctx, l.interrupt)
-		}
+		l.interruptWhenDone(ctx)
 		l.inline, l.ctx = c, ctx
 		for {
 			var pushed, idle bool
@@ -223,9 +226,6 @@ func (q *qp) waitInline(ctx context.Context, c *cq) bool {
 		}
 		l.inline, l.ctx = nil, nil
 		c.clearDirect()
-		if stop != nil {
-			stop()
-		}
 	}
 	if err != nil && err != errInterrupted {
 		l.fail(err)
@@ -249,6 +249,43 @@ func (q *qp) waitInline(ctx context.Context, c *cq) bool {
 // interrupt makes an inline reader's blocked read return, so its Wait can
 // look at the CQ, its context, or hand the link over.
 func (l *outLink) interrupt() { _ = l.conn.SetReadDeadline(time.Unix(1, 0)) }
+
+// interruptOn is a registration of interrupt for when a Done channel
+// closes.
+type interruptOn struct {
+	done <-chan struct{}
+	stop func() bool
+}
+
+// interruptWhenDone makes sure the link is interrupted when ctx ends,
+// reusing the registration for the last inline Wait's context when ctx has
+// the same Done channel. A registration outliving its Wait fires at worst
+// into a later read, which then looks at its CQ and context and reads on
+// (readTimed), as after any interrupt. Only the holder of the reader token
+// calls it; the link's close stops what is registered (stopInterrupts).
+func (l *outLink) interruptWhenDone(ctx context.Context) {
+	done := ctx.Done()
+	if done == nil {
+		return
+	}
+	if cur := l.interrupts.Load(); cur != nil && cur.done == done {
+		return
+	}
+	old := l.interrupts.Swap(&interruptOn{done: done, stop: context.AfterFunc(ctx, l.interrupt)})
+	if old != nil {
+		old.stop()
+	}
+	if l.life.Err() != nil { // closed meanwhile: stopInterrupts may have run
+		l.stopInterrupts()
+	}
+}
+
+// stopInterrupts drops the registration, when the link closes.
+func (l *outLink) stopInterrupts() {
+	if old := l.interrupts.Swap(nil); old != nil {
+		old.stop()
+	}
+}
 
 // interruptRx is interrupt for q's link.
 func (q *qp) interruptRx() {
