@@ -1,0 +1,16 @@
+//go:build !unix
+
+package freeport
+
+import (
+	"errors"
+	"os"
+)
+
+var errPortLocked = errors.New("freeport: port locked by another process")
+
+// lockPort cannot lock across processes here: Loopback lets the kernel
+// choose instead.
+func lockPort(dir string, port int) (*os.File, error) {
+	return nil, errors.New("freeport: no port locks on this system")
+}
