@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"reflect"
 	"sync"
 	"time"
 
@@ -1197,6 +1198,16 @@ func ReadFrameMax(r io.Reader, buf []byte, limit int) (id uint64, m Message, _ [
 // DecodeFrame decodes a frame's body (without its length prefix). It
 // retains nothing of b. Errors wrap ErrBadMessage.
 func DecodeFrame(b []byte) (id uint64, m Message, err error) {
+	return DecodeFrameInto(b, nil)
+}
+
+// DecodeFrameInto is DecodeFrame that decodes a frame holding a message
+// of into's type into into, zeroing it first, and returns it as m; a frame
+// of another type (an Error, say) is decoded into a new message. A caller
+// that keeps one message per connection so decodes its stream of replies
+// without allocating, and must not use the last one after the next
+// decode. into may be nil. On an error into's contents are undefined.
+func DecodeFrameInto(b []byte, into Message) (id uint64, m Message, err error) {
 	c := frameCodecs.Get().(*frameCodec)
 	defer putCodec(c)
 	c.rd.Reset(b)
@@ -1222,7 +1233,12 @@ func DecodeFrame(b []byte) (id uint64, m Message, err error) {
 	if t == 0 || t >= uint64(msgTypeEnd) {
 		return 0, nil, d.fail("unknown message type %d", t)
 	}
-	m = msgTable[t].new()
+	if into != nil && into.Type() == MsgType(t) {
+		reflect.ValueOf(into).Elem().SetZero()
+		m = into
+	} else {
+		m = msgTable[t].new()
+	}
 	if id, err = d.u64("request id"); err != nil {
 		return 0, nil, err
 	}

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/rkv-io/rkv/internal/race"
 )
 
 func controlSamples() []Message {
@@ -309,7 +311,70 @@ func FuzzDecodeFrame(f *testing.F) {
 		if err != nil || id2 != id || !reflect.DeepEqual(m, m2) {
 			t.Fatalf("re-encoded %#v decodes to %#v, %v", m, m2, err)
 		}
+		// Decoded into the last message of its type this process saw, it
+		// is the same: nothing of that one is left over.
+		if used := lastDecoded[m.Type()]; used != nil {
+			id3, m3, err := DecodeFrameInto(b, used)
+			if err != nil || id3 != id || m3 != used || !reflect.DeepEqual(m, m3) {
+				t.Fatalf("decoded into a used %v: %#v, %v; fresh: %#v", m.Type(), m3, err, m)
+			}
+		}
+		lastDecoded[m.Type()] = m2
 	})
+}
+
+// lastDecoded holds, per type, a message FuzzDecodeFrame decoded, for the
+// next frame of that type to be decoded into.
+var lastDecoded = map[MsgType]Message{}
+
+// TestDecodeFrameInto: a frame of into's type is decoded into it, without
+// allocating, and leaves nothing of its last contents; one of another
+// type is decoded into a new message.
+func TestDecodeFrameInto(t *testing.T) {
+	withCopies, err := AppendFrame(nil, 1, &Commit{LeaseID: 3, Offset: 64, Length: 1088, Epoch: 2,
+		Copies: []ReplicaCopy{{Server: "n2", LeaseID: 4, Offset: 128, Length: 1088}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain := &Commit{LeaseID: 5, Offset: 0, Length: 100, Write: Write{Session: 9, Seq: 10}}
+	without, err := AppendFrame(nil, 2, plain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	into := &Commit{}
+	if _, m, err := DecodeFrameInto(withCopies[4:], into); err != nil || m != into || len(into.Copies) != 1 {
+		t.Fatalf("a Commit decoded into a Commit: %#v, %v", m, err)
+	}
+	if id, m, err := DecodeFrameInto(without[4:], into); err != nil || id != 2 || m != into || !reflect.DeepEqual(into, plain) {
+		t.Fatalf("a Commit without copies decoded into one with: %#v, %v; want %#v", m, err, plain)
+	}
+	e, err := AppendFrame(nil, 3, &Error{Code: CodeNotOwner, Message: "moved"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, m, err := DecodeFrameInto(e[4:], into); err != nil || m == Message(into) || m.Type() != MsgError || !reflect.DeepEqual(into, plain) {
+		t.Fatalf("an Error decoded with a Commit to reuse: %#v, %v; the Commit: %#v", m, err, into)
+	}
+}
+
+// TestDecodeFrameIntoAllocs: a reply decoded into the last one allocates
+// nothing.
+func TestDecodeFrameIntoAllocs(t *testing.T) {
+	if race.Enabled {
+		t.Skip("allocations are counted without the race detector: make test-allocs")
+	}
+	reply, err := AppendFrame(nil, 4, &CommitReply{Arena: 1, Offset: 4096, Length: 1088, Version: 77})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &CommitReply{}
+	if allocs := testing.AllocsPerRun(100, func() {
+		if _, _, err := DecodeFrameInto(reply[4:], r); err != nil {
+			t.Fatal(err)
+		}
+	}); allocs != 0 || r.Version != 77 {
+		t.Errorf("a CommitReply decoded into one: %.1f allocations, %#v", allocs, r)
+	}
 }
 
 // FuzzReadFrame: a byte stream of frames never panics and never reads a
