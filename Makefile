@@ -5,7 +5,7 @@ BIN      := bin
 TESTTIME ?= 10m
 FUZZTIME ?= 10s
 
-.PHONY: help build test test-short test-chaos test-soak lint fmt bench bench-grow bench-compare bench-rxe fuzz demo demo-rxe demo-up demo-down demo-rdma test-rxe test-vm vm-prepare clean
+.PHONY: help build test test-allocs test-short test-chaos test-soak lint fmt bench bench-grow bench-compare bench-rxe fuzz demo demo-rxe demo-up demo-down demo-rdma test-rxe test-vm vm-prepare clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -15,6 +15,9 @@ build: ## build the commands into bin/
 
 test: ## the test suite: every package, race detector on (the README's test command)
 	$(GO) test -race -timeout $(TESTTIME) $(PKGS)
+
+test-allocs: ## the allocation counts of the hot paths (TestXxxAllocs), without the race detector, which changes them
+	$(GO) test -run 'Allocs' -count 1 $(PKGS)
 
 test-short: ## quick tests (skips the large-region cases)
 	$(GO) test -short -timeout $(TESTTIME) $(PKGS)

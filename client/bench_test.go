@@ -88,13 +88,13 @@ func report(b *testing.B, what string, d []time.Duration) {
 	b.ReportMetric(float64(p(d, 99).Nanoseconds())/1e3, what+"-p99-µs")
 }
 
-func benchCluster(b *testing.B, sync store.SyncPolicy) *client.Client {
+func benchCluster(b testing.TB, sync store.SyncPolicy) *client.Client {
 	b.Helper()
 	return benchClusterOf(b, sync).Client(b, nil)
 }
 
 // benchClusterOf is one server with room for a benchmark's writes.
-func benchClusterOf(b *testing.B, sync store.SyncPolicy) *testcluster.Cluster {
+func benchClusterOf(b testing.TB, sync store.SyncPolicy) *testcluster.Cluster {
 	b.Helper()
 	return testcluster.Start(b, 1, testcluster.Options{Store: store.Options{ArenaSize: 256 << 20, ArenaCount: 1,
 		IndexSlots: 1 << 12, LeaseSize: 4 << 20, Sync: sync}})

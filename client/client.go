@@ -202,7 +202,7 @@ type Client struct {
 	servers map[poolKey]*serverPool
 
 	cacheMu sync.Mutex
-	cache   map[string]cachedLoc
+	cache   map[string]*cachedLoc // values updated in place
 
 	reads   atomic.Uint64 // RDMA_READs posted
 	retries retryCounters // retried attempts by operation (Retries)
@@ -264,7 +264,7 @@ func New(ctx context.Context, cfg Config) (_ *Client, err error) {
 	if cfg.Name == "" {
 		cfg.Name = defaultName()
 	}
-	c := &Client{name: cfg.Name, cfg: cfg, log: cfg.Logger, dev: cfg.Device, servers: map[poolKey]*serverPool{}, cache: map[string]cachedLoc{},
+	c := &Client{name: cfg.Name, cfg: cfg, log: cfg.Logger, dev: cfg.Device, servers: map[poolKey]*serverPool{}, cache: map[string]*cachedLoc{},
 		deadlines: sharedDeadlines{timeout: cfg.RetryTimeout}, liveChecks: sharedDeadlines{timeout: liveCheckEvery}}
 	c.maps.init()
 	if c.pd, err = c.dev.AllocPD(); err != nil {
@@ -403,17 +403,25 @@ func checkKey(key []byte) error {
 func (c *Client) cacheGet(key []byte) (cachedLoc, bool) {
 	c.cacheMu.Lock()
 	defer c.cacheMu.Unlock()
-	l, ok := c.cache[string(key)]
-	return l, ok
+	if l, ok := c.cache[string(key)]; ok {
+		return *l, true
+	}
+	return cachedLoc{}, false
 }
 
 func (c *Client) cachePut(key []byte, l cachedLoc) {
 	c.cacheMu.Lock()
 	defer c.cacheMu.Unlock()
+	if p, ok := c.cache[string(key)]; ok {
+		*p = l // a key's location changes in place: no new string per PUT
+		return
+	}
 	if len(c.cache) >= maxCache {
 		clear(c.cache)
 	}
-	c.cache[string(key)] = l
+	p := new(cachedLoc) // not &l: l would move to the heap on every call
+	*p = l
+	c.cache[string(key)] = p
 }
 
 func (c *Client) cacheDrop(key []byte) {

@@ -32,10 +32,12 @@ type serverConn struct {
 	gen uint64        // the server's generation, from its HelloReply
 	wc  [2]rdma.Completion
 	// The last commit sent on the write QP: its request ID, and its frame
-	// before it is copied to its slot (qpcommit.go).
+	// before it is copied to its slot (qpcommit.go); then the reply it was
+	// answered with, decoded into the same message each time.
 	qpSeq      uint64
 	frame      []byte
 	commit     proto.Commit
+	reply      proto.CommitReply
 	posted     rdma.Opcode // the first request of the last postOnly, for errors
 	commitSGEs [2]rdma.SGE // the reply's RECV, the commit's SEND
 	recv       [1]rdma.RecvWR

@@ -79,7 +79,7 @@ func (sc *serverConn) buf() []byte {
 // delivers after the WRITE, and waits for both the SEND's completion and
 // the reply. ok is false when the frame does not fit the server's slot:
 // nothing was posted, and the caller sends req as a control request
-// instead.
+// instead. A CommitReply is the connection's, good until its next commit.
 func (sc *serverConn) commitOnQP(ctx context.Context, req proto.Message, write *rdma.SendWR) (_ proto.Message, ok bool, _ error) {
 	slot := int(sc.s.Hello.CommitSlot)
 	sendOff := len(sc.buf())
@@ -147,7 +147,7 @@ func (sc *serverConn) commitOnQP(ctx context.Context, req proto.Message, write *
 	if n < 4 || binary.BigEndian.Uint32(frame) != n-4 {
 		return fail("reading the reply", fmt.Errorf("a reply of %d bytes that is not one frame", n))
 	}
-	id, reply, err := proto.DecodeFrame(frame[4:])
+	id, reply, err := proto.DecodeFrameInto(frame[4:], &sc.reply)
 	switch {
 	case err != nil:
 		return fail("decoding the reply", err)

@@ -451,11 +451,13 @@ func (c *conn) grantLease(m *proto.GrantLease) proto.Message {
 		TTL: max(time.Until(l.Expires), 0), VersionBase: l.VersionBase, VersionCount: l.VersionCount}
 }
 
-func (c *conn) commit(m *proto.Commit) proto.Message { return c.commitWith(m, &c.fwd) }
+func (c *conn) commit(m *proto.Commit) proto.Message {
+	return c.commitWith(m, &c.fwd, &proto.CommitReply{})
+}
 
 // commitWith commits m, forwarding it through fwd, which is the caller's
-// goroutine's own.
-func (c *conn) commitWith(m *proto.Commit, fwd *forwarder) proto.Message {
+// goroutine's own, and returns reply, filled in, or an Error.
+func (c *conn) commitWith(m *proto.Commit, fwd *forwarder, reply *proto.CommitReply) proto.Message {
 	if !c.hasLease(m.LeaseID) {
 		return &proto.Error{Code: proto.CodeLeaseInvalid, Message: fmt.Sprintf("lease %d was not granted on this connection", m.LeaseID)}
 	}
@@ -467,7 +469,8 @@ func (c *conn) commitWith(m *proto.Commit, fwd *forwarder) proto.Message {
 	if err != nil {
 		return c.s.fenceReply(m.Epoch, err)
 	}
-	return &proto.CommitReply{Arena: r.Location.Arena, Offset: r.Location.Offset, Length: r.Location.Length, Version: r.Version}
+	*reply = proto.CommitReply{Arena: r.Location.Arena, Offset: r.Location.Offset, Length: r.Location.Length, Version: r.Version}
+	return reply
 }
 
 func (c *conn) delete(m *proto.Delete) proto.Message {

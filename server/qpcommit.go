@@ -34,7 +34,11 @@ type qpCommits struct {
 	mem *rdma.Memory
 	mr  rdma.MR
 	fwd forwarder
-	wc  [commitRecvs + 1]rdma.Completion
+	// The commit being answered and its reply: decoded and filled in
+	// place, one commit at a time, so that neither allocates.
+	commit proto.Commit
+	reply  proto.CommitReply
+	wc     [commitRecvs + 1]rdma.Completion
 	// Scratch for posts (PostSend and PostRecv copy them).
 	sges [1]rdma.SGE
 	send [1]rdma.SendWR
@@ -134,13 +138,13 @@ func (q *qpCommits) answer(i, n int) bool {
 		reply = &proto.Error{Code: proto.CodeBadRequest, Message: fmt.Sprintf("a SEND of %d bytes on the write QP that is not one control frame", n)}
 	} else {
 		var err error
-		if id, m, err = proto.DecodeFrame(frame[4:]); err != nil {
+		if id, m, err = proto.DecodeFrameInto(frame[4:], &q.commit); err != nil {
 			m, reply = anyCommit, &proto.Error{Code: proto.CodeBadRequest, Message: err.Error()}
 		} else {
 			switch cm := m.(type) {
 			case *proto.Commit:
 				q.taken(m)
-				reply = q.c.commitWith(cm, &q.fwd)
+				reply = q.c.commitWith(cm, &q.fwd, &q.reply)
 			case *proto.CommitBatch:
 				q.taken(m)
 				reply = q.c.commitBatch(cm)

@@ -1,0 +1,55 @@
+package client_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/rkv-io/rkv/internal/race"
+	"github.com/rkv-io/rkv/store"
+)
+
+// TestSteadyStateAllocs counts the allocations of a warm GetAppend and PUT,
+// client, server and soft provider together (AllocsPerRun counts every
+// goroutine's), under a context without a deadline and under one that can
+// be cancelled. A GetAppend allocates nothing. A PUT's budget is 5: the
+// store's pending commit on the server (3), and, on each side, the read
+// error (net.OpError) of an inline Wait that a completion pushed by the
+// other link interrupts: the client's, reading for its SEND's ACK when
+// the reply comes first, and the server's, reading for its reply's ACK
+// when the next commit comes first (together about 1.5 per PUT here).
+func TestSteadyStateAllocs(t *testing.T) {
+	if race.Enabled {
+		t.Skip("allocations are counted without the race detector: make test-allocs")
+	}
+	cl := benchCluster(t, store.SyncNone)
+	cancellable, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	k, v := []byte("allocs-key"), make([]byte, 1024)
+	dst := make([]byte, 0, 2048)
+	for _, ctx := range []struct {
+		name string
+		ctx  context.Context
+	}{{"background", context.Background()}, {"cancellable", cancellable}} {
+		put := func() {
+			if err := cl.Put(ctx.ctx, k, v); err != nil {
+				t.Fatal(err)
+			}
+		}
+		get := func() {
+			got, err := cl.GetAppend(ctx.ctx, dst[:0], k)
+			if err != nil || len(got) != len(v) {
+				t.Fatalf("GetAppend: %d bytes, %v", len(got), err)
+			}
+		}
+		for range 200 { // leases grown, locations cached
+			put()
+			get()
+		}
+		if n := testing.AllocsPerRun(500, get); n != 0 {
+			t.Errorf("%s: a GetAppend allocates %.1f times", ctx.name, n)
+		}
+		if n := testing.AllocsPerRun(500, put); n > 5 {
+			t.Errorf("%s: a PUT allocates %.1f times, client and server together; the budget is 5", ctx.name, n)
+		}
+	}
+}
