@@ -52,8 +52,16 @@ func (q *qp) doSend(l *inLink, req *request) (rdma.Status, string, error) {
 	if req.op == wireSendImm {
 		wc.Imm, wc.HasImm = req.imm, true
 	}
+	// The ACK leaves before the RECV completes: the peer's answer to
+	// this SEND would otherwise often reach the requester before it, and
+	// interrupt a Wait there reading for it (and the requester's next
+	// request reach this side before its ACK of the answer).
+	err := l.respond(q, respAck, 0, req.seq, 0)
+	if err == nil && l.br.Buffered() < requestHeaderSize {
+		err = l.flush()
+	}
 	q.releaseRecv(w, &wc)
-	return rdma.StatusSuccess, "", l.respond(q, respAck, 0, req.seq, 0)
+	return rdma.StatusSuccess, "", err
 }
 
 // takeRecv returns the oldest posted RECV and marks the receive queue busy,
