@@ -12,7 +12,9 @@ import (
 // client, server and soft provider together (AllocsPerRun counts every
 // goroutine's), under a context without a deadline and under one that can
 // be cancelled. A GetAppend allocates nothing. A PUT's budget is 5: the
-// store's pending commit on the server (3), and, on each side, the read
+// store's pending commit on the server (2: the struct and its done
+// channel; a key of up to 32 bytes is copied into the struct), and, on
+// each side, the read
 // error (net.OpError) of an inline Wait that a completion pushed by the
 // other link interrupts: the client's, reading for its SEND's ACK when
 // the reply comes first, and the server's, reading for its reply's ACK
@@ -48,7 +50,9 @@ func TestSteadyStateAllocs(t *testing.T) {
 		if n := testing.AllocsPerRun(500, get); n != 0 {
 			t.Errorf("%s: a GetAppend allocates %.1f times", ctx.name, n)
 		}
-		if n := testing.AllocsPerRun(500, put); n > 5 {
+		n := testing.AllocsPerRun(500, put)
+		t.Logf("%s: a PUT allocates %.1f times", ctx.name, n)
+		if n > 5 {
 			t.Errorf("%s: a PUT allocates %.1f times, client and server together; the budget is 5", ctx.name, n)
 		}
 	}

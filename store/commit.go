@@ -25,7 +25,8 @@ type Committed struct {
 }
 
 type pendingCommit struct {
-	key    []byte
+	key    []byte // a copy: keyBuf's when the key fits it
+	keyBuf [shortKey]byte
 	shard  proto.Shard
 	write  proto.Write
 	delete bool
@@ -44,6 +45,22 @@ type pendingCommit struct {
 	replica bool
 	old     entry
 	had     bool
+}
+
+// shortKey is the room a pending commit has for its key's copy: a key no
+// longer than that costs its commit no allocation of its own.
+const shortKey = 32
+
+// newPending returns a pending commit or delete of key, which it copies:
+// a commit's key lies in a lease the client can still write to.
+func newPending(key []byte, w proto.Write, replica bool) *pendingCommit {
+	c := &pendingCommit{shard: proto.ShardOf(key), write: w, replica: replica, done: make(chan struct{})}
+	if len(key) <= len(c.keyBuf) {
+		c.key = append(c.keyBuf[:0], key...)
+	} else {
+		c.key = append([]byte(nil), key...)
+	}
+	return c
 }
 
 // Commit commits the record a client wrote at offset off of lease id's
@@ -165,7 +182,7 @@ func (s *Store) prepareCommit(id uint64, off, length int64, w proto.Write, repli
 	case r.Tombstone():
 		return nil, none, fmt.Errorf("%w: deletes are committed with Delete, not as records", ErrRecord)
 	}
-	c := &pendingCommit{key: append([]byte(nil), r.Key...), shard: proto.ShardOf(r.Key), write: w, replica: replica != 0, done: make(chan struct{})}
+	c := newPending(r.Key, w, replica != 0)
 	if v, err := s.admissibleLocked(c); err != nil || v.dup != nil || v.wait != nil {
 		return c, v, err
 	}
@@ -269,7 +286,8 @@ func (s *Store) prepareDelete(key []byte, w proto.Write, replica bool) (*pending
 	if len(key) == 0 || len(key) > s.opts.MaxKeyLen {
 		return nil, sessionVerdict{}, fmt.Errorf("%w: key of %d bytes (1 to %d)", ErrRecord, len(key), s.opts.MaxKeyLen)
 	}
-	c := &pendingCommit{key: append([]byte(nil), key...), shard: proto.ShardOf(key), write: w, delete: true, replica: replica, done: make(chan struct{})}
+	c := newPending(key, w, replica)
+	c.delete = true
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {

@@ -219,3 +219,17 @@ func TestArenasAnnouncedAsTheyRegister(t *testing.T) {
 		t.Fatalf("%d arenas registered, want 4", n)
 	}
 }
+
+// TestPendingCommitCopiesItsKey: a pending commit's key is its own, short
+// or long: the record it came from lies in a lease its client can still
+// write to.
+func TestPendingCommitCopiesItsKey(t *testing.T) {
+	for _, n := range []int{1, shortKey, shortKey + 1, 200} {
+		key := bytes.Repeat([]byte{'k'}, n)
+		c := newPending(key, proto.Write{}, false)
+		key[0] = 'X'
+		if len(c.key) != n || c.key[0] != 'k' || c.shard != proto.ShardOf(bytes.Repeat([]byte{'k'}, n)) {
+			t.Errorf("a key of %d bytes, changed after: the pending commit holds %q", n, c.key)
+		}
+	}
+}
