@@ -14,11 +14,11 @@ import (
 // be cancelled. A GetAppend allocates nothing. A PUT's budget is 5: the
 // store's pending commit on the server (2: the struct and its done
 // channel; a key of up to 32 bytes is copied into the struct), and, on
-// each side, the read
-// error (net.OpError) of an inline Wait that a completion pushed by the
-// other link interrupts: the client's, reading for its SEND's ACK when
-// the reply comes first, and the server's, reading for its reply's ACK
-// when the next commit comes first (together about 1.5 per PUT here).
+// each side, the read error (net.OpError) of an inline Wait that a
+// completion pushed by the other link interrupts: the client's, reading
+// for its SEND's ACK when the reply comes first, and the server's,
+// reading for its reply's ACK when the next commit comes first (together
+// about 1.5 per PUT here).
 func TestSteadyStateAllocs(t *testing.T) {
 	if race.Enabled {
 		t.Skip("allocations are counted without the race detector: make test-allocs")

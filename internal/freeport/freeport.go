@@ -30,6 +30,9 @@ const (
 	minRange = 1000
 )
 
+// errPortLocked: another process holds the port's lock.
+var errPortLocked = errors.New("freeport: port locked by another process")
+
 var state = struct {
 	sync.Mutex
 	given map[int]bool // every port returned in this process

@@ -7,8 +7,6 @@ import (
 	"os"
 )
 
-var errPortLocked = errors.New("freeport: port locked by another process")
-
 // lockPort cannot lock across processes here: Loopback lets the kernel
 // choose instead.
 func lockPort(dir string, port int) (*os.File, error) {

@@ -10,8 +10,6 @@ import (
 	"syscall"
 )
 
-var errPortLocked = errors.New("freeport: port locked by another process")
-
 // lockPort takes an exclusive lock on port's file in dir without waiting.
 // The kernel drops the lock when the file is closed or the process exits,
 // however it exits.
