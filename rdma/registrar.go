@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math/bits"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -20,11 +21,17 @@ type RegistrarOptions struct {
 	// page faults and memory bandwidth, so a few workers saturate a
 	// machine. Default: min(4, GOMAXPROCS).
 	Workers int
+	// SmallBytes is the largest registration that goes ahead of larger
+	// ones still queued: a lease's region, say, is not held up behind
+	// the arenas of a start that are still waiting to be pinned. Default
+	// 16 MiB.
+	SmallBytes int
 }
 
 // Registrar registers memory off the caller's goroutine. Register returns a
 // future at once; a bounded pool of workers pins and registers the buffers in
-// the order they were submitted. It owns the MRs it produces: each is
+// the order they were submitted, the small ones (RegistrarOptions.SmallBytes)
+// ahead of larger ones still queued. It owns the MRs it produces: each is
 // deregistered exactly once, by Registration.Release or, at the latest, by
 // Close; the program must not call Deregister on them. All methods of the
 // Registrar and of its Registrations are safe for concurrent use with each
@@ -36,6 +43,7 @@ type RegistrarOptions struct {
 type Registrar struct {
 	pd      PD
 	workers int
+	small   int
 
 	mu      sync.Mutex
 	wake    *sync.Cond
@@ -60,7 +68,10 @@ func NewRegistrar(pd PD, opts RegistrarOptions) *Registrar {
 	if opts.Workers <= 0 {
 		opts.Workers = min(4, runtime.GOMAXPROCS(0))
 	}
-	r := &Registrar{pd: pd, workers: opts.Workers, live: map[*Registration]struct{}{}}
+	if opts.SmallBytes <= 0 {
+		opts.SmallBytes = 16 << 20
+	}
+	r := &Registrar{pd: pd, workers: opts.Workers, small: opts.SmallBytes, live: map[*Registration]struct{}{}}
 	r.wake = sync.NewCond(&r.mu)
 	r.running.Add(opts.Workers)
 	for range opts.Workers {
@@ -156,15 +167,26 @@ func (r *Registrar) work() {
 			r.mu.Unlock()
 			return
 		}
-		f := r.queue[0]
-		r.queue[0] = nil
-		r.queue = r.queue[1:]
+		i := r.nextLocked()
+		f := r.queue[i]
+		r.queue = slices.Delete(r.queue, i, i+1)
 		r.inFlight.Add(1)
 		r.mu.Unlock()
 
 		r.register(f)
 		r.inFlight.Add(-1)
 	}
+}
+
+// nextLocked picks the queued request a worker takes: the first small
+// one, else the first.
+func (r *Registrar) nextLocked() int {
+	for i, f := range r.queue {
+		if len(f.buf) <= r.small {
+			return i
+		}
+	}
+	return 0
 }
 
 func (r *Registrar) register(f *Registration) {

@@ -3,6 +3,7 @@ package rdma_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -151,6 +152,54 @@ func TestRegistrarReleaseQueued(t *testing.T) {
 		t.Errorf("released queued registration: %v, want context.Canceled", err)
 	}
 	close(pd.gate)
+}
+
+// TestRegistrarSmallGoAhead: a small registration queued behind large
+// ones is taken before them; among each, submission order holds.
+func TestRegistrarSmallGoAhead(t *testing.T) {
+	var mu sync.Mutex
+	var order []int // lengths, as the PD registers them
+	pd := &orderPD{countingPD: countingPD{gate: make(chan struct{})}, order: func(n int) {
+		mu.Lock()
+		order = append(order, n)
+		mu.Unlock()
+	}}
+	r := rdma.NewRegistrar(pd, rdma.RegistrarOptions{Workers: 1, SmallBytes: 4096})
+	defer r.Close()
+	large := func(n int) []byte { return make([]byte, 8192+n) }
+	running := r.Register(context.Background(), large(0), rdma.AccessRemoteRead)
+	for r.Stats().InFlight != 1 {
+		time.Sleep(time.Millisecond)
+	}
+	fs := []*rdma.Registration{running,
+		r.Register(context.Background(), large(1), rdma.AccessRemoteRead),
+		r.Register(context.Background(), large(2), rdma.AccessRemoteRead),
+		r.Register(context.Background(), make([]byte, 4096), rdma.AccessRemoteWrite),
+		r.Register(context.Background(), make([]byte, 100), rdma.AccessRemoteWrite),
+	}
+	close(pd.gate)
+	for _, f := range fs {
+		if _, err := f.Wait(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if want := []int{8192, 4096, 100, 8193, 8194}; !slices.Equal(order, want) {
+		t.Fatalf("registered in the order %v (lengths), want %v", order, want)
+	}
+}
+
+// orderPD is a countingPD that reports each registration's length.
+type orderPD struct {
+	countingPD
+	order func(n int)
+}
+
+func (pd *orderPD) Register(buf []byte, access rdma.Access) (rdma.MR, error) {
+	mr, err := pd.countingPD.Register(buf, access)
+	pd.order(len(buf))
+	return mr, err
 }
 
 // TestRegistrarRegisterIn: a buffer registered in another PD is registered
