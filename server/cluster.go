@@ -215,7 +215,10 @@ func (s *Server) reconcile(m *clustermap.Map) {
 		// serve after.
 		s.fatal(fmt.Errorf("%w (map epoch %d): %s serves nothing any more (to rejoin, start it on an empty data directory)", ErrRemoved, m.Epoch(), me))
 	case ok && srv.ID != s.id && srv.State != proto.ServerRemoved:
-		s.fatal(fmt.Errorf("server: the cluster map knows %s with data directory ID %s, and this data directory is %s: it was refused (a server that lost its data must be forgotten first: rkv-client forget %s --force)", me, srv.ID, s.id, me))
+		// The map reached this server's replica before the leader swapped
+		// the old data directory's entry for it: it waits for the swap as
+		// admission does, or is refused.
+		s.replacing(m, srv, "this server's replica")
 		return
 	}
 	states := s.st.Shards()
