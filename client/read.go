@@ -207,14 +207,14 @@ func (r *keyReads) record(ctx context.Context, b *readBatch, i int, loc proto.Lo
 // not in the view yet) is a retry, a record larger than the buffer an
 // error.
 func (sc *serverConn) recordAt(meta *proto.NodeMeta, key []byte, loc proto.Location) (raddr uint64, rkey uint32, err error) {
-	a, ok := arenaOf(meta, loc.Arena)
-	if !ok || loc.Offset+uint64(loc.Length) > a.Length {
-		return 0, 0, retry(sc.name, "record of %q at %+v: arena %d of %s is not in the view yet", key, loc, loc.Arena, sc.name)
+	a, ok := proto.LocateRecord(meta.Arenas, loc)
+	if !ok {
+		return 0, 0, retry(sc.name, "record of %q at %+v: that part of arena %d of %s is not in the view yet", key, loc, loc.Arena, sc.name)
 	}
 	if err := sc.fits(int(loc.Length)); err != nil {
 		return 0, 0, err
 	}
-	return a.Addr + loc.Offset, a.RKey, nil
+	return a.RemoteAddr(loc.Offset), a.RKey, nil
 }
 
 // fits checks that a READ of n bytes fits the client buffer.
@@ -438,13 +438,4 @@ func (b *readBatch) flush(ctx context.Context) error {
 	}
 	sc.wrs, sc.sges, b.then, b.off = sc.wrs[:0], sc.sges[:0], b.then[:0], 0
 	return err
-}
-
-func arenaOf(meta *proto.NodeMeta, id uint16) (proto.ArenaRegion, bool) {
-	for _, a := range meta.Arenas {
-		if a.ID == id {
-			return a, true
-		}
-	}
-	return proto.ArenaRegion{}, false
 }

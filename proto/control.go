@@ -65,8 +65,9 @@ const (
 	// bounds them too.
 	MaxViewMembers = 1 << 12
 	// MaxViewMeta bounds one member's encoded metadata in a ViewReply:
-	// the arena list inline, up to MaxArenas arenas of at most 27 bytes.
-	MaxViewMeta = GossipMetaMaxSize + 27*MaxArenas
+	// the arena list inline, up to MaxArenaRegions regions of at most 36
+	// bytes.
+	MaxViewMeta = GossipMetaMaxSize + 36*MaxArenaRegions
 )
 
 // ErrBadMessage means a control frame that is malformed, too large, of

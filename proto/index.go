@@ -36,6 +36,11 @@ const (
 	indexArenaMask       = MaxArenas - 1
 	indexCheckMask       = 1<<12 - 1
 	maxIndexNeighborhood = 256
+
+	// MaxArenaRegions bounds a server's advertised arena regions (arenas
+	// registered in units advertise one per unit): 2 TiB in the default
+	// 128 MiB units.
+	MaxArenaRegions = 1 << 14
 )
 
 // IndexGeometry is what a reader needs to locate a key's neighborhood. It

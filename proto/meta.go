@@ -23,7 +23,7 @@ import (
 //	  [endpointAddr, gid (bin 16) | nil, lid],
 //	  generation,
 //	  [indexAddr, indexRKey, slots, neighborhood, seed] | nil,
-//	  [[arenaID, addr, length, rkey], ...],      // sorted by ID
+//	  [[arenaID, addr, length, rkey(, offset)], ...], // sorted by ID, offset
 //	  [arenaCount, arenaDigest] | nil,
 //	  serverID, clusterID, mapEpoch,
 //	  [maxKeyLen, maxValueLen] | nil,
@@ -48,7 +48,11 @@ import (
 // with a zone is refused by such nodes (as metadata of 16 fields): upgrade
 // them before giving servers zones. An empty zone is never written, so
 // each value has one encoding. It costs 3 bytes plus its length (the
-// array header takes 2 more bytes past 15 fields).
+// array header takes 2 more bytes past 15 fields). An arena region's
+// offset is optional the same way: written only when it is not 0, so an
+// arena registered whole (one region at offset 0) reads as before, and
+// only the later regions of an arena registered in units are refused by
+// nodes from before them.
 const (
 	MetaVersion = 3
 
@@ -119,12 +123,46 @@ type IndexRegion struct {
 	Geometry IndexGeometry
 }
 
-// ArenaRegion is one registered arena a reader may RDMA_READ.
+// ArenaRegion is one registered part of an arena that a reader may
+// RDMA_READ: the arena's bytes [Offset, Offset+Length), at Addr. A server
+// registers its arenas in units (so that the first serves while the rest
+// are still pinned) and advertises each unit as its own region, with its
+// own rkey; a record never straddles two.
 type ArenaRegion struct {
 	ID     uint16 // below MaxArenas; what index slots name
-	Addr   uint64
+	Addr   uint64 // remote address of the region's first byte (arena offset Offset)
 	Length uint64
 	RKey   uint32 // read-only capability
+	Offset uint64 // where the region starts in its arena
+}
+
+// Contains reports whether the region holds the arena's bytes
+// [off, off+n).
+func (a ArenaRegion) Contains(off, n uint64) bool {
+	return off >= a.Offset && off-a.Offset <= a.Length && n <= a.Length-(off-a.Offset)
+}
+
+// RemoteAddr is where arena offset off, inside the region, lies remotely.
+func (a ArenaRegion) RemoteAddr(off uint64) uint64 { return a.Addr + (off - a.Offset) }
+
+// LocateRecord finds the region of arenas (sorted by ID and offset, as
+// every decoder returns them and SortArenas sorts) that holds the record
+// at loc.
+func LocateRecord(arenas []ArenaRegion, loc Location) (ArenaRegion, bool) {
+	// The last region at or before (loc.Arena, loc.Offset).
+	i, found := slices.BinarySearchFunc(arenas, loc, func(a ArenaRegion, l Location) int {
+		if c := cmp.Compare(a.ID, l.Arena); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.Offset, l.Offset)
+	})
+	if !found {
+		i--
+	}
+	if i < 0 || arenas[i].ID != loc.Arena || !arenas[i].Contains(loc.Offset, uint64(loc.Length)) {
+		return ArenaRegion{}, false
+	}
+	return arenas[i], true
 }
 
 // ArenaSet summarizes an arena list that travels outside the metadata:
@@ -213,10 +251,13 @@ func SummarizeArenas(arenas []ArenaRegion) ArenaSet {
 	return ArenaSet{Count: len(arenas), Digest: xxhash.Sum64(buf.Bytes())}
 }
 
-// SortArenas returns the arenas sorted by ID, as a new slice.
+// SortArenas returns the arena regions sorted by ID and offset, as a new
+// slice.
 func SortArenas(arenas []ArenaRegion) []ArenaRegion {
 	s := slices.Clone(arenas)
-	slices.SortFunc(s, func(a, b ArenaRegion) int { return cmp.Compare(a.ID, b.ID) })
+	slices.SortFunc(s, func(a, b ArenaRegion) int {
+		return cmp.Or(cmp.Compare(a.ID, b.ID), cmp.Compare(a.Offset, b.Offset))
+	})
 	return s
 }
 
@@ -263,8 +304,8 @@ func (m *NodeMeta) Validate() error {
 		return err
 	}
 	if m.Detached() {
-		if m.ArenaSet.Count < 0 || m.ArenaSet.Count > MaxArenas {
-			return badMeta("arena set of %d arenas, limit %d", m.ArenaSet.Count, MaxArenas)
+		if m.ArenaSet.Count < 0 || m.ArenaSet.Count > MaxArenaRegions {
+			return badMeta("arena set of %d regions, limit %d", m.ArenaSet.Count, MaxArenaRegions)
 		}
 		if len(m.Arenas) != 0 && SummarizeArenas(m.Arenas) != m.ArenaSet {
 			return badMeta("%d arenas do not match the arena set (%d, %#x)", len(m.Arenas), m.ArenaSet.Count, m.ArenaSet.Digest)
@@ -276,21 +317,26 @@ func (m *NodeMeta) Validate() error {
 }
 
 func validateArenas(arenas []ArenaRegion) error {
-	if len(arenas) > MaxArenas {
-		return badMeta("%d arenas, limit %d", len(arenas), MaxArenas)
+	if len(arenas) > MaxArenaRegions {
+		return badMeta("%d arena regions, limit %d", len(arenas), MaxArenaRegions)
 	}
 	for i, a := range arenas {
 		if a.ID >= MaxArenas {
 			return badMeta("arena ID %d, limit %d", a.ID, MaxArenas-1)
 		}
-		if i > 0 && a.ID <= arenas[i-1].ID {
-			return badMeta("arena IDs %d then %d: not strictly increasing (unique, sorted)", arenas[i-1].ID, a.ID)
-		}
-		if a.Length == 0 || a.Length > MaxArenaOffset+1 {
-			return badMeta("arena %d of %d bytes: must be 1 to 2^40", a.ID, a.Length)
+		if a.Length == 0 || a.Length > MaxArenaOffset+1 || a.Offset > MaxArenaOffset+1-a.Length {
+			return badMeta("arena %d region at offset %d of %d bytes: must be 1 to 2^40 bytes, ending by 2^40", a.ID, a.Offset, a.Length)
 		}
 		if a.Addr+a.Length < a.Addr {
 			return badMeta("arena %d at %#x of %d bytes wraps around", a.ID, a.Addr, a.Length)
+		}
+		if i == 0 {
+			continue
+		}
+		switch p := arenas[i-1]; {
+		case a.ID < p.ID || a.ID == p.ID && a.Offset < p.Offset+p.Length:
+			return badMeta("arena %d region at offset %d after arena %d region at %d of %d bytes: not sorted by arena and offset, or overlapping",
+				a.ID, a.Offset, p.ID, p.Offset, p.Length)
 		}
 	}
 	return nil
@@ -370,14 +416,28 @@ const (
 	metaFieldsZone = metaFields + 1
 )
 
+// arenaFields is the length of an arena region's array; arenaFieldsOffset
+// with the optional offset.
+const (
+	arenaFields       = 4
+	arenaFieldsOffset = arenaFields + 1
+)
+
 func encodeArenas(e *msgpack.Encoder, arenas []ArenaRegion) {
 	_ = e.EncodeArrayLen(len(arenas))
 	for _, a := range arenas {
-		_ = e.EncodeArrayLen(4)
+		if a.Offset == 0 {
+			_ = e.EncodeArrayLen(arenaFields)
+		} else {
+			_ = e.EncodeArrayLen(arenaFieldsOffset)
+		}
 		_ = e.EncodeUint(uint64(a.ID))
 		_ = e.EncodeUint(a.Addr)
 		_ = e.EncodeUint(a.Length)
 		_ = e.EncodeUint(uint64(a.RKey))
+		if a.Offset != 0 {
+			_ = e.EncodeUint(a.Offset)
+		}
 	}
 }
 
@@ -636,7 +696,7 @@ func (d *decoder) limits() (RecordLimits, error) {
 }
 
 func (d *decoder) arenas() ([]ArenaRegion, error) {
-	n, err := d.arrayLen("arenas", MaxArenas)
+	n, err := d.arrayLen("arenas", MaxArenaRegions)
 	if err != nil {
 		return nil, err
 	}
@@ -649,8 +709,12 @@ func (d *decoder) arenas() ([]ArenaRegion, error) {
 	arenas := make([]ArenaRegion, n)
 	for i := range arenas {
 		a := &arenas[i]
-		if _, err := d.fixedArray("arena", 4, false); err != nil {
+		k, err := d.arrayLen("arena", arenaFieldsOffset)
+		if err != nil {
 			return nil, err
+		}
+		if k != arenaFields && k != arenaFieldsOffset {
+			return nil, d.fail("arena of %d fields, want %d (or %d with an offset)", k, arenaFields, arenaFieldsOffset)
 		}
 		id, err := d.uint("arena ID", MaxArenas-1)
 		if err != nil {
@@ -668,6 +732,14 @@ func (d *decoder) arenas() ([]ArenaRegion, error) {
 			return nil, err
 		}
 		a.RKey = uint32(rkey)
+		if k == arenaFieldsOffset {
+			if a.Offset, err = d.uint("arena region offset", MaxArenaOffset); err != nil {
+				return nil, err
+			}
+			if a.Offset == 0 {
+				return nil, d.fail("arena %d region: offset 0 written, which is left out", a.ID) // one encoding per value
+			}
+		}
 	}
 	if err := validateArenas(arenas); err != nil {
 		return nil, err
@@ -680,7 +752,7 @@ func (d *decoder) arenaSet() (ArenaSet, error) {
 	if isNil, err := d.fixedArray("arena set", 2, true); err != nil || isNil {
 		return s, err
 	}
-	count, err := d.uint("arena count", MaxArenas)
+	count, err := d.uint("arena count", MaxArenaRegions)
 	if err != nil {
 		return s, err
 	}

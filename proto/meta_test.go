@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -70,6 +71,24 @@ func worstServerMeta(n int) NodeMeta {
 	return m
 }
 
+// unitServerMeta has arenas of 512 MiB registered in 4 units of 128 MiB
+// each, every unit its own region.
+func unitServerMeta(arenas int) NodeMeta {
+	m := testServerMeta(0)
+	for i := range arenas {
+		for u := range 4 {
+			m.Arenas = append(m.Arenas, ArenaRegion{
+				ID:     uint16(i),
+				Addr:   0x7f00_0000_0000 + uint64(i)<<29 + uint64(u)<<27,
+				Length: 1 << 27,
+				RKey:   0x9000_0000 + uint32(i*4+u),
+				Offset: uint64(u) << 27,
+			})
+		}
+	}
+	return m
+}
+
 func testClientMeta() NodeMeta {
 	return NodeMeta{Role: RoleClient, RKVVersion: "v0.1.0-dev"}
 }
@@ -112,6 +131,12 @@ func TestNodeMetaRoundTrip(t *testing.T) {
 	m := testServerMeta(4)
 	m.Arenas[0], m.Arenas[3] = m.Arenas[3], m.Arenas[0]
 	roundTrip(t, m)
+
+	// Arenas in units: regions in any order come back sorted by arena
+	// and offset.
+	units := unitServerMeta(3)
+	units.Arenas[1], units.Arenas[10] = units.Arenas[10], units.Arenas[1]
+	roundTrip(t, units)
 
 	// Detached, and attached (list and summary together).
 	full := testServerMeta(40)
@@ -202,22 +227,28 @@ func TestEncodeNodeMetaLimitRefuses(t *testing.T) {
 
 func TestNodeMetaValidate(t *testing.T) {
 	bad := map[string]func(m *NodeMeta){
-		"role 0":              func(m *NodeMeta) { m.Role = 0 },
-		"role 9":              func(m *NodeMeta) { m.Role = 9 },
-		"long control addr":   func(m *NodeMeta) { m.ControlAddr = strings.Repeat("h", MaxMetaAddrLen+1) },
-		"long endpoint addr":  func(m *NodeMeta) { m.Endpoint.Addr = strings.Repeat("h", MaxMetaAddrLen+1) },
-		"long provider":       func(m *NodeMeta) { m.Provider = strings.Repeat("p", MaxMetaProviderLen+1) },
-		"long version":        func(m *NodeMeta) { m.RKVVersion = strings.Repeat("v", MaxMetaVersionLen+1) },
-		"bad geometry":        func(m *NodeMeta) { m.Index.Geometry.Slots = 3 },
-		"index wraps":         func(m *NodeMeta) { m.Index.Addr = 1<<64 - 64 },
-		"duplicate arena":     func(m *NodeMeta) { m.Arenas[1].ID = m.Arenas[0].ID },
-		"arena ID too large":  func(m *NodeMeta) { m.Arenas[1].ID = MaxArenas },
-		"empty arena":         func(m *NodeMeta) { m.Arenas[0].Length = 0 },
-		"arena too long":      func(m *NodeMeta) { m.Arenas[0].Length = MaxArenaOffset + 2 },
-		"arena wraps":         func(m *NodeMeta) { m.Arenas[0].Addr = 1<<64 - 4096 },
-		"set mismatch":        func(m *NodeMeta) { m.ArenaSet = ArenaSet{Count: 2, Digest: 1} },
-		"digest without set":  func(m *NodeMeta) { m.ArenaSet = ArenaSet{Digest: 1} },
-		"set too large":       func(m *NodeMeta) { m.Arenas, m.ArenaSet = nil, ArenaSet{Count: MaxArenas + 1} },
+		"role 0":             func(m *NodeMeta) { m.Role = 0 },
+		"role 9":             func(m *NodeMeta) { m.Role = 9 },
+		"long control addr":  func(m *NodeMeta) { m.ControlAddr = strings.Repeat("h", MaxMetaAddrLen+1) },
+		"long endpoint addr": func(m *NodeMeta) { m.Endpoint.Addr = strings.Repeat("h", MaxMetaAddrLen+1) },
+		"long provider":      func(m *NodeMeta) { m.Provider = strings.Repeat("p", MaxMetaProviderLen+1) },
+		"long version":       func(m *NodeMeta) { m.RKVVersion = strings.Repeat("v", MaxMetaVersionLen+1) },
+		"bad geometry":       func(m *NodeMeta) { m.Index.Geometry.Slots = 3 },
+		"index wraps":        func(m *NodeMeta) { m.Index.Addr = 1<<64 - 64 },
+		"duplicate arena":    func(m *NodeMeta) { m.Arenas[1].ID = m.Arenas[0].ID },
+		"arena ID too large": func(m *NodeMeta) { m.Arenas[1].ID = MaxArenas },
+		"empty arena":        func(m *NodeMeta) { m.Arenas[0].Length = 0 },
+		"arena too long":     func(m *NodeMeta) { m.Arenas[0].Length = MaxArenaOffset + 2 },
+		"arena wraps":        func(m *NodeMeta) { m.Arenas[0].Addr = 1<<64 - 4096 },
+		"set mismatch":       func(m *NodeMeta) { m.ArenaSet = ArenaSet{Count: 2, Digest: 1} },
+		"digest without set": func(m *NodeMeta) { m.ArenaSet = ArenaSet{Digest: 1} },
+		"set too large":      func(m *NodeMeta) { m.Arenas, m.ArenaSet = nil, ArenaSet{Count: MaxArenaRegions + 1} },
+		"regions overlap": func(m *NodeMeta) {
+			m.Arenas[1] = ArenaRegion{ID: 0, Addr: 1 << 40, Length: 4096, RKey: 1, Offset: 1<<30 - 4096}
+		},
+		"region ends past 2^40": func(m *NodeMeta) {
+			m.Arenas[1] = ArenaRegion{ID: 1, Addr: 1 << 40, Length: 8192, RKey: 1, Offset: MaxArenaOffset - 4095}
+		},
 		"client with index":   func(m *NodeMeta) { m.Role = RoleClient; m.Arenas = nil },
 		"client with arenas":  func(m *NodeMeta) { m.Role = RoleClient; m.Index = nil },
 		"client with arenset": func(m *NodeMeta) { m.Role, m.Index, m.Arenas, m.ArenaSet = RoleClient, nil, nil, ArenaSet{Count: 1} },
@@ -229,9 +260,9 @@ func TestNodeMetaValidate(t *testing.T) {
 			t.Errorf("%s: encoded, err %v", name, err)
 		}
 	}
-	// Too many arenas.
+	// Too many regions.
 	m := testServerMeta(0)
-	m.Arenas = make([]ArenaRegion, MaxArenas+1)
+	m.Arenas = make([]ArenaRegion, MaxArenaRegions+1)
 	if _, err := EncodeNodeMeta(m); !errors.Is(err, ErrBadMeta) {
 		t.Errorf("%d arenas: %v", len(m.Arenas), err)
 	}
@@ -269,6 +300,12 @@ func TestDecodeNodeMetaRefuses(t *testing.T) {
 		"empty set":     encodeRaw(t, MetaVersion, 1, false, "", "", "", endpoint, 0, nil, []any{}, []any{0, 0}),
 		"unsorted arenas": encodeRaw(t, MetaVersion, 1, false, "", "", "", endpoint, 1, nil,
 			[]any{[]any{2, 4096, 4096, 1}, []any{1, 8192, 4096, 1}}, nil),
+		"unsorted regions": encodeRaw(t, MetaVersion, 1, false, "", "", "", endpoint, 1, nil,
+			[]any{[]any{1, 8192, 4096, 1, 8192}, []any{1, 4096, 4096, 1}}, nil),
+		"offset 0 written": encodeRaw(t, MetaVersion, 1, false, "", "", "", endpoint, 1, nil,
+			[]any{[]any{1, 4096, 4096, 1, 0}}, nil),
+		"arena of 6 fields": encodeRaw(t, MetaVersion, 1, false, "", "", "", endpoint, 1, nil,
+			[]any{[]any{1, 4096, 4096, 1, 4096, 1}}, nil),
 		"huge array":  {0x9b, 0x01, 0x01, 0xc2, 0xa0, 0xa0, 0xa0, 0x93, 0xa0, 0xc0, 0x00, 0x00, 0xc0, 0xdd, 0xff, 0xff, 0xff, 0xff},
 		"huge string": append([]byte{0x9b, 0x01, 0x01, 0xc2, 0xdb, 0x7f, 0xff, 0xff, 0xff}, make([]byte, 32)...),
 	}
@@ -294,6 +331,38 @@ func TestDecodeNodeMetaOtherVersion(t *testing.T) {
 	_, err = DecodeNodeMeta(encodeRaw(t, 7, "whatever"))
 	if !errors.Is(err, ErrBadMeta) || !strings.Contains(err.Error(), "version 7") {
 		t.Fatalf("version 7: %v", err)
+	}
+}
+
+func TestLocateRecord(t *testing.T) {
+	arenas := SortArenas(unitServerMeta(2).Arenas)
+	const unit = 1 << 27
+	cases := []struct {
+		loc    Location
+		offset uint64 // of the region found, when found
+		found  bool
+	}{
+		{Location{Arena: 0, Offset: 0, Length: 64}, 0, true},
+		{Location{Arena: 0, Offset: unit - 64, Length: 64}, 0, true},   // the unit's last bytes
+		{Location{Arena: 0, Offset: unit - 64, Length: 128}, 0, false}, // straddles two units
+		{Location{Arena: 0, Offset: unit, Length: 64}, unit, true},
+		{Location{Arena: 1, Offset: 3*unit + 4096, Length: 4096}, 3 * unit, true},
+		{Location{Arena: 1, Offset: 4*unit - 8, Length: 16}, 0, false}, // past the arena
+		{Location{Arena: 2, Offset: 0, Length: 64}, 0, false},          // no such arena
+	}
+	for _, c := range cases {
+		r, ok := LocateRecord(arenas, c.loc)
+		if ok != c.found || ok && (r.ID != c.loc.Arena || r.Offset != c.offset) {
+			t.Errorf("%+v: region %+v, found %v; want offset %d, found %v", c.loc, r, ok, c.offset, c.found)
+		}
+		if ok && r.RemoteAddr(c.loc.Offset) != r.Addr+c.loc.Offset-c.offset {
+			t.Errorf("%+v: remote address %#x", c.loc, r.RemoteAddr(c.loc.Offset))
+		}
+	}
+	// A region not yet registered is not found.
+	missing := slices.Delete(slices.Clone(arenas), 1, 2) // arena 0's second unit
+	if r, ok := LocateRecord(missing, Location{Arena: 0, Offset: unit + 4096, Length: 64}); ok {
+		t.Errorf("found %+v in a unit that is not advertised", r)
 	}
 }
 
@@ -472,7 +541,7 @@ func FuzzDecodeNodeMeta(f *testing.F) {
 	if old, err := hex.DecodeString(preZoneMeta); err == nil {
 		f.Add(old)
 	}
-	for _, m := range []NodeMeta{testClientMeta(), testServerMeta(0), testServerMeta(3), worstServerMeta(2), zonedSample()} {
+	for _, m := range []NodeMeta{testClientMeta(), testServerMeta(0), testServerMeta(3), worstServerMeta(2), zonedSample(), unitServerMeta(2)} {
 		b, err := EncodeNodeMeta(m)
 		if err != nil {
 			f.Fatal(err)
@@ -508,6 +577,8 @@ func FuzzDecodeNodeMeta(f *testing.F) {
 func FuzzDecodeArenaTables(f *testing.F) {
 	b, _ := EncodeArenaTables([]ArenaTable{{Node: "s1", Generation: 2, Arenas: testServerMeta(5).Arenas}, {Node: "c", Generation: 1}})
 	f.Add(b)
+	units, _ := EncodeArenaTables([]ArenaTable{{Node: "s2", Generation: 3, Arenas: unitServerMeta(2).Arenas}})
+	f.Add(units)
 	f.Add(b[:len(b)-3])
 	f.Add([]byte("\x92\x01\xc00")) // a nil list once made a slice of capacity -1
 	f.Fuzz(func(t *testing.T, b []byte) {

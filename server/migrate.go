@@ -660,12 +660,12 @@ func (p *puller) read(ctx context.Context, entries []proto.ScanEntry, final bool
 		off, n := 0, 0
 		for n < len(entries) && n < pullBatch && off+int(entries[n].Length) <= len(buf) {
 			e := entries[n]
-			a, ok := arenaOf(&p.meta, e.Arena)
-			if !ok || e.Offset+uint64(e.Length) > a.Length || e.Length < proto.RecordHeaderSize {
-				return nil, fmt.Errorf("server: the source's record of %q at arena %d offset %d (%d bytes) is outside its advertised arenas", e.Key, e.Arena, e.Offset, e.Length)
+			a, ok := proto.LocateRecord(p.meta.Arenas, proto.Location{Arena: e.Arena, Offset: e.Offset, Length: e.Length})
+			if !ok || e.Length < proto.RecordHeaderSize {
+				return nil, fmt.Errorf("server: the source's record of %q at arena %d offset %d (%d bytes) is outside its advertised arena regions", e.Key, e.Arena, e.Offset, e.Length)
 			}
 			p.sges = append(p.sges, rdma.SGE{MR: p.mr, Offset: off, Length: int(e.Length)})
-			p.wrs = append(p.wrs, rdma.SendWR{ID: uint64(n), Op: rdma.OpRead, RemoteAddr: a.Addr + e.Offset, RKey: a.RKey})
+			p.wrs = append(p.wrs, rdma.SendWR{ID: uint64(n), Op: rdma.OpRead, RemoteAddr: a.RemoteAddr(e.Offset), RKey: a.RKey})
 			off += int(e.Length)
 			n++
 		}
@@ -703,16 +703,6 @@ func (p *puller) read(ctx context.Context, entries []proto.ScanEntry, final bool
 		entries = entries[n:]
 	}
 	return out, nil
-}
-
-// arenaOf finds an advertised arena.
-func arenaOf(meta *proto.NodeMeta, id uint16) (proto.ArenaRegion, bool) {
-	for _, a := range meta.Arenas {
-		if a.ID == id {
-			return a, true
-		}
-	}
-	return proto.ArenaRegion{}, false
 }
 
 func (p *puller) fence(ctx context.Context, shards []proto.Shard, epoch uint64) (uint64, error) {
