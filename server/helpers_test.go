@@ -102,10 +102,11 @@ func startServer(t *testing.T, mod func(*Config)) *Server {
 			t.Errorf("closing the server: %v", err)
 		}
 	})
-	want := s.Store().Options().ArenaCount
+	o := s.Store().Options()
+	want := o.ArenaCount * int(o.UnitsPerArena())
 	waitFor(t, 20*time.Second, "arenas advertised", func() error {
 		if n := len(s.Meta().Arenas); n != want {
-			return fmt.Errorf("%d of %d arenas advertised", n, want)
+			return fmt.Errorf("%d of %d arena regions advertised", n, want)
 		}
 		return nil
 	})
@@ -379,7 +380,8 @@ func newClientWith(t *testing.T, s *Server, cfg client.Config) *client.Client {
 			t.Errorf("closing the client: %v", err)
 		}
 	})
-	want := s.Store().Options().ArenaCount
+	o := s.Store().Options()
+	want := o.ArenaCount * int(o.UnitsPerArena())
 	waitFor(t, 20*time.Second, "the client's view of the arenas", func() error {
 		for _, m := range cl.Membership().View().Servers() {
 			if m.Meta.Index != nil && len(m.Meta.Arenas) == want {

@@ -520,9 +520,20 @@ func (s *Server) endpoint() (proto.Endpoint, error) {
 func arenaRegions(infos []store.ArenaInfo) []proto.ArenaRegion {
 	out := make([]proto.ArenaRegion, 0, len(infos))
 	for _, a := range infos {
-		out = append(out, proto.ArenaRegion{ID: a.ID, Addr: a.Addr, Length: uint64(a.Length), RKey: a.RKey})
+		out = append(out, proto.ArenaRegion{ID: a.ID, Addr: a.Addr, Length: uint64(a.Length), RKey: a.RKey, Offset: uint64(a.Offset)})
 	}
 	return proto.SortArenas(out)
+}
+
+// drain empties c of what it holds now.
+func drain[T any](c <-chan T) {
+	for {
+		select {
+		case <-c:
+		default:
+			return
+		}
+	}
 }
 
 // setMeta changes the advertised metadata and gossips it.
@@ -534,7 +545,7 @@ func (s *Server) setMeta(change func(*proto.NodeMeta)) error {
 	return s.ml.SetMeta(meta)
 }
 
-// advertise republishes the metadata as each arena becomes ready, those
+// advertise republishes the metadata as arena units become ready, those
 // the store adds while serving included, and each time the index grows.
 func (s *Server) advertise() {
 	defer s.wg.Done()
@@ -543,6 +554,7 @@ func (s *Server) advertise() {
 		case <-s.stop:
 			return
 		case <-s.st.Ready():
+			drain(s.st.Ready()) // units registered together are gossiped once
 			if err := s.setMeta(func(m *proto.NodeMeta) { m.Arenas = arenaRegions(s.st.Arenas()) }); err != nil {
 				s.log.Error("advertising arenas", "err", err)
 				return

@@ -16,10 +16,12 @@ import (
 
 // A server that starts with one arena and may grow to three takes more
 // data than one holds: the arenas it adds reach the client through gossip,
-// and every value reads back one-sidedly, across a restart too.
+// and every value reads back one-sidedly, across a restart too. Each arena
+// registers in four units, each its own advertised region: the client
+// finds every record's unit by its offset.
 func TestGrownArenasServeReads(t *testing.T) {
 	c := testcluster.Start(t, 1, testcluster.Options{Store: store.Options{ArenaSize: 2 << 20, ArenaCount: 1, MaxArenaCount: 3,
-		IndexSlots: 1 << 12, LeaseSize: 128 << 10, SegmentSize: 256 << 10}})
+		IndexSlots: 1 << 12, LeaseSize: 128 << 10, SegmentSize: 256 << 10, RegistrationUnit: 512 << 10}})
 	cl := c.Client(t, nil)
 	ctx := context.Background()
 	const n = 1200 // 1200 x 3 KiB: more than 1.5 arenas
@@ -30,7 +32,7 @@ func TestGrownArenasServeReads(t *testing.T) {
 		}
 	}
 	srv := c.Running()[0]
-	if got := len(srv.Store().Arenas()); got < 2 {
+	if got := len(srv.Store().Stats().Arenas); got < 2 {
 		t.Fatalf("%d arenas after %d puts of 3 KB into 2 MiB arenas", got, n)
 	}
 	check := func(when string) {
@@ -43,7 +45,18 @@ func TestGrownArenasServeReads(t *testing.T) {
 		}
 	}
 	check("after growing")
-	t.Logf("%d arenas after %d puts", len(srv.Store().Arenas()), n)
+	regions := srv.Meta().Arenas
+	arenas := map[uint16]bool{}
+	for _, r := range regions {
+		arenas[r.ID] = true
+		if r.Length != 512<<10 || r.Offset%(512<<10) != 0 {
+			t.Fatalf("advertised region %+v: want a unit of 512 KiB", r)
+		}
+	}
+	if len(regions) != 4*len(arenas) {
+		t.Fatalf("%d regions advertised for %d arenas, want 4 units each", len(regions), len(arenas))
+	}
+	t.Logf("%d arenas (%d regions) after %d puts", len(arenas), len(regions), n)
 	c.Stop("s1")
 	c.Restart("s1")
 	cl = c.Client(t, nil) // the old one gossiped with s1 alone, which left

@@ -1,4 +1,4 @@
-// Arenas: files mapped MAP_SHARED and registered REMOTE_READ in the background.
+// Arenas: files mapped MAP_SHARED and registered REMOTE_READ in units, in the background.
 
 package store
 
@@ -17,27 +17,38 @@ import (
 	"github.com/rkv-io/rkv/rdma"
 )
 
-// ArenaInfo is what a reader needs to read an arena one-sidedly: it is
-// advertised once the arena's registration completes.
+// ArenaInfo is what a reader needs to read one registered unit of an
+// arena one-sidedly, the arena's bytes [Offset, Offset+Length): it is
+// advertised once the unit's registration completes.
 type ArenaInfo struct {
 	ID         uint16
-	Addr       uint64 // remote address of the arena's first byte
+	Offset     int64  // where the unit starts in its arena
+	Addr       uint64 // remote address of the unit's first byte
 	Length     int64
 	RKey       uint32 // read-only capability
 	Generation uint64 // changes at every start of the store: rkeys do too
 }
 
 type arena struct {
-	id   uint16
-	path string
-	file *os.File
-	mem  *rdma.Memory
-	// reg is the REMOTE_READ registration of the whole arena, nil until
-	// it is submitted (the first arena goes before the others).
+	id    uint16
+	path  string
+	file  *os.File
+	mem   *rdma.Memory
+	units []arenaUnit // Options.RegistrationUnit each, the last maybe less
+	// announced counts the units announced, registeredBytes their bytes;
+	// registered is the time from the store's open to the announcement of
+	// the last (ns), 0 before: for Stats.
+	announced       atomic.Int32
+	registeredBytes atomic.Int64
+	registered      atomic.Int64
+}
+
+// arenaUnit is one registration of an arena: its bytes [off, off+n).
+type arenaUnit struct {
+	off, n int64
+	// reg is its REMOTE_READ registration, nil until it is submitted (the
+	// first arena's first unit goes before everything else).
 	reg atomic.Pointer[rdma.Registration]
-	// registered is the time from the store's open to the announcement
-	// of the registration (ns), 0 before: for Stats.
-	registered atomic.Int64
 }
 
 func arenaPath(dir string, id int) string {
@@ -47,7 +58,7 @@ func arenaPath(dir string, id int) string {
 // openArena opens or creates the arena file, reserves its blocks so a store
 // through the mapping can never hit ENOSPC (which would be a SIGBUS), and
 // maps it.
-func openArena(dir string, id int, size int64) (*arena, error) {
+func openArena(dir string, id int, size, unit int64) (*arena, error) {
 	path := arenaPath(dir, id)
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
@@ -72,20 +83,33 @@ func openArena(dir string, id int, size int64) (*arena, error) {
 		f.Close()
 		return nil, fmt.Errorf("store: arena %d: %w", id, err)
 	}
-	return &arena{id: uint16(id), path: path, file: f, mem: mem}, nil
+	a := &arena{id: uint16(id), path: path, file: f, mem: mem, units: make([]arenaUnit, (size+unit-1)/unit)}
+	for i := range a.units {
+		a.units[i].off = int64(i) * unit
+		a.units[i].n = min(unit, size-a.units[i].off)
+	}
+	return a, nil
 }
 
+// register submits the registrations of every unit, in order.
 func (a *arena) register(ctx context.Context, r *rdma.Registrar) {
-	a.reg.Store(r.Register(ctx, a.mem.Bytes(), rdma.AccessRemoteRead))
+	for i := range a.units {
+		a.registerUnit(ctx, r, i)
+	}
 }
 
-// registration returns the arena's registration, nil before it is
-// submitted.
-func (a *arena) registration() *rdma.Registration { return a.reg.Load() }
+// registerUnit submits the registration of unit i.
+func (a *arena) registerUnit(ctx context.Context, r *rdma.Registrar, i int) {
+	u := &a.units[i]
+	u.reg.Store(r.Register(ctx, a.mem.Bytes()[u.off:u.off+u.n], rdma.AccessRemoteRead))
+}
 
-// ready reports whether the arena's registration has succeeded.
-func (a *arena) ready() bool {
-	reg := a.registration()
+// registration returns unit i's registration, nil before it is submitted.
+func (a *arena) registration(i int) *rdma.Registration { return a.units[i].reg.Load() }
+
+// unitReady reports whether unit i's registration has succeeded.
+func (a *arena) unitReady(i int) bool {
+	reg := a.registration(i)
 	if reg == nil {
 		return false
 	}
@@ -98,10 +122,18 @@ func (a *arena) ready() bool {
 	}
 }
 
-// info describes a ready arena.
-func (a *arena) info(generation uint64) ArenaInfo {
-	mr, _ := a.registration().Wait(context.Background())
-	return ArenaInfo{ID: a.id, Addr: mr.Addr(), Length: int64(mr.Len()), RKey: mr.RKey(), Generation: generation}
+// readyAt reports whether the unit holding the arena's byte off is
+// registered: only then may a region be carved there, since a reader
+// could not read what is written into it.
+func (a *arena) readyAt(off int64) bool { return a.unitReady(int(off / a.units[0].n)) }
+
+// ready reports whether every unit is registered.
+func (a *arena) ready() bool { return int(a.announced.Load()) == len(a.units) }
+
+// info describes ready unit i.
+func (a *arena) info(i int, generation uint64) ArenaInfo {
+	mr, _ := a.registration(i).Wait(context.Background())
+	return ArenaInfo{ID: a.id, Offset: a.units[i].off, Addr: mr.Addr(), Length: int64(mr.Len()), RKey: mr.RKey(), Generation: generation}
 }
 
 // record returns the bytes of the record at loc, checked to lie inside the
@@ -148,8 +180,10 @@ func (a *arena) sync() error {
 }
 
 func (a *arena) close() error {
-	if reg := a.registration(); reg != nil {
-		_ = reg.Release()
+	for i := range a.units {
+		if reg := a.registration(i); reg != nil {
+			_ = reg.Release()
+		}
 	}
 	err := a.mem.Close()
 	if cerr := a.file.Close(); err == nil {

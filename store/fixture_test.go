@@ -239,10 +239,6 @@ func (c *client) get(key []byte) (value []byte, found, retry bool) {
 	if err != nil {
 		c.t.Fatal(err)
 	}
-	arenas := map[uint16]ArenaInfo{}
-	for _, a := range c.sv.s.Arenas() {
-		arenas[a.ID] = a
-	}
 	geo := idx.Geometry
 	h := geo.Hash(key)
 	nb := geo.NeighborhoodBytes()
@@ -254,11 +250,11 @@ func (c *client) get(key []byte) (value []byte, found, retry bool) {
 		return nil, false, true
 	}
 	for _, loc := range locs {
-		a, ok := arenas[loc.Arena]
+		a, ok := unitOf(c.sv.s, loc)
 		if !ok {
-			c.t.Fatalf("record in arena %d, which is not registered", loc.Arena)
+			c.t.Fatalf("record at %+v, where no arena unit is registered", loc)
 		}
-		if st := c.do(rdma.OpRead, nb, int(loc.Length), a.Addr+loc.Offset, a.RKey); st != rdma.StatusSuccess {
+		if st := c.do(rdma.OpRead, nb, int(loc.Length), a.Addr+loc.Offset-uint64(a.Offset), a.RKey); st != rdma.StatusSuccess {
 			c.t.Fatalf("READ of record at %+v: %v", loc, st)
 		}
 		r, err := proto.VerifyRecord(c.mem.Bytes()[nb:nb+int(loc.Length)], key, 0)
@@ -271,6 +267,17 @@ func (c *client) get(key []byte) (value []byte, found, retry bool) {
 		return append([]byte(nil), r.Value...), true, false
 	}
 	return nil, false, false
+}
+
+// unitOf finds the registered arena unit that holds the record at loc, as
+// a reader finds its advertised region.
+func unitOf(s *Store, loc proto.Location) (ArenaInfo, bool) {
+	for _, a := range s.Arenas() {
+		if a.ID == loc.Arena && loc.Offset >= uint64(a.Offset) && loc.Offset+uint64(loc.Length) <= uint64(a.Offset+a.Length) {
+			return a, true
+		}
+	}
+	return ArenaInfo{}, false
 }
 
 // mustGet retries get until it is not torn.
@@ -307,16 +314,11 @@ func (c *client) recordState(loc proto.Location) uint32 {
 	c.t.Helper()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	var a *ArenaInfo
-	for _, info := range c.sv.s.Arenas() {
-		if info.ID == loc.Arena {
-			a = &info
-		}
+	a, ok := unitOf(c.sv.s, loc)
+	if !ok {
+		c.t.Fatalf("record at %+v, where no arena unit is registered", loc)
 	}
-	if a == nil {
-		c.t.Fatalf("arena %d is not registered", loc.Arena)
-	}
-	if st := c.do(rdma.OpRead, 0, proto.RecordHeaderSize, a.Addr+loc.Offset, a.RKey); st != rdma.StatusSuccess {
+	if st := c.do(rdma.OpRead, 0, proto.RecordHeaderSize, a.Addr+loc.Offset-uint64(a.Offset), a.RKey); st != rdma.StatusSuccess {
 		c.t.Fatalf("READ of the record at %+v: %v", loc, st)
 	}
 	h, err := proto.DecodeRecordHeader(c.mem.Bytes()[:proto.RecordHeaderSize])

@@ -60,7 +60,7 @@ func (s *Store) maybeGrowLocked() {
 // (carves wait for its registration), registers it and announces it.
 func (s *Store) grow(id int) {
 	defer s.wg.Done()
-	a, err := openArena(s.opts.Dir, id, s.opts.ArenaSize)
+	a, err := openArena(s.opts.Dir, id, s.opts.ArenaSize, s.opts.RegistrationUnit)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.growing = false
@@ -79,22 +79,7 @@ func (s *Store) grow(id int) {
 	a.register(context.Background(), s.registrar)
 	s.log.Info("adding an arena: free space ran short", "arena", id, "arenas", len(arenas), "max", s.opts.MaxArenaCount,
 		"arena_bytes", s.opts.ArenaSize, "space", s.spaceLocked())
-	go s.announce(a)
-	go s.wakeWhenReady(a)
-}
-
-// wakeWhenReady wakes the writers waiting for space once a's registration
-// completes, since its segments can be carved then.
-func (s *Store) wakeWhenReady(a *arena) {
-	select {
-	case <-a.registration().Done():
-	case <-s.stop:
-		return
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	close(s.freed)
-	s.freed = make(chan struct{})
+	go s.announceUnits(a, 0) // each unit wakes the writers waiting for space
 }
 
 // growHint says how far the store may still grow, for ErrFull's message.

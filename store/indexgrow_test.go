@@ -47,16 +47,12 @@ func (c *client) readAt(idx IndexInfo, key []byte) (value []byte, res readerResu
 	if err != nil {
 		return nil, 0, true, rdma.StatusSuccess
 	}
-	arenas := map[uint16]ArenaInfo{}
-	for _, a := range c.sv.s.Arenas() {
-		arenas[a.ID] = a
-	}
 	for _, loc := range locs {
-		a, ok := arenas[loc.Arena]
+		a, ok := unitOf(c.sv.s, loc)
 		if !ok {
 			return nil, 0, true, rdma.StatusSuccess
 		}
-		if st := c.do(rdma.OpRead, nb, int(loc.Length), a.Addr+loc.Offset, a.RKey); st != rdma.StatusSuccess {
+		if st := c.do(rdma.OpRead, nb, int(loc.Length), a.Addr+loc.Offset-uint64(a.Offset), a.RKey); st != rdma.StatusSuccess {
 			return nil, 0, false, st
 		}
 		r, err := proto.VerifyRecord(c.mem.Bytes()[nb:nb+int(loc.Length)], key, 0)

@@ -99,6 +99,15 @@ type Options struct {
 	// a divisor of ArenaSize. Default 4 LeaseSize (or LeaseSize when that
 	// does not divide ArenaSize).
 	SegmentSize int64
+	// RegistrationUnit is how much of an arena one registration covers:
+	// each unit is its own memory region and its own advertised region
+	// (proto.ArenaRegion), so that the first unit serves while the rest
+	// are still being pinned (0.15 s per GiB here, 1.8 s cold). A
+	// multiple of SegmentSize; one larger than ArenaSize registers each
+	// arena whole, and an arena's last unit is shorter when it does not
+	// divide ArenaSize. Default 128 MiB, rounded down to a multiple of
+	// SegmentSize (at least one segment).
+	RegistrationUnit int64
 	// SegmentGrace is how long an emptied segment waits before reuse, for
 	// one-sided readers that read a location just before its record died
 	// (they would retry anyway: a reused location fails their checks).
@@ -143,6 +152,16 @@ type Options struct {
 	Logger *slog.Logger
 }
 
+// defaultRegistrationUnit is RegistrationUnit's default: registering one
+// takes about 20 ms here, so the first serves that soon after the index.
+const defaultRegistrationUnit = 128 << 20
+
+// UnitsPerArena is how many units (registrations, advertised regions) an
+// arena registers in: meaningful on resolved options (Store.Options).
+func (o Options) UnitsPerArena() int64 {
+	return (o.ArenaSize + o.RegistrationUnit - 1) / o.RegistrationUnit
+}
+
 func (o Options) withDefaults() (Options, error) {
 	if o.Dir == "" {
 		return o, fmt.Errorf("store: Options.Dir is required")
@@ -179,6 +198,12 @@ func (o Options) withDefaults() (Options, error) {
 		if o.ArenaSize%o.SegmentSize != 0 || o.SegmentSize > o.ArenaSize {
 			o.SegmentSize = o.LeaseSize
 		}
+	}
+	if o.RegistrationUnit == 0 && o.SegmentSize > 0 {
+		o.RegistrationUnit = max(defaultRegistrationUnit/o.SegmentSize, 1) * o.SegmentSize
+	}
+	if o.RegistrationUnit > o.ArenaSize && o.RegistrationUnit%o.SegmentSize == 0 {
+		o.RegistrationUnit = o.ArenaSize // a multiple of SegmentSize too, checked below
 	}
 	if o.SegmentGrace == 0 {
 		o.SegmentGrace = 100 * time.Millisecond
@@ -228,6 +253,11 @@ func (o Options) withDefaults() (Options, error) {
 		return o, fmt.Errorf("store: SegmentSize %d: must be a multiple of 4096, at least LeaseSize %d", o.SegmentSize, o.LeaseSize)
 	case o.ArenaSize < o.SegmentSize || o.ArenaSize%o.SegmentSize != 0 || o.ArenaSize > proto.MaxArenaOffset:
 		return o, fmt.Errorf("store: ArenaSize %d: must be a multiple of SegmentSize %d (and of LeaseSize %d), at most 1 TiB", o.ArenaSize, o.SegmentSize, o.LeaseSize)
+	case o.RegistrationUnit < o.SegmentSize || o.RegistrationUnit%o.SegmentSize != 0:
+		return o, fmt.Errorf("store: RegistrationUnit %d: must be a positive multiple of SegmentSize %d", o.RegistrationUnit, o.SegmentSize)
+	case int64(o.MaxArenaCount)*o.UnitsPerArena() > proto.MaxArenaRegions:
+		return o, fmt.Errorf("store: %d arenas of %d units (ArenaSize %d, RegistrationUnit %d) would advertise more than %d regions: raise RegistrationUnit",
+			o.MaxArenaCount, o.UnitsPerArena(), o.ArenaSize, o.RegistrationUnit, proto.MaxArenaRegions)
 	case o.SegmentGrace < 0 || o.CleanRate < 0 || o.CleanDeadRatio >= 1:
 		return o, fmt.Errorf("store: SegmentGrace %v, CleanRate %d, CleanDeadRatio %v: must not be negative, and the ratio below 1", o.SegmentGrace, o.CleanRate, o.CleanDeadRatio)
 	case o.MaxKeyLen < 1 || o.MaxKeyLen > proto.MaxKeyLen:

@@ -164,7 +164,7 @@ func (s *Store) carveLocked(need, want int64, forCleaner bool) (region, error) {
 			continue
 		}
 		free++
-		if !sg.arena.ready() {
+		if !sg.arena.readyAt(sg.start) {
 			waiting = true
 			continue
 		}

@@ -80,11 +80,15 @@ type Stats struct {
 // ArenaStats is one arena's space.
 type ArenaStats struct {
 	ID         uint16
-	Registered bool
+	Registered bool // every unit
 	Live, Dead int64
 	Size       int64
-	// Registration is the time from Stats.Opened to the arena's
-	// registration completing (as the store announced it); 0 until then.
+	// RegisteredBytes counts the bytes of the units registered so far:
+	// Size once Registered.
+	RegisteredBytes int64
+	// Registration is the time from Stats.Opened to the registration of
+	// the arena's last unit completing (as the store announced it); 0
+	// until then.
 	Registration time.Duration
 }
 
@@ -110,7 +114,8 @@ func (s *Store) Stats() Stats {
 	st.SegmentsCleaned, st.CleanerMovedBytes = s.stats.segmentsCleaned.Load(), s.stats.cleanerMoved.Load()
 	st.CommittedBytes = s.stats.committedBytes.Load()
 	for _, a := range s.arenaList() {
-		as := ArenaStats{ID: a.id, Registered: a.ready(), Registration: time.Duration(a.registered.Load()), Size: s.opts.ArenaSize}
+		as := ArenaStats{ID: a.id, Registered: a.ready(), Registration: time.Duration(a.registered.Load()), Size: s.opts.ArenaSize,
+			RegisteredBytes: a.registeredBytes.Load()}
 		for _, sg := range s.segments {
 			if sg.arena == a {
 				as.Live += sg.live

@@ -76,7 +76,7 @@ type Store struct {
 	// (grow.go), so that readers take no lock: arenaList, arena.
 	arenas  atomic.Pointer[[]*arena]
 	growing bool           // an arena is being added; guarded by mu
-	ready   chan ArenaInfo // each arena once, as its registration completes
+	ready   chan ArenaInfo // each arena unit once, as its registration completes
 
 	// shardOps serializes the operations on each shard (shards.go,
 	// Ingest); they take them in shard order.
@@ -139,7 +139,7 @@ func Open(ctx context.Context, pd rdma.PD, registrar *rdma.Registrar, opts Optio
 	s := &Store{
 		opts: opts, log: opts.Logger, pd: pd, registrar: registrar,
 		leases:      map[uint64]*lease{},
-		ready:       make(chan ArenaInfo, opts.MaxArenaCount),
+		ready:       make(chan ArenaInfo, int64(opts.MaxArenaCount)*opts.UnitsPerArena()),
 		commits:     make(chan *pendingCommit, 1024),
 		journalFull: make(chan struct{}, 1),
 		stop:        make(chan struct{}),
@@ -184,7 +184,7 @@ func (s *Store) open(ctx context.Context) error {
 	}
 	var arenas []*arena
 	for i := range s.arenasOnDisk() {
-		a, err := openArena(opts.Dir, i, opts.ArenaSize)
+		a, err := openArena(opts.Dir, i, opts.ArenaSize, opts.RegistrationUnit)
 		if err != nil {
 			s.arenas.Store(&arenas) // for closeResources
 			return err
@@ -225,14 +225,14 @@ func (s *Store) open(ctx context.Context) error {
 	}
 	s.index.Publish()
 	// The index first: nothing is readable without it. Then the first
-	// arena alone, so that it serves after one arena's pinning rather than
-	// after sharing the workers, the disk and the cores with the others;
-	// then the rest together. Each is announced as its own registration
-	// completes.
+	// arena's first unit alone, so that it serves after one unit's
+	// pinning rather than after sharing the workers, the disk and the
+	// cores with the others; then the rest (registerRest). Each unit is
+	// announced as its own registration completes.
 	region.reg = s.registrar.Register(ctx, region.mem.Bytes(), rdma.AccessRemoteRead)
-	s.arena(0).register(ctx, s.registrar)
+	s.arena(0).registerUnit(ctx, s.registrar, 0)
 	s.wg.Add(1)
-	go s.registerRest(ctx, s.registrar)
+	go s.registerRest(ctx, s.registrar, s.arenaList()) // not those added while serving: they register themselves
 	owned := 0
 	for i := range s.shards {
 		if s.shards[i].state == ShardOwned {
@@ -299,48 +299,85 @@ func (s *Store) enter() error {
 
 func (s *Store) exit() { s.inflight.Done() }
 
-// registerRest announces the first arena once it is registered (or
-// failed), then submits every other, unless the store closes first.
-// Announcing the first here, before the others are submitted, keeps
-// it first on Ready.
-func (s *Store) registerRest(ctx context.Context, registrar *rdma.Registrar) {
+// registerRest announces the first arena's first unit once it is
+// registered (or failed), then submits every other unit, unless the store
+// closes first. Announcing the first here, before the others are
+// submitted, keeps it first on Ready. The others go round the arenas (the
+// first unit of each, then the second...), so that the workers pin units
+// of different arenas at once: soft locks a mapping while it pins part of
+// it, so in arena order the workers took one arena's units one at a time
+// (8 GiB took 1.0 s cold and 100 ms warm, against 0.75 s and 55 ms whole).
+func (s *Store) registerRest(ctx context.Context, registrar *rdma.Registrar, arenas []*arena) {
 	defer s.wg.Done()
+	first := arenas[0]
 	select {
-	case <-s.arena(0).registration().Done():
+	case <-first.registration(0).Done():
 	case <-s.stop:
 		return
 	}
-	s.announce(s.arena(0))
-	for _, a := range s.arenaList()[1:] {
-		a.register(ctx, registrar)
-		go s.announce(a)
+	s.announce(first, 0)
+	for u := range first.units { // every arena has as many
+		for _, a := range arenas {
+			if a != first || u > 0 {
+				a.registerUnit(ctx, registrar, u)
+			}
+		}
+	}
+	for _, a := range arenas {
+		from := 0
+		if a == first {
+			from = 1
+		}
+		go s.announceUnits(a, from)
 	}
 }
 
-func (s *Store) announce(a *arena) {
-	if _, err := a.registration().Wait(context.Background()); err != nil {
-		s.log.Error("arena registration failed", "arena", a.id, "err", err)
+// announceUnits announces a's units from from on, in order, as each
+// registration completes.
+func (s *Store) announceUnits(a *arena, from int) {
+	for i := from; i < len(a.units); i++ {
+		s.announce(a, i)
+	}
+}
+
+// announce waits for unit i of a to be registered and announces it: on
+// Ready, and to the writers waiting for space to carve in.
+func (s *Store) announce(a *arena, i int) {
+	if _, err := a.registration(i).Wait(context.Background()); err != nil {
+		s.log.Error("arena registration failed", "arena", a.id, "offset", a.units[i].off, "bytes", a.units[i].n, "err", err)
 		return
 	}
-	a.registered.Store(int64(max(time.Since(s.opened), 1))) // never 0, which means not yet
-	info := a.info(s.generation)
-	s.log.Info("arena ready", "arena", a.id, "addr", fmt.Sprintf("%#x", info.Addr), "rkey", fmt.Sprintf("%#x", info.RKey))
+	a.registeredBytes.Add(a.units[i].n)
+	if int(a.announced.Add(1)) == len(a.units) {
+		a.registered.Store(int64(max(time.Since(s.opened), 1))) // never 0, which means not yet
+	}
+	info := a.info(i, s.generation)
+	s.log.Debug("arena unit ready", "arena", a.id, "offset", info.Offset, "addr", fmt.Sprintf("%#x", info.Addr), "rkey", fmt.Sprintf("%#x", info.RKey))
+	if a.ready() {
+		s.log.Info("arena ready", "arena", a.id, "units", len(a.units), "took", time.Duration(a.registered.Load()))
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if !s.closed {
-		s.ready <- info // buffered for every arena: never blocks
+		s.ready <- info // buffered for every unit: never blocks
+		close(s.freed)  // writers waiting for a registered segment carve again
+		s.freed = make(chan struct{})
 	}
 }
 
-// Ready delivers each arena once, as soon as its registration completes.
+// Ready delivers each arena unit once, as soon as its registration
+// completes.
 func (s *Store) Ready() <-chan ArenaInfo { return s.ready }
 
-// Arenas returns the arenas registered so far.
+// Arenas returns the arena units registered so far, in arena and offset
+// order.
 func (s *Store) Arenas() []ArenaInfo {
 	var out []ArenaInfo
 	for _, a := range s.arenaList() {
-		if a.ready() {
-			out = append(out, a.info(s.generation))
+		for i := range a.units {
+			if a.unitReady(i) {
+				out = append(out, a.info(i, s.generation))
+			}
 		}
 	}
 	return out

@@ -2,10 +2,12 @@ package store
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"testing"
 	"time"
 
@@ -13,19 +15,31 @@ import (
 	"github.com/rkv-io/rkv/rdma"
 )
 
+// smallOptions registers each arena in two units (of two segments), so
+// that every test reads and writes across units as a large store does.
 func smallOptions() Options {
 	return Options{ArenaSize: 4 << 20, ArenaCount: 2, IndexSlots: 1 << 12, LeaseSize: 256 << 10, LeaseTTL: time.Minute,
-		Logger: slog.New(slog.DiscardHandler)}
+		RegistrationUnit: 2 << 20, Logger: slog.New(slog.DiscardHandler)}
 }
 
+// waitArenas waits until n arenas are registered whole.
 func waitArenas(t testing.TB, s *Store, n int) {
 	t.Helper()
-	for range n {
-		select {
-		case <-s.Ready():
-		case <-time.After(30 * time.Second):
-			t.Fatal("arenas did not become ready")
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		registered := 0
+		for _, a := range s.Stats().Arenas {
+			if a.Registered {
+				registered++
+			}
 		}
+		if registered >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d arenas registered after 30s", registered, n)
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
 
@@ -197,26 +211,52 @@ func TestFullStoreRefusesLeases(t *testing.T) {
 
 func TestArenasAnnouncedAsTheyRegister(t *testing.T) {
 	opts := smallOptions()
-	opts.ArenaSize, opts.ArenaCount = 64<<20, 4
+	opts.ArenaSize, opts.ArenaCount, opts.RegistrationUnit = 8<<20, 3, 3<<20 // units of 3, 3 and 2 MiB
 	sv := newServer(t, opts)
-	seen := map[uint16]bool{}
-	for i := range 4 {
+	type unit struct {
+		arena  uint16
+		offset int64
+	}
+	seen := map[unit]ArenaInfo{}
+	for i := range 9 {
 		select {
 		case a := <-sv.s.Ready():
-			// The first arena registers alone, ahead of the others.
-			if i == 0 && a.ID != 0 {
-				t.Fatalf("arena %d announced first, want arena 0", a.ID)
+			// The first arena's first unit registers alone, ahead of
+			// the others.
+			if i == 0 && (a.ID != 0 || a.Offset != 0) {
+				t.Fatalf("arena %d's unit at %d announced first, want arena 0's first", a.ID, a.Offset)
 			}
-			if seen[a.ID] || a.RKey == 0 && a.Addr == 0 {
-				t.Fatalf("arena %+v announced twice or empty", a)
+			u := unit{a.ID, a.Offset}
+			if _, dup := seen[u]; dup || a.RKey == 0 && a.Addr == 0 {
+				t.Fatalf("unit %+v announced twice or empty", a)
 			}
-			seen[a.ID] = true
+			if want := min(3<<20, opts.ArenaSize-a.Offset); a.Offset%(3<<20) != 0 || a.Length != want {
+				t.Fatalf("unit %+v: want one of %d bytes at a multiple of 3 MiB", a, want)
+			}
+			seen[u] = a
 		case <-time.After(30 * time.Second):
 			t.Fatal("timed out")
 		}
 	}
-	if n := len(sv.s.Arenas()); n != 4 {
-		t.Fatalf("%d arenas registered, want 4", n)
+	// Each unit is its own registration of the arena's own bytes.
+	for u, a := range seen {
+		if base := seen[unit{u.arena, 0}]; a.Addr != base.Addr+uint64(a.Offset) {
+			t.Errorf("unit %+v is not at its arena's address %#x plus its offset", a, base.Addr)
+		}
+		if u.offset != 0 && a.RKey == seen[unit{u.arena, 0}].RKey {
+			t.Errorf("unit %+v shares its rkey with the arena's first", a)
+		}
+	}
+	got := sv.s.Arenas()
+	if len(got) != 9 || !slices.IsSortedFunc(got, func(a, b ArenaInfo) int {
+		return cmp.Or(cmp.Compare(a.ID, b.ID), cmp.Compare(a.Offset, b.Offset))
+	}) {
+		t.Fatalf("Arenas: %+v, want 9 units in arena and offset order", got)
+	}
+	for _, a := range sv.s.Stats().Arenas {
+		if !a.Registered || a.RegisteredBytes != opts.ArenaSize || a.Registration <= 0 {
+			t.Errorf("arena stats %+v: want registered whole", a)
+		}
 	}
 }
 

@@ -370,8 +370,11 @@ type indexJSON struct {
 	Bytes        int    `json:"bytes"`
 }
 
+// arenaJSON is one advertised region: a registered unit of an arena, the
+// arena's bytes from Offset on.
 type arenaJSON struct {
 	ID     uint16 `json:"id"`
+	Offset uint64 `json:"offset"`
 	Addr   string `json:"addr"`
 	Length uint64 `json:"length"`
 	RKey   string `json:"rkey"`
@@ -391,15 +394,27 @@ func toMemberJSON(m membership.Member, roles func(string) shardsJSON) memberJSON
 			Neighborhood: x.Geometry.Neighborhood, Bytes: x.Geometry.TableBytes()}
 	}
 	for _, a := range m.Meta.Arenas {
-		j.Arenas = append(j.Arenas, arenaJSON{ID: a.ID, Addr: fmt.Sprintf("%#x", a.Addr), Length: a.Length, RKey: fmt.Sprintf("%#x", a.RKey)})
+		j.Arenas = append(j.Arenas, arenaJSON{ID: a.ID, Offset: a.Offset, Addr: fmt.Sprintf("%#x", a.Addr), Length: a.Length, RKey: fmt.Sprintf("%#x", a.RKey)})
 	}
 	return j
 }
 
 // ready reports whether m is an alive server that advertises its index and
-// at least arenas arenas.
+// at least arenas arenas (a unit of each, at least).
 func ready(m membership.Member, arenas int) bool {
-	return m.IsServer() && m.Meta.Index != nil && !m.ArenasPending && len(m.Meta.Arenas) >= arenas
+	return m.IsServer() && m.Meta.Index != nil && !m.ArenasPending && arenaCount(m.Meta.Arenas) >= arenas
+}
+
+// arenaCount counts the arenas of an advertised region list, which has a
+// region per registered unit of each, sorted by arena.
+func arenaCount(regions []proto.ArenaRegion) int {
+	n := 0
+	for i, r := range regions {
+		if i == 0 || r.ID != regions[i-1].ID {
+			n++
+		}
+	}
+	return n
 }
 
 func membersCmd(g *globals) *cobra.Command {
@@ -483,7 +498,10 @@ cluster to settle.`,
 					if j.Index != nil {
 						idx = fmt.Sprintf("%s\t%s\t%dx%d", j.Index.Addr, j.Index.RKey, j.Index.Slots, j.Index.Neighborhood)
 					}
-					narenas := fmt.Sprint(len(j.Arenas))
+					narenas := fmt.Sprint(arenaCount(m.Meta.Arenas))
+					if len(m.Meta.Arenas) > arenaCount(m.Meta.Arenas) {
+						narenas += fmt.Sprintf(" (%d units)", len(m.Meta.Arenas))
+					}
 					if j.ArenasPending {
 						narenas += " (list pending)"
 					}
@@ -498,12 +516,12 @@ cluster to settle.`,
 					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\n", j.Name, state, j.Role, dash(j.Zone), dash(j.ControlAddr), dash(j.Provider),
 						dash(j.Endpoint), j.Generation, j.MapEpoch, primary, backup, catching, idx, narenas)
 					for _, a := range j.Arenas {
-						arenas = append(arenas, []string{j.Name, fmt.Sprint(a.ID), a.Addr, human(a.Length), a.RKey})
+						arenas = append(arenas, []string{j.Name, fmt.Sprint(a.ID), human(a.Offset), a.Addr, human(a.Length), a.RKey})
 					}
 				}
 				if len(arenas) > 0 {
 					fmt.Fprintln(tw)
-					fmt.Fprintln(tw, "NODE\tARENA\tADDR\tLENGTH\tRKEY")
+					fmt.Fprintln(tw, "NODE\tARENA\tOFFSET\tADDR\tLENGTH\tRKEY")
 					for _, a := range arenas {
 						fmt.Fprintln(tw, strings.Join(a, "\t"))
 					}
@@ -618,9 +636,9 @@ the map's replica count and how many shards have that many copies in sync
 						continue
 					}
 					r := statusJSON{Name: m.Name, State: m.State.String(), ControlAddr: m.Meta.ControlAddr,
-						Generation: m.Meta.Generation, Arenas: len(m.Meta.Arenas), Zone: m.Meta.Zone, shardsJSON: roles(m.Name)}
-					if m.Meta.Detached() {
-						r.Arenas = m.Meta.ArenaSet.Count
+						Generation: m.Meta.Generation, Arenas: arenaCount(m.Meta.Arenas), Zone: m.Meta.Zone, shardsJSON: roles(m.Name)}
+					if m.Meta.Detached() && len(m.Meta.Arenas) == 0 {
+						r.Arenas = m.Meta.ArenaSet.Count // regions, as the list is pending: at least the arenas
 					}
 					st, err := c.Stats(ctx, m.Name)
 					if err != nil {

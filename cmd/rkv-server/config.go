@@ -35,6 +35,7 @@ type options struct {
 	MaxIndexSlots       uint64
 	LeaseSize           int64
 	SegmentSize         int64
+	RegistrationUnit    int64
 	Sync                string
 	RegistrationWorkers int
 	Provider            string
@@ -162,6 +163,7 @@ func newFlagSet(o *options) *pflag.FlagSet {
 	fs.Uint64Var(&o.MaxIndexSlots, "max-index-slots", 1<<26, "home slots the hash index may grow to, a power of two; new keys are refused at load 0.85 of it")
 	fs.Var(newSize(&o.LeaseSize, 1<<20), "lease-size", "largest write lease, and so the largest record: values up to it less 1056 bytes (writers ask for what they need, from 4KiB)")
 	fs.Var(newSize(&o.SegmentSize, 0), "segment-size", "unit the arenas are carved and cleaned in, a multiple of 4KiB and at least --lease-size (0: 4 leases, or one when that does not divide --arena-size); keep it across restarts")
+	fs.Var(newSize(&o.RegistrationUnit, 0), "registration-unit", "how much of an arena one memory registration covers, each advertised on its own so that the first serves while the rest are pinned; a multiple of --segment-size; beyond --arena-size, arenas register whole (0: 128MiB in whole segments)")
 	fs.StringVar(&o.Sync, "sync", "always", "durability: always (fsync before ack), batch (every 10ms), none")
 	fs.IntVar(&o.RegistrationWorkers, "registration-workers", 0, "memory registrations run at once (0: min(4, GOMAXPROCS))")
 	fs.StringVar(&o.Provider, "provider", "auto", "RDMA provider: auto (verbs if compiled in and a device exists, else soft), soft, verbs")
@@ -357,6 +359,9 @@ func (o *options) validate() error {
 	}
 	if o.SegmentSize != 0 && (o.SegmentSize < o.LeaseSize || o.SegmentSize%4096 != 0 || o.ArenaSize%o.SegmentSize != 0) {
 		return fmt.Errorf("--segment-size %d must be a multiple of 4KiB, at least --lease-size %d, and divide --arena-size %d", o.SegmentSize, o.LeaseSize, o.ArenaSize)
+	}
+	if o.RegistrationUnit < 0 || o.RegistrationUnit%4096 != 0 || o.SegmentSize != 0 && o.RegistrationUnit%o.SegmentSize != 0 {
+		return fmt.Errorf("--registration-unit %d must be a multiple of --segment-size (4 leases by default)", o.RegistrationUnit)
 	}
 	var err error
 	if o.syncMode, err = store.ParseSyncPolicy(o.Sync); err != nil {

@@ -86,6 +86,8 @@ func TestOptionsErrors(t *testing.T) {
 		{[]string{"--name", "n", "--provider", "ib"}, nil, "--provider"},
 		{[]string{"--name", "n", "--arena-size", "10MiB", "--lease-size", "3MiB"}, nil, "multiple of --lease-size"},
 		{[]string{"--name", "n", "--arena-size", "lots"}, nil, "bad size"},
+		{[]string{"--name", "n", "--registration-unit", "-4MiB"}, nil, "bad size"},
+		{[]string{"--name", "n", "--arena-size", "64MiB", "--segment-size", "4MiB", "--registration-unit", "6MiB"}, nil, "multiple of --segment-size"},
 		{[]string{"--name", "n", "--index-slots", "1000"}, nil, "power of two"},
 		{[]string{"--name", "n", "--gossip-addr", "nowhere"}, nil, "host:port"},
 		{[]string{"--name", "n", "--gossip-key", "abcd"}, nil, "gossip key"},

@@ -25,7 +25,7 @@ type collector struct {
 	regDone, regFailed, regCanceled, regBytes, regQueued, regInFlight *prometheus.Desc
 	regLatency                                                        *prometheus.Desc
 	arenas, arenaBytes, segments                                      *prometheus.Desc
-	arenaReg, storeOpen                                               *prometheus.Desc
+	arenaReg, arenaRegBytes, storeOpen                                *prometheus.Desc
 	segmentsFreed, segmentsCleaned, cleanerMoved, committedBytes      *prometheus.Desc
 	leasesActive, leasesGranted, leasesExpired, leasesRefused         *prometheus.Desc
 	commits, commitsRejected, deletes, batches, syncSeconds           *prometheus.Desc
@@ -49,9 +49,10 @@ func newCollector(srv *server.Server) *collector {
 		regQueued:       d("registrar_queued", "Registrations waiting for a worker."),
 		regInFlight:     d("registrar_in_flight", "Registrations being pinned now."),
 		regLatency:      d("registrar_latency_seconds", "Time from submission to completion of successful registrations."),
-		arenas:          d("arenas_registered", "Arenas registered and advertised."),
+		arenas:          d("arenas_registered", "Arenas registered and advertised, every unit of them."),
+		arenaRegBytes:   d("arenas_registered_bytes", "Arena bytes registered and advertised so far (arenas register in units): rkv_arenas_bytes{state=\"size\"} once all are."),
 		arenaBytes:      d("arenas_bytes", "Arena bytes by state: size, live (current records), dead (for the cleaner), free.", "state"),
-		arenaReg:        d("arena_registration_seconds", "Time from the store's open to each registered arena's registration.", "arena"),
+		arenaReg:        d("arena_registration_seconds", "Time from the store's open to the registration of each registered arena's last unit.", "arena"),
 		storeOpen:       d("store_open_time_seconds", "Unix time the store began opening at this start: the zero of rkv_arena_registration_seconds."),
 		segments:        d("segments", "Arena segments: all of them (total) and those free.", "state"),
 		segmentsFreed:   d("segments_freed_total", "Segments that came free: emptied by overwrites, deletes, drops or the cleaner."),
@@ -113,12 +114,15 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 
 	st := c.srv.Store().Stats()
 	var registered int
+	var registeredBytes int64
 	for _, a := range st.Arenas {
 		if a.Registered {
 			registered++
 		}
+		registeredBytes += a.RegisteredBytes
 	}
 	gauge(c.arenas, float64(registered))
+	gauge(c.arenaRegBytes, float64(registeredBytes))
 	for _, a := range st.Arenas {
 		if a.Registration > 0 { // an arena not registered yet has no series
 			gauge(c.arenaReg, a.Registration.Seconds(), strconv.Itoa(int(a.ID)))

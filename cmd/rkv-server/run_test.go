@@ -101,7 +101,7 @@ func TestRunServes(t *testing.T) {
 		t.Fatalf("/readyz: %d %q", code, body)
 	}
 	_, body := httpGet(t, base+"/metrics")
-	for _, want := range []string{`rkv_build_info{commit="`, `rkv_control_errors_total{code="full"} 0`, "rkv_arenas_registered 1",
+	for _, want := range []string{`rkv_build_info{commit="`, `rkv_control_errors_total{code="full"} 0`, "rkv_arenas_registered 1", "rkv_arenas_registered_bytes 1.048576e+06",
 		`rkv_catchup_shards{state="copying"} 0`, "rkv_catchup_copied_bytes 0", "rkv_copy_pulled_bytes_total 0", "rkv_qp_commits_total 0"} {
 		if !strings.Contains(body, want) {
 			t.Errorf("/metrics has no %q", want)

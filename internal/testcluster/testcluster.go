@@ -274,8 +274,8 @@ func (c *Cluster) WaitSettled(d time.Duration) {
 			if !m.Member(s.Name()) {
 				return fmt.Errorf("%s is not in the map: %v", s.Name(), m)
 			}
-			if len(s.Meta().Arenas) != s.Store().Options().ArenaCount {
-				return fmt.Errorf("%s advertises %d arenas", s.Name(), len(s.Meta().Arenas))
+			if o := s.Store().Options(); int64(len(s.Meta().Arenas)) != int64(o.ArenaCount)*o.UnitsPerArena() {
+				return fmt.Errorf("%s advertises %d arena regions, want %d arenas of %d units", s.Name(), len(s.Meta().Arenas), o.ArenaCount, o.UnitsPerArena())
 			}
 		}
 		if !m.Settled() {
@@ -313,7 +313,7 @@ func (c *Cluster) Client(t testing.TB, mod func(*client.Config)) *client.Client 
 	WaitFor(t, 20*time.Second, "the client's view", func() error {
 		for _, s := range c.Running() {
 			mb, ok := cl.View().Member(s.Name())
-			if !ok || !mb.IsServer() || mb.Meta.Generation != s.Generation() || len(mb.Meta.Arenas) != len(s.Store().Stats().Arenas) {
+			if !ok || !mb.IsServer() || mb.Meta.Generation != s.Generation() || int64(len(mb.Meta.Arenas)) != int64(len(s.Store().Stats().Arenas))*s.Store().Options().UnitsPerArena() {
 				return fmt.Errorf("%s not in the client's view with its generation and arenas", s.Name())
 			}
 		}

@@ -1,0 +1,107 @@
+// Arenas registered in units: a unit serves before the others, and nothing is carved where a reader cannot read yet.
+
+package store
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/rkv-io/rkv/rdma"
+)
+
+// gatedPD holds back every REMOTE_READ registration of unit bytes after
+// the first (the first arena's first unit) until gate is closed.
+type gatedPD struct {
+	rdma.PD
+	unit  int
+	gate  chan struct{}
+	first atomic.Bool
+}
+
+func (p *gatedPD) Register(buf []byte, access rdma.Access) (rdma.MR, error) {
+	if access == rdma.AccessRemoteRead && len(buf) == p.unit && p.first.Swap(true) {
+		<-p.gate
+	}
+	return p.PD.Register(buf, access)
+}
+
+func TestLeasesWaitForTheirUnitsRegistration(t *testing.T) {
+	opts := smallOptions()
+	opts.Dir = t.TempDir()
+	opts.RegistrationUnit = 1 << 20 // one segment: 4 leases of 256 KiB
+	dev, err := rdma.Open("soft", "", rdma.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	inner, err := dev.AllocPD()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pd := &gatedPD{PD: inner, unit: int(opts.RegistrationUnit), gate: make(chan struct{})}
+	cq, err := dev.CreateCQ(64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Workers enough for the held-back units and the leases beside them.
+	sv := &server{t: t, dev: dev, pd: pd, cq: cq, opts: opts, reg: rdma.NewRegistrar(pd, rdma.RegistrarOptions{Workers: 16})}
+	sv.open() // returns once the first unit is registered
+	t.Cleanup(sv.shutdown)
+	open := func() {
+		select {
+		case <-pd.gate:
+		default:
+			close(pd.gate)
+		}
+	}
+	t.Cleanup(open) // before shutdown, which waits for the registrations
+	if err := sv.s.ActivateShards(AllShards(), 1); err != nil {
+		t.Fatal(err)
+	}
+
+	if got := sv.s.Arenas(); len(got) != 1 || got[0].ID != 0 || got[0].Offset != 0 {
+		t.Fatalf("registered while the others are held back: %+v, want arena 0's first unit alone", got)
+	}
+	unit := sv.s.Arenas()[0]
+	for i := range 4 { // the first unit holds 4 leases
+		l, err := sv.s.GrantLease(context.Background(), 256<<10, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if l.Arena != 0 || l.Addr < unit.Addr || l.Addr+uint64(l.Size) > unit.Addr+uint64(unit.Length) {
+			t.Fatalf("lease %d %+v outside the one registered unit %+v", i, l, unit)
+		}
+	}
+	granted := make(chan Lease, 1)
+	go func() {
+		l, err := sv.s.GrantLease(context.Background(), 256<<10, 0)
+		if err != nil {
+			t.Error(err)
+		}
+		granted <- l
+	}()
+	select {
+	case l := <-granted:
+		t.Fatalf("lease %+v granted while only its unit's registration is held back: no reader could read it", l)
+	case <-time.After(100 * time.Millisecond):
+	}
+	open()
+	var l Lease
+	select {
+	case l = <-granted:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no lease after the registrations went through")
+	}
+	in := false
+	for _, u := range sv.s.Arenas() {
+		in = in || u.ID == l.Arena && l.Addr >= u.Addr && l.Addr+uint64(l.Size) <= u.Addr+uint64(u.Length)
+	}
+	if !in || l.Addr >= unit.Addr && l.Addr < unit.Addr+uint64(unit.Length) {
+		t.Fatalf("lease %+v: want it in another registered unit than the first", l)
+	}
+	waitArenas(t, sv.s, 2)
+	if n := len(sv.s.Arenas()); n != 8 {
+		t.Fatalf("%d units registered, want 8 (2 arenas of 4 MiB in 1 MiB)", n)
+	}
+}
