@@ -29,6 +29,13 @@ type server struct {
 // newBareServer opens a store as it is: a new one owns no shard.
 func newBareServer(t testing.TB, opts Options) *server {
 	t.Helper()
+	return newBareServerWith(t, opts, nil, rdma.RegistrarOptions{})
+}
+
+// newBareServerWith is newBareServer with the store's PD wrapped by wrap
+// (nil: as it is) and registrations by a Registrar of ropts.
+func newBareServerWith(t testing.TB, opts Options, wrap func(rdma.PD) rdma.PD, ropts rdma.RegistrarOptions) *server {
+	t.Helper()
 	if opts.Dir == "" {
 		opts.Dir = t.TempDir()
 	}
@@ -40,11 +47,14 @@ func newBareServer(t testing.TB, opts Options) *server {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if wrap != nil {
+		pd = wrap(pd)
+	}
 	cq, err := dev.CreateCQ(64)
 	if err != nil {
 		t.Fatal(err)
 	}
-	sv := &server{t: t, dev: dev, pd: pd, cq: cq, opts: opts, reg: rdma.NewRegistrar(pd, rdma.RegistrarOptions{})}
+	sv := &server{t: t, dev: dev, pd: pd, cq: cq, opts: opts, reg: rdma.NewRegistrar(pd, ropts)}
 	sv.open()
 	t.Cleanup(sv.shutdown)
 	return sv

@@ -29,25 +29,15 @@ func (p *gatedPD) Register(buf []byte, access rdma.Access) (rdma.MR, error) {
 
 func TestLeasesWaitForTheirUnitsRegistration(t *testing.T) {
 	opts := smallOptions()
-	opts.Dir = t.TempDir()
 	opts.RegistrationUnit = 1 << 20 // one segment: 4 leases of 256 KiB
-	dev, err := rdma.Open("soft", "", rdma.Options{})
-	if err != nil {
-		t.Fatal(err)
+	var pd *gatedPD
+	gate := func(inner rdma.PD) rdma.PD {
+		pd = &gatedPD{PD: inner, unit: int(opts.RegistrationUnit), gate: make(chan struct{})}
+		return pd
 	}
-	inner, err := dev.AllocPD()
-	if err != nil {
-		t.Fatal(err)
-	}
-	pd := &gatedPD{PD: inner, unit: int(opts.RegistrationUnit), gate: make(chan struct{})}
-	cq, err := dev.CreateCQ(64)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Workers enough for the held-back units and the leases beside them.
-	sv := &server{t: t, dev: dev, pd: pd, cq: cq, opts: opts, reg: rdma.NewRegistrar(pd, rdma.RegistrarOptions{Workers: 16})}
-	sv.open() // returns once the first unit is registered
-	t.Cleanup(sv.shutdown)
+	// Workers enough for the held-back units and the leases beside them;
+	// it returns once the first unit is registered.
+	sv := newBareServerWith(t, opts, gate, rdma.RegistrarOptions{Workers: 16})
 	open := func() {
 		select {
 		case <-pd.gate:
