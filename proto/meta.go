@@ -37,7 +37,9 @@ import (
 // arenas fit in memberlist's 512 bytes (10 with every field at its
 // widest). Beyond that, EncodeNodeMetaLimit leaves the arena list out and
 // keeps its count and digest (ArenaSet): 163 bytes for 64 arenas. The list then travels as an
-// ArenaTable, in memberlist's push/pull state and in direct messages.
+// ArenaTable, in memberlist's push/pull state and in direct messages. An
+// arena registered in units is a region per unit, each with its offset
+// (up to 9 bytes more): 8 arenas of 1 GiB in 128 MiB units are 64 regions.
 //
 // The version comes first. A decoder refuses any other version: the layout
 // is exact, so a change of layout is a new MetaVersion, and a cluster moves
