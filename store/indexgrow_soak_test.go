@@ -28,7 +28,7 @@ func TestTenMillionKeysGrowTheIndex(t *testing.T) {
 	const n = 10_000_000
 	opts := smallOptions()
 	opts.ArenaSize, opts.ArenaCount, opts.LeaseSize = 256<<20, 3, 1<<20
-	opts.IndexSlots, opts.MaxIndexSlots = 0, 0 // the defaults
+	opts.IndexSlots, opts.MaxIndexSlots, opts.RegistrationUnit = 0, 0, 0 // the defaults: 128 MiB units, two an arena
 	opts.Sync = SyncNone
 	opts.Logger = nil
 	sv := newServer(t, opts)
