@@ -498,8 +498,9 @@ cluster to settle.`,
 					if j.Index != nil {
 						idx = fmt.Sprintf("%s\t%s\t%dx%d", j.Index.Addr, j.Index.RKey, j.Index.Slots, j.Index.Neighborhood)
 					}
-					narenas := fmt.Sprint(arenaCount(m.Meta.Arenas))
-					if len(m.Meta.Arenas) > arenaCount(m.Meta.Arenas) {
+					n := arenaCount(m.Meta.Arenas)
+					narenas := fmt.Sprint(n)
+					if len(m.Meta.Arenas) > n {
 						narenas += fmt.Sprintf(" (%d units)", len(m.Meta.Arenas))
 					}
 					if j.ArenasPending {
