@@ -335,8 +335,7 @@ func validateArenas(arenas []ArenaRegion) error {
 		if i == 0 {
 			continue
 		}
-		switch p := arenas[i-1]; {
-		case a.ID < p.ID || a.ID == p.ID && a.Offset < p.Offset+p.Length:
+		if p := arenas[i-1]; a.ID < p.ID || a.ID == p.ID && a.Offset < p.Offset+p.Length {
 			return badMeta("arena %d region at offset %d after arena %d region at %d of %d bytes: not sorted by arena and offset, or overlapping",
 				a.ID, a.Offset, p.ID, p.Offset, p.Length)
 		}
@@ -428,11 +427,11 @@ const (
 func encodeArenas(e *msgpack.Encoder, arenas []ArenaRegion) {
 	_ = e.EncodeArrayLen(len(arenas))
 	for _, a := range arenas {
-		if a.Offset == 0 {
-			_ = e.EncodeArrayLen(arenaFields)
-		} else {
-			_ = e.EncodeArrayLen(arenaFieldsOffset)
+		fields := arenaFields
+		if a.Offset != 0 {
+			fields = arenaFieldsOffset
 		}
+		_ = e.EncodeArrayLen(fields)
 		_ = e.EncodeUint(uint64(a.ID))
 		_ = e.EncodeUint(a.Addr)
 		_ = e.EncodeUint(a.Length)
