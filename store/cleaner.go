@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/rkv-io/rkv/proto"
@@ -61,6 +62,11 @@ type cleanerState struct {
 	writeRate    float64
 	sampled      time.Time
 	sampledBytes uint64
+	// onDisk counts the cleaner's waits on the disk in progress (the
+	// index's sync before segments are freed, the commit of its moves):
+	// a writer waiting for space does not take that time for a stall
+	// (takeRegion), as a sync on a busy disk can take seconds.
+	onDisk atomic.Int32
 }
 
 // kickCleaner wakes the cleaner without waiting. Safe under Store.mu.
@@ -337,7 +343,9 @@ func (s *Store) relocate(moves []relocation) error {
 		s.exit()
 		return ErrClosed
 	}
+	s.cleaner.onDisk.Add(1)
 	<-c.done
+	s.cleaner.onDisk.Add(-1)
 	if c.result != nil {
 		return c.result
 	}

@@ -111,18 +111,19 @@ func (s *Store) GrantLeaseIn(ctx context.Context, pd rdma.PD, size, least int64)
 	return l.Lease, nil
 }
 
-// A request for space the cleaner has to free waits for up to fullWait
-// while the cleaner makes no progress (moves no record, frees no segment),
-// and fullWaitMost in all, before it fails with ErrFull: at a high
+// A request for space the cleaner has to free waits for up to
+// defaultFullWait while the cleaner makes no progress (moves no record,
+// frees no segment, and is not waiting on the disk), and
+// defaultFullWaitMost in all, before it fails with ErrFull: at a high
 // utilization, or on a loaded machine, the next free segment may take
 // seconds, and the store is not full.
 const (
-	fullWait     = 2 * time.Second
-	fullWaitMost = 20 * time.Second
+	defaultFullWait     = 2 * time.Second
+	defaultFullWaitMost = 20 * time.Second
 )
 
 // takeRegion carves need to want bytes, waiting while arenas are still
-// registering, and while the cleaner frees space (see fullWait).
+// registering, and while the cleaner frees space (see defaultFullWait).
 func (s *Store) takeRegion(ctx context.Context, need, want int64) (region, error) {
 	var fullSince, stalledSince time.Time
 	var progress uint64 // the cleaner's, at stalledSince
@@ -153,13 +154,13 @@ func (s *Store) takeRegion(ctx context.Context, need, want int64) (region, error
 				s.spaceWaiters++
 				s.mu.Unlock()
 			}
-			if p := s.cleanerProgress(); stalledSince.IsZero() || p != progress {
+			if p := s.cleanerProgress(); stalledSince.IsZero() || p != progress || s.cleaner.onDisk.Load() > 0 {
 				stalledSince, progress = now, p
 			}
 			if len(s.arenaList()) != arenas {
 				continue // an arena was added since (the carve may have started it): carve again
 			}
-			if now.Sub(stalledSince) > fullWait || now.Sub(fullSince) > fullWaitMost || !s.cleanable() {
+			if now.Sub(stalledSince) > s.fullWait || now.Sub(fullSince) > s.fullWaitMost || !s.cleanable() {
 				s.stats.leasesRefused.Add(1)
 				return region{}, err
 			}

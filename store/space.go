@@ -286,7 +286,13 @@ func (s *Store) reclaim(now time.Time) (int, error) {
 		return 0, nil
 	}
 	if s.opts.Sync != SyncAlways { // under SyncAlways every batch was synced
-		if err := s.db.LogData(nil, pebble.Sync); err != nil {
+		s.cleaner.onDisk.Add(1)
+		if s.testHookReclaimSync != nil {
+			s.testHookReclaimSync()
+		}
+		err := s.db.LogData(nil, pebble.Sync)
+		s.cleaner.onDisk.Add(-1)
+		if err != nil {
 			return 0, fmt.Errorf("store: syncing the index before freeing segments: %w", err)
 		}
 	}

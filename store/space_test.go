@@ -598,3 +598,78 @@ func TestWaitingWriterTakesFreeSpaceBeforeTheCleaner(t *testing.T) {
 		s.endRegionLocked(x, 0)
 	}
 }
+
+// A writer waiting for space while the cleaner waits on a slow disk (the
+// index's sync before it frees segments) waits on, and gets the space once
+// the sync returns: the disk's time is no stall of the cleaner's. (The 90%
+// soak failed with ErrFull on a CI machine whose disk other tests kept
+// busy.)
+func TestWriterWaitsOutTheCleanersSync(t *testing.T) {
+	sv := newServer(t, cleanerOptions())
+	waitArenas(t, sv.s, 2)
+	s := sv.s
+	s.fullWait = 50 * time.Millisecond
+	syncing, release := make(chan struct{}, 1), make(chan struct{})
+	var releaseOnce sync.Once
+	t.Cleanup(func() { releaseOnce.Do(func() { close(release) }) }) // before the store closes
+	s.testHookReclaimSync = func() {
+		select {
+		case syncing <- struct{}{}:
+		default:
+		}
+		<-release
+	}
+	// Every segment taken, as if sealed full, but two empty ones whose
+	// grace period is over: the writer finds none free, and the cleaner
+	// frees both once its sync returns.
+	s.mu.Lock()
+	var taken []*segment
+	for _, sg := range s.segments {
+		if sg.state == segmentFree {
+			sg.state = segmentSealed
+			taken = append(taken, sg)
+		}
+	}
+	for _, sg := range taken[:2] {
+		sg.state, sg.freedAt = segmentFreeing, time.Now().Add(-time.Hour)
+		s.freeing = append(s.freeing, sg)
+	}
+	taken = taken[2:]
+	s.mu.Unlock()
+	t.Cleanup(func() {
+		s.mu.Lock()
+		for _, sg := range taken {
+			sg.state = segmentFree
+		}
+		s.mu.Unlock()
+	})
+	got := make(chan error, 1)
+	go func() {
+		r, err := s.takeRegion(context.Background(), leaseGranularity, leaseGranularity)
+		if err == nil {
+			s.mu.Lock()
+			s.endRegionLocked(r, 0)
+			s.mu.Unlock()
+		}
+		got <- err
+	}()
+	select {
+	case <-syncing:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the cleaner did not start freeing the two segments")
+	}
+	select {
+	case err := <-got:
+		t.Fatalf("the writer stopped waiting while the cleaner's sync was in progress: %v", err)
+	case <-time.After(20 * s.fullWait):
+	}
+	releaseOnce.Do(func() { close(release) })
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatalf("after the sync freed two segments: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the writer got no space 10 s after the cleaner's sync returned")
+	}
+}

@@ -120,6 +120,12 @@ type Store struct {
 	// testHookApply, when set, runs in the commit loop before each batch
 	// of commits is written (tests).
 	testHookApply func()
+	// testHookReclaimSync, when set, runs before the index's sync that
+	// frees segments (reclaim).
+	testHookReclaimSync func()
+	// fullWait and fullWaitMost bound a wait for space (takeRegion):
+	// defaultFullWait and defaultFullWaitMost, shortened by tests.
+	fullWait, fullWaitMost time.Duration
 }
 
 // Open opens (or creates) the store in opts.Dir: it locks the directory,
@@ -138,6 +144,7 @@ func Open(ctx context.Context, pd rdma.PD, registrar *rdma.Registrar, opts Optio
 	}
 	s := &Store{
 		opts: opts, log: opts.Logger, pd: pd, registrar: registrar,
+		fullWait: defaultFullWait, fullWaitMost: defaultFullWaitMost,
 		leases:      map[uint64]*lease{},
 		ready:       make(chan ArenaInfo, int64(opts.MaxArenaCount)*opts.UnitsPerArena()),
 		commits:     make(chan *pendingCommit, 1024),
