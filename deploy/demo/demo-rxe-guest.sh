@@ -126,7 +126,7 @@ for i in 1 2 3; do
 	echo "  $name: --provider verbs --device ${devs[$i - 1]} --gossip-addr $ip:7946 --control-addr $ip:7950"
 	"$bin/rkv-server" --name "$name" --data-dir "$state/$name" --provider verbs --device "${devs[$i - 1]}" \
 		--gossip-addr "$ip:7946" --control-addr "$ip:7950" "${join[@]}" \
-		--arena-size 16MiB --arena-count "$arenas" --index-slots 16384 --lease-size 1MiB \
+		--arena-size 16MiB --arena-count "$arenas" --registration-unit 4MiB --index-slots 16384 --lease-size 1MiB \
 		>"$state/$name.log" 2>&1 &
 	pids[i]=$!
 	# The others join through node1: it must serve first.
@@ -167,6 +167,17 @@ done
 
 say "a session through rkv-client on ${devs[3]} (${addrs[3]})"
 demo_session
+
+say "arenas registered in units: each 16 MiB arena is 4 regions of 4 MiB, each its own MR and rkey"
+# Fill more than the first unit of every server (segments are carved in
+# order, the first from the first unit), so that the values written and
+# read next lie in units at an offset into their arena.
+units=$("${cli[@]}" --output json members | grep -o '"offset": *[0-9]*' | grep -vc '"offset": *0$' || true)
+echo "  regions advertised at a nonzero offset into their arena: $units (3 servers x $arenas arenas x 3)"
+((units == 3 * arenas * 3)) || fail "" "$units regions at a nonzero offset advertised, want $((3 * arenas * 3))"
+echo "\$ rkv-client bench --workload put --no-load --distribution uniform --keys 120 --ops 120 --value-size 200000 --prefix fill/ --quiet"
+"${cli[@]}" bench --workload put --no-load --distribution uniform --keys 120 --ops 120 --value-size 200000 --concurrency 4 --prefix fill/ --quiet |
+	sed 's/^/  /' || fail "" "filling the first units failed"
 
 say "is the data path one-sided RDMA? $gets GET-only rkv-client processes"
 # Keys to read: written once here (bench: puts then gets, not measured).
