@@ -6,7 +6,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"slices"
 	"sync/atomic"
 	"time"
 
@@ -53,8 +52,13 @@ const (
 // cleanerState is the cleaner's. kick and moved need no lock; region is
 // guarded by Store.mu.
 type cleanerState struct {
-	kick   chan struct{} // buffered: clean now
-	region fillRegion    // where moved records go
+	kick    chan struct{} // buffered: clean now
+	region  fillRegion    // where moved records go
+	openSeg *segment      // the segment region is carved from (carveLocked); under Store.mu
+	// owed is the live bytes the segment being emptied still has to
+	// place, which the writers leave in openSeg (carveLocked); under
+	// Store.mu.
+	owed int64
 	// writeRate is the bytes committed per second (a moving average the
 	// cleaner samples each round), for the free segments to keep ahead of
 	// the writers (headroomLocked); sampled and sampledBytes are the last
@@ -186,22 +190,53 @@ func (s *Store) cleaningDueLocked() (due, lowFree bool) {
 // nil. One with less than 1/8 dead is not worth its copy unless free
 // segments are short, and one with less than 1/32 never is: copying it
 // takes about the segment it frees (a store that full of live data is
-// full, and says so).
+// full, and says so). Only one whose live records all fit the room the
+// cleaner has now (cleanerRoomLocked) is a candidate.
 func (s *Store) victimLocked(lowFree bool) *segment {
 	var best *segment
+	room := s.cleanerRoomLocked()
 	for _, sg := range s.segments {
 		if sg.state != segmentSealed || sg.regions > 0 || sg.pending > 0 || sg.cleaning || sg.live == 0 ||
-			sg.stuckLive >= 0 && sg.live >= sg.stuckLive {
+			sg.stuckLive >= 0 && sg.live >= sg.stuckLive || sg.live > room {
 			continue
 		}
-		if best == nil || sg.dead > best.dead {
+		if best == nil || sg.dead-sg.sealTail > best.dead-best.sealTail {
 			best = sg
 		}
 	}
-	if best == nil || !lowFree && best.dead*8 < s.opts.SegmentSize || best.dead*32 < s.opts.SegmentSize {
+	// What emptying it gains: its dead bytes but the tail it was sealed
+	// with, which copying its records would leave again about as long
+	// (records of about one size: a segment the cleaner filled, emptied
+	// again and again, freed nothing).
+	if best == nil {
+		return nil
+	}
+	if gain := best.dead - best.sealTail; !lowFree && gain*8 < s.opts.SegmentSize || gain*32 < s.opts.SegmentSize {
 		return nil
 	}
 	return best
+}
+
+// cleanerRoomLocked is how many bytes the cleaner can copy into now: the
+// rest of its open segment and the free segments it may open. It empties
+// a segment only when all of its live records fit: one left half moved
+// would hold what it was copied into without freeing anything, and a few
+// such left it no segment to copy into.
+func (s *Store) cleanerRoomLocked() int64 {
+	var room int64
+	if o := s.cleaner.openSeg; o != nil {
+		room = s.opts.SegmentSize - o.head
+	}
+	free := 0
+	for _, sg := range s.segments {
+		if sg.state == segmentFree && sg.arena.readyAt(sg.start) {
+			free++
+		}
+	}
+	if s.spaceWaiters > 0 {
+		free = min(free, s.reserveSegments()) // the rest is the waiting writers' (carveLocked)
+	}
+	return room + int64(free)*s.opts.SegmentSize
 }
 
 // pickVictim returns the segment to clean now, marked cleaning, or nil.
@@ -218,6 +253,7 @@ func (s *Store) pickVictim() *segment {
 	sg := s.victimLocked(lowFree)
 	if sg != nil {
 		sg.cleaning = true
+		s.cleaner.owed = sg.live
 	}
 	return sg
 }
@@ -228,10 +264,7 @@ func (s *Store) pickVictim() *segment {
 func (s *Store) cleanable() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if len(s.freeing) > 0 || s.growing || s.victimLocked(true) != nil {
-		return true
-	}
-	return slices.ContainsFunc(s.segments, func(sg *segment) bool { return sg.cleaning })
+	return len(s.freeing) > 0 || s.growing || s.victimLocked(true) != nil || s.cleaningLocked()
 }
 
 // clean moves the live records out of sg, which pickVictim marked.
@@ -242,7 +275,7 @@ func (s *Store) clean(sg *segment) error {
 	complete := false // every live record walked was handed to the commit loop
 	defer func() {
 		s.mu.Lock()
-		sg.cleaning = false
+		sg.cleaning, s.cleaner.owed = false, 0
 		switch {
 		case sg.state != segmentSealed || sg.live == 0:
 			s.stats.segmentsCleaned.Add(1)
@@ -312,6 +345,7 @@ func (s *Store) relocate(moves []relocation) error {
 		}
 		m.to = to
 		job.moves = append(job.moves, m)
+		s.cleaner.owed = max(s.cleaner.owed-int64(m.from.Length), 0)
 	}
 	s.mu.Unlock()
 	if len(job.moves) == 0 {

@@ -4,6 +4,7 @@ package store
 
 import (
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -54,8 +55,11 @@ type segment struct {
 	// written and not yet committed or refused (a commit, an Ingest or a
 	// move in flight); the rest of head is in open regions.
 	head, live, dead, pending int64
-	regions                   int       // carved regions not yet ended
-	freedAt                   time.Time // when it became segmentFreeing
+	// sealTail is the part of dead that was never carved: the tail left
+	// when it was sealed, too short for the request that sealed it.
+	sealTail int64
+	regions  int       // carved regions not yet ended
+	freedAt  time.Time // when it became segmentFreeing
 	// cleaning is set while the cleaner works on it; stuckLive is what a
 	// cleaning pass left live (records of shards not owned here, which
 	// only a DropShards frees): the cleaner picks it again only once it
@@ -144,16 +148,26 @@ func (s *Store) reserveSegments() int {
 // SegmentSize) from the open segment, or less, not less than need, when
 // that is what it has left; it opens a free segment of a registered arena
 // when it has not even need. So a segment is sealed with less than need
-// unused. Only the cleaner (forCleaner) may open the last reserveSegments.
-// It returns errNoReadyArena when only arenas still registering have free
-// segments, and ErrFull when none has.
+// unused. The cleaner (forCleaner) carves from an open segment of its own,
+// and only it may open the last reserveSegments: a segment it empties then
+// needs at most the rest of its open segment and one free segment, which
+// the writers cannot have taken (they take from its open segment, when
+// none is free for them, only what the segment being emptied will not
+// need). It returns errNoReadyArena when only arenas still registering
+// have free segments, and ErrFull when none has.
 func (s *Store) carveLocked(need, want int64, forCleaner bool) (region, error) {
-	if o := s.openSeg; o != nil && o.head+need <= s.opts.SegmentSize {
-		size := min(want, s.opts.SegmentSize-o.head)
-		r := region{seg: o, off: o.start + o.head, size: size}
-		o.head += size
-		o.regions++
+	open := &s.openSeg
+	if forCleaner {
+		open = &s.cleaner.openSeg
+	}
+	if r, ok := s.carveOpenLocked(*open, need, want, 0); ok {
 		return r, nil
+	}
+	if o := *open; o != nil {
+		// Sealed now, not once a free segment is found, so that the
+		// cleaner may empty it: with none free, the writers' open
+		// segment held most of the dead bytes, out of its reach.
+		s.sealLocked(o)
 	}
 	size := want
 	var pick *segment
@@ -183,26 +197,53 @@ func (s *Store) carveLocked(need, want int64, forCleaner bool) (region, error) {
 		// is its, or a cleaner that consumes each segment it frees (as
 		// it does at a high utilization) starves the writers for ever.
 		forCleaner && s.spaceWaiters > 0 && free > s.reserveSegments():
+		if !forCleaner {
+			// The rest of the cleaner's segment, beyond what the segment
+			// it empties still has to place there: what its copies
+			// freed, which it would not use before its next victim.
+			if r, ok := s.carveOpenLocked(s.cleaner.openSeg, need, want, s.cleaner.owed); ok {
+				return r, nil
+			}
+		}
 		s.kickCleaner()
 		s.maybeGrowLocked()
 		return region{}, fmt.Errorf("%w: no free segment for %d bytes (%s; %s)", ErrFull, size, s.spaceLocked(), s.growHint())
 	}
-	if o := s.openSeg; o != nil {
-		s.sealLocked(o)
-	}
-	pick.state, pick.head, pick.live, pick.dead, pick.stuckLive = segmentOpen, size, 0, 0, -1
+	pick.state, pick.head, pick.live, pick.dead, pick.sealTail, pick.stuckLive = segmentOpen, size, 0, 0, 0, -1
 	pick.regions = 1
-	s.openSeg = pick
+	*open = pick
 	return region{seg: pick, off: pick.start, size: size}, nil
+}
+
+// carveOpenLocked carves want bytes, or less, not less than need, from
+// open segment o (nil: none), if it has need left beyond keep bytes.
+func (s *Store) carveOpenLocked(o *segment, need, want, keep int64) (region, bool) {
+	if o == nil || o.head+keep+need > s.opts.SegmentSize {
+		return region{}, false
+	}
+	size := min(want, s.opts.SegmentSize-o.head-keep)
+	r := region{seg: o, off: o.start + o.head, size: size}
+	o.head += size
+	o.regions++
+	return r, true
+}
+
+// cleaningLocked reports whether the cleaner is emptying a segment.
+func (s *Store) cleaningLocked() bool {
+	return slices.ContainsFunc(s.segments, func(sg *segment) bool { return sg.cleaning })
 }
 
 // sealLocked ends carving from sg: the space above its head counts dead.
 func (s *Store) sealLocked(sg *segment) {
-	sg.dead += s.opts.SegmentSize - sg.head
+	sg.sealTail = s.opts.SegmentSize - sg.head
+	sg.dead += sg.sealTail
 	sg.head = s.opts.SegmentSize
 	sg.state = segmentSealed
 	if s.openSeg == sg {
 		s.openSeg = nil
+	}
+	if s.cleaner.openSeg == sg {
+		s.cleaner.openSeg = nil
 	}
 	s.maybeFreeLocked(sg)
 }
@@ -304,7 +345,7 @@ func (s *Store) reclaim(now time.Time) (int, error) {
 			kept = append(kept, sg)
 			continue
 		}
-		sg.state, sg.head, sg.live, sg.dead, sg.stuckLive = segmentFree, 0, 0, 0, -1
+		sg.state, sg.head, sg.live, sg.dead, sg.sealTail, sg.stuckLive = segmentFree, 0, 0, 0, 0, -1
 		n++
 	}
 	clear(s.freeing[len(kept):])
@@ -328,7 +369,7 @@ func (s *Store) rebuildSegments() {
 			sg.state, sg.head, sg.dead = segmentFree, 0, 0
 		}
 	}
-	s.openSeg = nil
+	s.openSeg, s.cleaner.openSeg = nil, nil
 }
 
 // space is the store's space: live, dead and free bytes.

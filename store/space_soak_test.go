@@ -17,3 +17,10 @@ func TestSustainableUtilization(t *testing.T) {
 		})
 	}
 }
+
+// TestLargeValuesNeverStrandTheCleaner at 70% of the capacity, 10 times
+// written over.
+func TestLargeValuesAt70Percent(t *testing.T) {
+	wa := largeValuesSoak(t, 0.7, 10)
+	t.Logf("values of 200 KB in segments of 4 MiB at 70%%: 10x the capacity written, write amplification %.2f", wa)
+}

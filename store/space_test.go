@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"os"
 	"strconv"
@@ -133,58 +134,100 @@ func TestOverwritesNeverFillTheStore(t *testing.T) {
 func soak(t *testing.T, fill float64, factor int64) float64 {
 	opts := cleanerOptions()
 	opts.ArenaSize, opts.LeaseSize, opts.SegmentSize = 4<<20, 128<<10, 256<<10 // 8 MiB, 32 segments
+	// Values of 100 B to 64 KiB, small ones more often.
+	size := func(rng *rand.Rand) int { return 100 + int(rng.ExpFloat64()*6000)%(64<<10-100) }
+	return soakWith(t, soakConfig{opts: opts, fill: fill, factor: factor, size: size, writers: 1})
+}
+
+// soakConfig is what soakWith writes.
+type soakConfig struct {
+	opts    Options
+	fill    float64              // the working set, a fraction of the capacity
+	factor  int64                // how many times the capacity to write
+	size    func(*rand.Rand) int // a key's value size (a key keeps it, so the working set stays at fill)
+	writers int                  // goroutines writing, each with its own keys, client and leases
+}
+
+// soakWith is soak with cfg.
+func soakWith(t *testing.T, cfg soakConfig) float64 {
+	opts := cfg.opts
 	sv := newServer(t, opts)
-	waitArenas(t, sv.s, 2)
-	c := newClient(t, sv)
+	waitArenas(t, sv.s, opts.ArenaCount)
 	capacity := opts.ArenaSize * int64(opts.ArenaCount)
 	rng := rand.New(rand.NewPCG(1, 2))
-	// Values of 100 B to 64 KiB, small ones more often; a key keeps its
-	// size, so the working set stays at fill.
-	size := func() int { return 100 + int(rng.ExpFloat64()*6000)%(64<<10-100) }
 	type kv struct {
 		key           []byte
 		version, size int
 	}
 	var set []kv
 	var setBytes int64
-	for i := 0; float64(setBytes) < fill*float64(capacity); i++ {
-		k := kv{key: fmt.Appendf(nil, "soak-%d", i), size: size()}
+	for i := 0; float64(setBytes) < cfg.fill*float64(capacity); i++ {
+		k := kv{key: fmt.Appendf(nil, "soak-%d", i), size: cfg.size(rng)}
 		set = append(set, k)
 		setBytes += int64(proto.RecordSize(len(k.key), k.size))
 	}
-	lw := &leaseWriter{c: c, ask: opts.LeaseSize}
-	var written int64
-	minUtil := 1.0
-	put := func(i int, k *kv) {
-		k.version++
-		if _, err := lw.put(k.key, soakValue(k.key, k.version, k.size)); err != nil {
-			st := sv.s.Stats()
-			// The table first: a log's tail then ends with the error.
-			t.Fatalf("segments:\n%sput %d after %d MiB written (%.1fx the capacity): %v; live %d, dead %d, free %d, %d segments cleaned",
-				segmentTable(sv.s), i, written>>20, float64(written)/float64(capacity), err, st.Live, st.Dead, st.Free, st.SegmentsCleaned)
+	var written atomic.Int64
+	var minUtil atomic.Uint64 // of a float64's bits
+	minUtil.Store(math.Float64bits(1))
+	var wg sync.WaitGroup
+	for w := range cfg.writers {
+		// Writer w writes keys w, w+writers, ...
+		var mine []*kv
+		for i := w; i < len(set); i += cfg.writers {
+			mine = append(mine, &set[i])
 		}
-		written += int64(proto.RecordSize(len(k.key), k.size))
+		c := newClient(t, sv)
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(w), 3))
+			lw := &leaseWriter{c: c, ask: opts.LeaseSize}
+			defer lw.end()
+			put := func(i int, k *kv) bool {
+				k.version++
+				if _, err := lw.put(k.key, soakValue(k.key, k.version, k.size)); err != nil {
+					st := sv.s.Stats()
+					n := written.Load()
+					// The table first: a log's tail then ends with the error.
+					t.Errorf("segments:\n%swriter %d, put %d after %d MiB written (%.1fx the capacity): %v; live %d, dead %d, free %d, %d segments cleaned",
+						segmentTable(sv.s), w, i, n>>20, float64(n)/float64(capacity), err, st.Live, st.Dead, st.Free, st.SegmentsCleaned)
+					return false
+				}
+				written.Add(int64(proto.RecordSize(len(k.key), k.size)))
+				return true
+			}
+			for i, k := range mine {
+				if !put(i, k) {
+					return
+				}
+			}
+			for i := 0; written.Load() < cfg.factor*capacity && !t.Failed(); i++ {
+				if !put(i, mine[rng.IntN(len(mine))]) {
+					return
+				}
+				if w == 0 && i%200 == 0 {
+					st := sv.s.Stats()
+					minUtil.Store(math.Float64bits(min(math.Float64frombits(minUtil.Load()), float64(st.Live)/float64(st.Capacity))))
+					if cfg.writers == 1 { // it compares counts the other writers would change meanwhile
+						checkAccounting(t, sv.s)
+					}
+				}
+			}
+		})
 	}
-	for i := range set {
-		put(i, &set[i])
+	wg.Wait()
+	if t.Failed() {
+		t.FailNow()
 	}
-	for i := 0; written < factor*capacity; i++ {
-		put(i, &set[rng.IntN(len(set))])
-		if i%200 == 0 {
-			st := sv.s.Stats()
-			minUtil = min(minUtil, float64(st.Live)/float64(st.Capacity))
-			checkAccounting(t, sv.s)
-		}
-	}
-	lw.end()
+	checkAccounting(t, sv.s)
 	st := sv.s.Stats()
-	t.Logf("%d keys, %d MiB written into %d MiB (%.0fx): utilization %.2f at the end, %.2f at least; %d segments cleaned, %d freed, cleaner moved %d MiB (write amplification %.2f)",
-		len(set), written>>20, capacity>>20, float64(written)/float64(capacity), float64(st.Live)/float64(st.Capacity), minUtil,
-		st.SegmentsCleaned, st.SegmentsFreed, st.CleanerMovedBytes>>20, float64(st.CommittedBytes+st.CleanerMovedBytes)/float64(st.CommittedBytes))
+	t.Logf("%d keys, %d MiB written into %d MiB (%.0fx) by %d writer(s): utilization %.2f at the end, %.2f at least; %d segments cleaned, %d freed, cleaner moved %d MiB (write amplification %.2f)",
+		len(set), written.Load()>>20, capacity>>20, float64(written.Load())/float64(capacity), cfg.writers, float64(st.Live)/float64(st.Capacity),
+		math.Float64frombits(minUtil.Load()), st.SegmentsCleaned, st.SegmentsFreed, st.CleanerMovedBytes>>20,
+		float64(st.CommittedBytes+st.CleanerMovedBytes)/float64(st.CommittedBytes))
 	checkSegments(t, sv.s)
 	if st.SegmentsCleaned == 0 {
 		t.Fatal("the cleaner emptied no segment")
 	}
+	c := newClient(t, sv)
 	for _, k := range set {
 		v, ok := c.mustGet(k.key)
 		if !ok || !bytes.Equal(v, soakValue(k.key, k.version, k.size)) {
@@ -195,7 +238,7 @@ func soak(t *testing.T, fill float64, factor int64) float64 {
 	// And across a restart: the same values, the same live bytes.
 	live := st.Live
 	sv.restart()
-	waitArenas(t, sv.s, 2)
+	waitArenas(t, sv.s, opts.ArenaCount)
 	if got := sv.s.Stats(); got.Live != live || got.Live+got.Dead+got.Free != got.Capacity {
 		t.Fatalf("after a restart: %d live (before %d), %d dead, %d free of %d", got.Live, live, got.Dead, got.Free, got.Capacity)
 	}
@@ -207,6 +250,29 @@ func soak(t *testing.T, fill float64, factor int64) float64 {
 		}
 	}
 	return wa
+}
+
+// Large values in few segments, written by several writers at 60% of the
+// capacity, never strand the cleaner (70% in space_soak_test.go). An
+// rkv-server of 2 arenas of 16 MiB (8 segments of 4 leases of 1 MiB)
+// refused every write after 120 puts of 200 KB from 4 goroutines, with
+// half of it dead: the writers took the rest of the segment the cleaner
+// had opened to copy a victim into, the victim stayed half moved, and the
+// cleaner had no free segment left to finish it. The old store fails this
+// before the capacity is written once.
+func TestLargeValuesNeverStrandTheCleaner(t *testing.T) {
+	largeValuesSoak(t, 0.6, 5)
+}
+
+// largeValuesSoak is soakWith on 2 arenas of 16 MiB, 8 segments of 4
+// MiB, leases of 1 MiB and values of 200 KB (the rkv-server the cleaner
+// stranded in), from 4 writers.
+func largeValuesSoak(t *testing.T, fill float64, factor int64) float64 {
+	opts := cleanerOptions()
+	opts.ArenaSize, opts.LeaseSize, opts.SegmentSize, opts.RegistrationUnit = 16<<20, 1<<20, 4<<20, 4<<20
+	opts.SegmentGrace = 100 * time.Millisecond // the server's default
+	size := func(*rand.Rand) int { return 200000 }
+	return soakWith(t, soakConfig{opts: opts, fill: fill, factor: factor, size: size, writers: 4})
 }
 
 // Deleting everything frees everything, also across a restart.

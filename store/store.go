@@ -88,7 +88,7 @@ type Store struct {
 	leases      map[uint64]*lease
 	nextLeaseID uint64
 	segments    []*segment    // every arena's, in arena order (space.go)
-	openSeg     *segment      // the segment carves take space from
+	openSeg     *segment      // the segment the writers' carves take space from
 	freeing     []*segment    // empty, in their grace period
 	freed       chan struct{} // closed (and replaced) when segments come free
 	shards      [proto.NumShards]shardInfo
