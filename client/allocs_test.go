@@ -2,6 +2,7 @@ package client_test
 
 import (
 	"context"
+	"math"
 	"testing"
 
 	"github.com/rkv-io/rkv/internal/race"
@@ -47,13 +48,26 @@ func TestSteadyStateAllocs(t *testing.T) {
 			put()
 			get()
 		}
-		if n := testing.AllocsPerRun(500, get); n != 0 {
+		if n := leastAllocs(get); n != 0 {
 			t.Errorf("%s: a GetAppend allocates %.1f times", ctx.name, n)
 		}
-		n := testing.AllocsPerRun(500, put)
+		n := leastAllocs(put)
 		t.Logf("%s: a PUT allocates %.1f times", ctx.name, n)
 		if n > 5 {
 			t.Errorf("%s: a PUT allocates %.1f times, client and server together; the budget is 5", ctx.name, n)
 		}
 	}
+}
+
+// leastAllocs is the fewest allocations per call of f in a few rounds of
+// 200. AllocsPerRun counts every goroutine's: a round that Raft's
+// heartbeats, gossip or a read lease renewal fell into counts theirs too,
+// and on a loaded machine, where the calls take longer, more of them fall
+// in (a CI run counted 8 per PUT where 4 is usual).
+func leastAllocs(f func()) float64 {
+	least := math.Inf(1)
+	for range 3 {
+		least = min(least, testing.AllocsPerRun(200, f))
+	}
+	return least
 }
