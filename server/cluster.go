@@ -290,11 +290,14 @@ func (s *Server) ownShard(a *shardActions, sh proto.Shard, info clustermap.Shard
 		}
 		a.dropFirst(sh, st)
 	case store.ShardBackup:
-		if frozen {
+		if frozen && info.Move.Kind == proto.MovePromote {
 			return // made a backup for a promotion of another replica, which is finishing
 		}
 		// Promoted (its replica is the shard's data now: a promotion, a
 		// forced removal of the primary), or a promotion away aborted.
+		// Also under a frozen move of another kind: a failover made this
+		// backup the primary, and a move away froze before this server
+		// served it; the move's fence here needs it owned, and waits.
 		a.activate[info.Since] = append(a.activate[info.Since], sh)
 		return
 	}
