@@ -68,6 +68,12 @@ type segment struct {
 	stuckLive int64
 }
 
+// empty puts an emptied segment in state st with nothing carved or
+// counted in it.
+func (sg *segment) empty(st segmentState) {
+	sg.state, sg.head, sg.live, sg.dead, sg.sealTail, sg.stuckLive = st, 0, 0, 0, 0, -1
+}
+
 // region is space carved from a segment: [off, off+size) of its arena.
 type region struct {
 	seg       *segment
@@ -209,8 +215,8 @@ func (s *Store) carveLocked(need, want int64, forCleaner bool) (region, error) {
 		s.maybeGrowLocked()
 		return region{}, fmt.Errorf("%w: no free segment for %d bytes (%s; %s)", ErrFull, size, s.spaceLocked(), s.growHint())
 	}
-	pick.state, pick.head, pick.live, pick.dead, pick.sealTail, pick.stuckLive = segmentOpen, size, 0, 0, 0, -1
-	pick.regions = 1
+	pick.empty(segmentOpen)
+	pick.head, pick.regions = size, 1
 	*open = pick
 	return region{seg: pick, off: pick.start, size: size}, nil
 }
@@ -345,7 +351,7 @@ func (s *Store) reclaim(now time.Time) (int, error) {
 			kept = append(kept, sg)
 			continue
 		}
-		sg.state, sg.head, sg.live, sg.dead, sg.sealTail, sg.stuckLive = segmentFree, 0, 0, 0, 0, -1
+		sg.empty(segmentFree)
 		n++
 	}
 	clear(s.freeing[len(kept):])
