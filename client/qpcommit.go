@@ -4,11 +4,11 @@ package client
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"time"
 
+	"github.com/rkv-io/rkv/internal/session"
 	"github.com/rkv-io/rkv/proto"
 	"github.com/rkv-io/rkv/rdma"
 )
@@ -143,22 +143,12 @@ func (sc *serverConn) commitOnQP(ctx context.Context, req proto.Message, write *
 			}
 		}
 	}
-	frame := sc.mem.Bytes()[recvOff : recvOff+int(n)]
-	if n < 4 || binary.BigEndian.Uint32(frame) != n-4 {
-		return fail("reading the reply", fmt.Errorf("a reply of %d bytes that is not one frame", n))
-	}
-	id, reply, err := proto.DecodeFrameInto(frame[4:], &sc.reply)
-	switch {
-	case err != nil:
-		return fail("decoding the reply", err)
-	case id != sc.qpSeq:
-		return fail("reading the reply", fmt.Errorf("a reply to commit %d, want %d", id, sc.qpSeq))
+	reply, err := session.QPReply(sc.mem.Bytes()[recvOff:recvOff+int(n)], sc.qpSeq, req.Type(), &sc.reply)
+	if err != nil {
+		return fail("reading the reply", err)
 	}
 	if pe, isErr := reply.(*proto.Error); isErr {
 		return nil, true, serverError(sc.name, req.Type(), pe)
-	}
-	if reply.Type() != req.Type().Reply() {
-		return fail("reading the reply", fmt.Errorf("a %v answered with %v", req.Type(), reply.Type()))
 	}
 	return reply, true, nil
 }

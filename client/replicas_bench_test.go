@@ -9,6 +9,7 @@ import (
 
 	"github.com/rkv-io/rkv/client"
 	"github.com/rkv-io/rkv/internal/testcluster"
+	"github.com/rkv-io/rkv/server"
 	"github.com/rkv-io/rkv/store"
 )
 
@@ -23,10 +24,18 @@ import (
 //
 // Every process here shares this machine's cores, the backups' forwarding
 // included, so the R=3 throughput is a floor of what separate machines
-// give.
+// give. Its second form has the primaries forward on QPs
+// (server.Config.ForwardOnQP); the two run one after the other.
 func BenchmarkReplicatedPut(b *testing.B) {
+	for _, onQP := range []bool{false, true} {
+		b.Run(map[bool]string{false: "forwards=control", true: "forwards=qp"}[onQP], func(b *testing.B) { benchReplicatedPut(b, onQP) })
+	}
+}
+
+func benchReplicatedPut(b *testing.B, forwardOnQP bool) {
 	c := testcluster.Start(b, 3, testcluster.Options{Store: store.Options{ArenaSize: 256 << 20, ArenaCount: 1,
-		IndexSlots: 1 << 12, LeaseSize: 4 << 20, Sync: store.SyncNone}})
+		IndexSlots: 1 << 12, LeaseSize: 4 << 20, Sync: store.SyncNone},
+		Server: func(cfg *server.Config) { cfg.ForwardOnQP = forwardOnQP }})
 	ctx := context.Background()
 	v := make([]byte, 1024)
 	keys := make([][]byte, 256)

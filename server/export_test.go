@@ -18,14 +18,14 @@ func Isolate(s *Server) {
 	_ = s.node.Close()
 }
 
-// IdlePeerSessions counts the idle sessions s keeps to each other server,
-// by name: the sessions it needed at once.
-func IdlePeerSessions(s *Server) map[string]int {
+// IdleForwardSessions counts the idle sessions s keeps to each other
+// server for its forwards, by name: the sessions it needed at once.
+func IdleForwardSessions(s *Server) map[string]int {
 	m := s.Map()
 	out := map[string]int{}
-	s.peers.mu.Lock()
-	defer s.peers.mu.Unlock()
-	for id, pc := range s.peers.conns {
+	s.forwards.mu.Lock()
+	defer s.forwards.mu.Unlock()
+	for id, pc := range s.forwards.conns {
 		pc.mu.Lock()
 		for _, srv := range m.Servers() {
 			if srv.ID == id {

@@ -11,12 +11,15 @@ import (
 	"github.com/rkv-io/rkv/proto"
 )
 
-// peers keeps control sessions (without a QP) to each server this one
-// talks to, dialed on first use and again after they break: up to
+// peers keeps sessions to each server this one talks to, dialed on first
+// use and again after they break: up to
 // maxPeerSessions to one peer, so that the forwards of concurrent client
 // writes reach a backup together (where its commit loop applies them in
 // one batch) rather than one round trip after another, and a lease
-// renewal does not queue behind them.
+// renewal does not queue behind them. Sessions carry control requests
+// only, unless cfg has a PD and QPCalls: then each has QPs, and what the
+// peer takes on its write QP (a replica's commits and deletes) goes there,
+// a SEND each way instead of a control round trip.
 type peers struct {
 	cfg session.Config
 
@@ -38,7 +41,6 @@ type peerConns struct {
 }
 
 func newPeers(cfg session.Config) *peers {
-	cfg.PD, cfg.Device = nil, nil
 	return &peers{cfg: cfg, conns: map[string]*peerConns{}}
 }
 
@@ -80,7 +82,7 @@ func (p *peers) call(ctx context.Context, id, addr string, req proto.Message) (p
 				return nil, err
 			}
 		}
-		r, err := c.Call(ctx, req)
+		r, err := p.send(ctx, c, req)
 		// A session kept from before the peer restarted on the same
 		// address breaks at its first use: dial the new process once.
 		if reused && errors.Is(err, session.ErrBroken) && ctx.Err() == nil {
@@ -90,6 +92,21 @@ func (p *peers) call(ctx context.Context, id, addr string, req proto.Message) (p
 		}
 		return r, err
 	}
+}
+
+// send sends req on c's write QP when it can go there, else as a control
+// request.
+func (p *peers) send(ctx context.Context, c *session.Conn, req proto.Message) (proto.Message, error) {
+	if p.cfg.QPCalls {
+		switch req.(type) {
+		case *proto.ReplicaCommit, *proto.ReplicaDelete:
+			r, err := c.CallOnQP(ctx, req)
+			if !errors.Is(err, session.ErrNoQPCall) {
+				return r, err
+			}
+		}
+	}
+	return c.Call(ctx, req)
 }
 
 // take returns an idle session to addr, or nil (dial one), closing the

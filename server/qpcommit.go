@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"slices"
+	"sync/atomic"
 
 	"github.com/rkv-io/rkv/proto"
 	"github.com/rkv-io/rkv/rdma"
@@ -23,7 +24,9 @@ const commitRecvs = 2
 // them in order, so the record is in the lease when the commit's RECV
 // completes, and the PUT is one round trip instead of the WRITE's and then
 // the control request's. The reply goes back as a SEND into a RECV the
-// client posted before its own SEND.
+// client posted before its own SEND. On a peer's session it takes a
+// primary's forwards (ReplicaCommit, ReplicaDelete) the same way
+// (Config.ForwardOnQP at the primary).
 //
 // Its buffers are registered in the session's own PD, as its leases are:
 // commitRecvs slots for RECVs, then one for the reply.
@@ -143,13 +146,17 @@ func (q *qpCommits) answer(i, n int) bool {
 		} else {
 			switch cm := m.(type) {
 			case *proto.Commit:
-				q.taken(m)
+				q.taken(m, &s.commitsOnQP)
 				reply = q.c.commitWith(cm, &q.fwd, &q.reply)
 			case *proto.CommitBatch:
-				q.taken(m)
+				q.taken(m, &s.commitsOnQP)
 				reply = q.c.commitBatch(cm)
+			case *proto.ReplicaCommit, *proto.ReplicaDelete:
+				// A primary's forward: handle refuses it from a client.
+				q.taken(m, &s.fwdsOnQP)
+				reply = q.c.handle(m)
 			default:
-				reply = &proto.Error{Code: proto.CodeBadRequest, Message: fmt.Sprintf("%v sent on the write QP, which takes Commit and CommitBatch only", m.Type())}
+				reply = &proto.Error{Code: proto.CodeBadRequest, Message: fmt.Sprintf("%v sent on the write QP, which takes Commit, CommitBatch, and from a peer ReplicaCommit and ReplicaDelete, only", m.Type())}
 			}
 			if drop := s.dropReply.Load(); drop != nil && (*drop)(m) {
 				_ = q.c.nc.Close() // tests: the reply lost, as in a crash of the connection
@@ -185,10 +192,10 @@ func (q *qpCommits) answer(i, n int) bool {
 }
 
 // taken counts a request the write QP takes, as the control requests are
-// counted, and apart.
-func (q *qpCommits) taken(m proto.Message) {
+// counted, and in onQP.
+func (q *qpCommits) taken(m proto.Message, onQP *atomic.Uint64) {
 	q.c.s.handled[m.Type()].Add(1)
-	q.c.s.commitsOnQP.Add(1)
+	onQP.Add(1)
 }
 
 // appendReply appends reply's frame to dst, cutting the messages of its

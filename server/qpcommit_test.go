@@ -133,7 +133,7 @@ func TestCommitOnTheWriteQP(t *testing.T) {
 	binary.BigEndian.PutUint32(frame, uint32(len(frame)))
 	badRequest("a length prefix one too long", frame, "not one control frame")
 	frame, _ = proto.AppendFrame(nil, 8, &proto.GrantLease{})
-	badRequest("a GrantLease", frame, "takes Commit and CommitBatch only")
+	badRequest("a GrantLease", frame, "takes Commit, CommitBatch, and from a peer")
 	badRequest("garbage", []byte{0, 0, 0, 3, 0xc1, 0xc1, 0xc1}, "bad control message")
 	if e, ok := ss.commitOnWriteQP(9, &proto.Commit{LeaseID: l.ID + 1000, Length: 10}).(*proto.Error); !ok || e.Code != proto.CodeLeaseInvalid {
 		t.Fatalf("a commit in a lease of no one's: %#v", e)

@@ -262,6 +262,48 @@ func TestDeadBackupIsDroppedAndAddedBack(t *testing.T) {
 	readAll(t, cl, a, keys, "with the backup back")
 }
 
+// TestForwardsOnQPSurviveABackupRestart: with ForwardOnQP, a primary's
+// kept QP sessions to a backup that restarts on the same address are
+// broken; its forwards dial it again, still on a write QP, and every
+// write reaches both replicas.
+func TestForwardsOnQPSurviveABackupRestart(t *testing.T) {
+	if testing.Short() {
+		t.Skip("two servers, a restart and 1024 shard copies")
+	}
+	c, cl, leader := replicated(t, 2, 2, func(cfg *server.Config) {
+		cfg.ForwardOnQP, cfg.BackupTimeout = true, 500*time.Millisecond
+	})
+	waitRoles(t, c, c.Map())
+	a := newAcked()
+	keys := putKeys(t, cl, a, 200)
+	other := "s1"
+	if leader.Name() == "s1" {
+		other = "s2"
+	}
+	if server.IdleForwardSessions(leader)[other] == 0 {
+		t.Fatalf("%s keeps no forward session to %s after 200 puts", leader.Name(), other)
+	}
+	c.Stop(other)
+	back := c.Restart(other)
+	c.WaitSettled(60 * time.Second)
+	m := c.Map()
+	waitRoles(t, c, m)
+	before := back.Stats().ForwardsOnQP
+	for _, k := range keys {
+		put(t, cl, a, k)
+	}
+	if t.Failed() {
+		return
+	}
+	if n := sameReplicas(t, c, m); n != len(keys) {
+		t.Fatalf("%d keys on the replicas after the restart, want %d", n, len(keys))
+	}
+	if got := back.Stats().ForwardsOnQP - before; got < uint64(len(keys))/4 {
+		t.Fatalf("%s took %d forwards on a write QP after its restart, for %d puts", other, got, len(keys))
+	}
+	readAll(t, cl, a, keys, "after the backup's restart")
+}
+
 // A commit whose map is ahead of the primary's (its client learned first
 // that a dead backup was dropped, and wrote no copy there) waits for the
 // primary's map to catch up, then applies; one whose epoch the primary's
@@ -587,14 +629,35 @@ func putKeys(t *testing.T, cl *client.Client, a *acked, n int) []string {
 // TestForwardsToABackupRunTogether: a primary forwards concurrent writes
 // to a backup over several sessions at once, not one round trip after
 // another on a single session (where a backup applied one write per
-// batch, and a read lease renewal queued behind the forwards).
+// batch, and a read lease renewal queued behind the forwards), each
+// forward, commit or delete, a control request or, with ForwardOnQP, a
+// SEND on a session's write QP.
 func TestForwardsToABackupRunTogether(t *testing.T) {
-	c, cl, _ := replicated(t, 2, 2, func(*server.Config) {})
+	for _, onQP := range []bool{false, true} {
+		t.Run(fmt.Sprintf("ForwardOnQP=%v", onQP), func(t *testing.T) { forwardsRunTogether(t, onQP) })
+	}
+}
+
+func forwardsRunTogether(t *testing.T, forwardOnQP bool) {
+	c, cl, _ := replicated(t, 2, 2, func(cfg *server.Config) { cfg.ForwardOnQP = forwardOnQP })
 	key := func(i int) []byte { return fmt.Appendf(nil, "together-%d", i) }
 	putParallel(t, cl, 2000, key, make([]byte, 512))
+	for i := range 100 {
+		if err := cl.Delete(context.Background(), key(i)); err != nil {
+			t.Fatalf("delete %s: %v", key(i), err)
+		}
+	}
+	var commits, deletes, onQP uint64
+	for _, s := range c.Running() {
+		st := s.Stats()
+		commits, deletes, onQP = commits+st.Handled[proto.MsgReplicaCommit], deletes+st.Handled[proto.MsgReplicaDelete], onQP+st.ForwardsOnQP
+	}
+	if want := map[bool]uint64{false: 0, true: commits + deletes}[forwardOnQP]; commits < 2000 || deletes < 100 || onQP != want {
+		t.Fatalf("the backups took %d forwarded commits and %d deletes for 2,000 puts and 100 deletes, %d of them on a write QP: want %d", commits, deletes, onQP, want)
+	}
 	most := 0
 	for _, s := range c.Running() {
-		for peer, n := range server.IdlePeerSessions(s) {
+		for peer, n := range server.IdleForwardSessions(s) {
 			t.Logf("%s keeps %d sessions to %s", s.Name(), n, peer)
 			most = max(most, n)
 		}
@@ -603,8 +666,8 @@ func TestForwardsToABackupRunTogether(t *testing.T) {
 		t.Fatalf("after 2,000 puts from 8 goroutines at two replicas, each server keeps at most %d session to the other: its forwards ran one at a time", most)
 	}
 	m := c.Map()
-	if n := sameReplicas(t, c, m); n != 2000 {
-		t.Fatalf("%d keys on the replicas, want 2000", n)
+	if n := sameReplicas(t, c, m); n != 2000-100 {
+		t.Fatalf("%d keys on the replicas, want 1,900", n)
 	}
 }
 
@@ -674,9 +737,9 @@ func TestPromotionRetriedAfterItsSourceMadeBackups(t *testing.T) {
 // bytes) goes as a control request once its WRITE completed; at two
 // replicas the WRITE was posted before the copies were written, and is
 // posted again and waited for (TestCommitOnTheWriteQP's fallback case has
-// one replica).
+// one replica); with ForwardOnQP, the forwards too go as control requests.
 func TestCommitsThatDoNotFitTheSlotGoByControl(t *testing.T) {
-	c, _, _ := replicated(t, 2, 2, func(*server.Config) {})
+	c, _, _ := replicated(t, 2, 2, func(cfg *server.Config) { cfg.ForwardOnQP = true })
 	for _, s := range c.Running() {
 		server.OfferCommitSlot(s, 16)
 	}
@@ -691,8 +754,8 @@ func TestCommitsThatDoNotFitTheSlotGoByControl(t *testing.T) {
 	var commits uint64
 	for _, s := range c.Running() {
 		st, was := s.Stats(), before[s.Name()]
-		if st.CommitsOnQP != was.CommitsOnQP {
-			t.Fatalf("%s took %d commits on a write QP offering 16 bytes", s.Name(), st.CommitsOnQP-was.CommitsOnQP)
+		if st.CommitsOnQP != was.CommitsOnQP || st.ForwardsOnQP != was.ForwardsOnQP {
+			t.Fatalf("%s took %d commits and %d forwards on a write QP offering 16 bytes", s.Name(), st.CommitsOnQP-was.CommitsOnQP, st.ForwardsOnQP-was.ForwardsOnQP)
 		}
 		commits += st.Handled[proto.MsgCommit] - was.Handled[proto.MsgCommit]
 	}

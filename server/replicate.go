@@ -17,7 +17,8 @@ import (
 )
 
 // forwarder forwards one client write (store.Forwarder) to the backups of
-// its shard in this server's map, in parallel, over the peer sessions.
+// its shard in this server's map, in parallel, each a SEND on the write
+// QP of a session to the backup (Server.forwards).
 type forwarder struct {
 	s      *Server
 	epoch  uint64 // the client's map's
@@ -99,7 +100,7 @@ func (s *Server) sendReplica(ctx context.Context, m *clustermap.Map, name string
 	if !ok || !in || !mb.IsServer() || mb.Meta.ServerID != srv.ID || mb.Meta.ControlAddr == "" {
 		return fmt.Errorf("backup %s is not alive in the gossip view", name)
 	}
-	if _, err := s.peers.call(ctx, srv.ID, mb.Meta.ControlAddr, req); err != nil {
+	if _, err := s.forwards.call(ctx, srv.ID, mb.Meta.ControlAddr, req); err != nil {
 		return fmt.Errorf("backup %s: %w", name, err)
 	}
 	return nil

@@ -57,6 +57,7 @@ type options struct {
 	ReadLease           time.Duration
 	MaxClockDrift       time.Duration
 	BackupTimeout       time.Duration
+	ForwardOnQP         bool
 	DeadServerTimeout   time.Duration
 	GossipProfile       string
 	GossipKey           string
@@ -185,6 +186,7 @@ func newFlagSet(o *options) *pflag.FlagSet {
 	fs.DurationVar(&o.ReadLease, "read-lease", 4*time.Second, "the read lease the map's leader grants each server: clients trust reads of a server within it, and a paused or cut-off primary fails over only after it (the same on every server)")
 	fs.DurationVar(&o.MaxClockDrift, "max-clock-drift", 500*time.Millisecond, "how far clocks may run apart over a read lease: the leader waits this much longer than a lease before a failover")
 	fs.DurationVar(&o.BackupTimeout, "backup-timeout", time.Second, "drop from its shards a backup declared dead by gossip this long ago, so that their writes go on without it")
+	fs.BoolVar(&o.ForwardOnQP, "forward-on-qp", false, "send a primary's forwards to its backups as RDMA SENDs on a QP rather than control requests over TCP (for RDMA hardware; no faster on the soft provider)")
 	fs.DurationVar(&o.DeadServerTimeout, "dead-server-timeout", 0, "remove a server dead this long from the map, its shards given to the others empty (its keys are lost); 0: never (use rkv-client forget)")
 	fs.StringVar(&o.GossipProfile, "gossip-profile", "local", "gossip timing: local (loopback, fast failure detection), lan or wan (memberlist's profiles)")
 	fs.StringVar(&o.GossipKey, "gossip-key", "", "gossip encryption key, base64 or hex, 16/24/32 bytes")

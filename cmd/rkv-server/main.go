@@ -121,6 +121,7 @@ func run(args []string, environ []string, stdout, stderr io.Writer, sigs <-chan 
 		ReadLease:         o.ReadLease,
 		MaxClockDrift:     o.MaxClockDrift,
 		BackupTimeout:     o.BackupTimeout,
+		ForwardOnQP:       o.ForwardOnQP,
 		DeadServerTimeout: o.DeadServerTimeout,
 		Zone:              o.Zone,
 		AuthToken:         o.AuthToken,

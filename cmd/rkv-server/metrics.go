@@ -31,7 +31,7 @@ type collector struct {
 	commits, commitsRejected, deletes, batches, syncSeconds           *prometheus.Desc
 	keys, indexLoad, indexMoves, indexSlots, indexGrowths             *prometheus.Desc
 	handled, refused, connections, generation                         *prometheus.Desc
-	commitsOnQP                                                       *prometheus.Desc
+	commitsOnQP, forwardsOnQP                                         *prometheus.Desc
 	catchUpShards, catchUpKeys, catchUpBytes, catchUpSeconds          *prometheus.Desc
 	movedIn, pulledKeys, pulledBytes                                  *prometheus.Desc
 }
@@ -75,6 +75,7 @@ func newCollector(srv *server.Server) *collector {
 		indexGrowths:    d("index_growths_total", "Times the hash index grew while serving."),
 		handled:         d("control_requests_total", "Control RPC requests handled, by type.", "type"),
 		commitsOnQP:     d("qp_commits_total", "Commits and commit batches that came on a session's write QP after their records' WRITE (a PUT in one round trip), not as control RPCs; control_requests_total counts them too."),
+		forwardsOnQP:    d("qp_forwards_total", "Replica commits and deletes a primary forwarded on this server's write QP (a SEND each way), not as control RPCs; control_requests_total counts them too."),
 		refused:         d("control_errors_total", "Control RPC requests answered with an error, by its code (Hellos refused included).", "code"),
 		connections:     d("control_connections", "Open control connections."),
 		generation:      d("generation", "The store's generation of this start."),
@@ -162,6 +163,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		counter(c.refused, float64(ss.Refused[code]), code.String())
 	}
 	counter(c.commitsOnQP, float64(ss.CommitsOnQP))
+	counter(c.forwardsOnQP, float64(ss.ForwardsOnQP))
 	gauge(c.connections, float64(ss.Connections))
 	gauge(c.generation, float64(c.srv.Generation()))
 

@@ -40,6 +40,9 @@ type Config struct {
 	PD     rdma.PD
 	QP     rdma.QPConfig
 	CQSize int
+	// QPCalls, with PD, registers two slots in PD at Dial for requests
+	// sent on the write QP (CallOnQP).
+	QPCalls bool
 	// DialTimeout bounds the dial, the TLS handshake, the Hello and the
 	// QP handshake together, within the ctx given to Dial. Default 5s.
 	DialTimeout time.Duration
@@ -76,6 +79,7 @@ type Conn struct {
 	nextID uint64
 	rbuf   []byte
 	broken bool
+	slots  *qpSlots // CallOnQP's; nil without Config.QPCalls
 	// replies reads NC once Dial is done: a reply is written in one
 	// piece, so one read syscall takes its header and body. Dial's own
 	// Hello reads NC directly, as the QP exchange after it does.
@@ -148,6 +152,11 @@ func Dial(ctx context.Context, addr, target string, cfg Config) (_ *Conn, err er
 	}
 	if _, err := rdma.ConnectQP(ctx, nc, c.WriteQP); err != nil {
 		return nil, fmt.Errorf("%w: connecting the write QP to %s: %w", ErrBroken, addr, err)
+	}
+	if cfg.QPCalls {
+		if c.slots, err = newQPSlots(cfg.PD); err != nil {
+			return nil, err
+		}
 	}
 	c.replies = bufio.NewReader(nc)
 	return c, nil
@@ -274,6 +283,10 @@ func (c *Conn) Close() error {
 		if cq != nil {
 			errs = append(errs, cq.Close())
 		}
+	}
+	if c.slots != nil {
+		errs = append(errs, c.slots.free())
+		c.slots = nil
 	}
 	return errors.Join(errs...)
 }
