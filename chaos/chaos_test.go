@@ -538,6 +538,20 @@ func TestChaosReplicated(t *testing.T) {
 	runScenario(t, cfg, buildServer(t, t.TempDir()), loopback{}, "", sc)
 }
 
+// TestChaosReplicatedOnQP is TestChaosReplicated with the primaries'
+// forwards on QPs (--forward-on-qp): a backup killed or paused with a
+// forward's SEND in flight, a primary whose kept QP sessions lead to a
+// process that restarted.
+func TestChaosReplicatedOnQP(t *testing.T) {
+	cfg := loadConfig(t)
+	quietSoft(t)
+	sc := scenario{seed: cfg.seed, duration: cfg.duration, clients: 1, workers: 6, keys: 60, mix: mix{put: 40, delete: 10},
+		kinds: []string{faultKill, faultPause}, minFault: 6 * time.Second, maxFault: 9 * time.Second, minGap: 3 * time.Second, maxGap: 6 * time.Second,
+		serverArgs: []string{"--replicas", "3", "--forward-on-qp"}}
+	t.Logf("chaos at three replicas, forwards on QPs: %v", sc)
+	runScenario(t, cfg, buildServer(t, t.TempDir()), loopback{}, "", sc)
+}
+
 // TestChaosReplicatedFive: five servers keeping three copies of every
 // key, the same client and mix, and a server killed or paused for 6-9 s
 // every 8-12 s: long enough apart that the previous fault's shards have
