@@ -18,8 +18,9 @@ import (
 // such a port for a server it starts later races every connection any
 // process on the machine opens meanwhile (go test runs packages in
 // parallel). So Loopback hands out ports below that range, which the
-// kernel never picks, and takes a lock per port, held until the process
-// exits, so that no two processes using this package hand out the same one.
+// kernel never picks, and takes a lock per port (a record lock in one
+// file in the temporary directory), held until the process exits, so that
+// no two processes using this package hand out the same one.
 
 const (
 	// lowestPort is the bottom of the range handed out: clear of the
@@ -36,8 +37,11 @@ var errPortLocked = errors.New("freeport: port locked by another process")
 var state = struct {
 	sync.Mutex
 	given map[int]bool // every port returned in this process
-	held  []*os.File   // the port locks: open for the life of the process
+	locks *portLocks   // open for the life of the process, once needed
 }{given: map[int]bool{}}
+
+// locksPath is the file the port locks are taken in.
+func locksPath() string { return filepath.Join(os.TempDir(), "rkv-freeport.lock") }
 
 // Loopback returns a port that is free on 127.0.0.1 for both TCP and UDP
 // (a gossip address needs both) at the time of the call, and that no
@@ -75,9 +79,12 @@ func reservedRange() (lo, hi int, ok bool) {
 // lockedPort tries the ports of [lo, hi] from a random start and returns
 // the first whose lock it takes and that is free. The caller holds state.
 func lockedPort(lo, hi int) (int, bool) {
-	dir := filepath.Join(os.TempDir(), "rkv-freeport")
-	if err := os.MkdirAll(dir, 0o777); err != nil {
-		return 0, false
+	if state.locks == nil {
+		l, err := openPortLocks(locksPath())
+		if err != nil {
+			return 0, false
+		}
+		state.locks = l
 	}
 	n := hi - lo + 1
 	start := rand.IntN(n)
@@ -86,19 +93,17 @@ func lockedPort(lo, hi int) (int, bool) {
 		if state.given[port] {
 			continue
 		}
-		lock, err := lockPort(dir, port)
-		if err != nil {
+		if err := state.locks.lock(port); err != nil {
 			if errors.Is(err, errPortLocked) {
 				continue
 			}
 			return 0, false // locks unusable here: let the kernel choose
 		}
 		if !free(port) {
-			lock.Close()
+			state.locks.unlock(port)
 			continue
 		}
 		state.given[port] = true
-		state.held = append(state.held, lock)
 		return port, true
 	}
 	return 0, false

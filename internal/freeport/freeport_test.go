@@ -6,7 +6,6 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -66,12 +65,16 @@ func TestLoopbackStaysOutOfTheEphemeralRange(t *testing.T) {
 // binary again) can take none of the ports this one was handed.
 func TestLoopbackPortsAreLockedAcrossProcesses(t *testing.T) {
 	if ports := os.Getenv("FREEPORT_TRY_LOCKS"); ports != "" {
-		dir := filepath.Join(os.TempDir(), "rkv-freeport")
+		locks, err := openPortLocks(locksPath())
+		if err != nil {
+			fmt.Printf("port locks: %v\n", err)
+			return
+		}
 		for _, p := range strings.Split(ports, ",") {
 			port, _ := strconv.Atoi(p)
-			f, err := lockPort(dir, port)
+			err := locks.lock(port)
 			if err == nil {
-				f.Close()
+				locks.unlock(port)
 				fmt.Printf("took %d\n", port)
 			} else if !errors.Is(err, errPortLocked) {
 				fmt.Printf("port %d: %v\n", port, err)
