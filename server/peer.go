@@ -12,14 +12,13 @@ import (
 )
 
 // peers keeps sessions to each server this one talks to, dialed on first
-// use and again after they break: up to
-// maxPeerSessions to one peer, so that the forwards of concurrent client
-// writes reach a backup together (where its commit loop applies them in
-// one batch) rather than one round trip after another, and a lease
-// renewal does not queue behind them. Sessions carry control requests
-// only, unless cfg has a PD and QPCalls: then each has QPs, and what the
-// peer takes on its write QP (a replica's commits and deletes) goes there,
-// a SEND each way instead of a control round trip.
+// use and again after they break: up to maxPeerSessions to one peer, so
+// that the forwards of concurrent client writes reach a backup together
+// (where its commit loop applies them in one batch) rather than one round
+// trip after another. Sessions carry control requests only, unless cfg
+// has a PD and QPCalls: then each has QPs, and what the peer takes on its
+// write QP (a replica's commits and deletes) goes there, a SEND each way
+// instead of a control round trip.
 type peers struct {
 	cfg session.Config
 

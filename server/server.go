@@ -276,8 +276,8 @@ type Server struct {
 	node    *replica.Node
 	raft    *raftStream
 	peers   *peers // control sessions to other servers
-	// forwards are the sessions to backups that carry forwards on their
-	// write QPs.
+	// forwards are the sessions to backups for the forwards: on their
+	// write QPs with Config.ForwardOnQP, else as control requests.
 	forwards *peers
 	gen      uint64
 
@@ -693,8 +693,8 @@ type Stats struct {
 	// rather than as control requests.
 	CommitsOnQP uint64
 	// ForwardsOnQP is how many of the ReplicaCommits and ReplicaDeletes
-	// (in Handled too) a primary sent on its session's write QP rather
-	// than as control requests.
+	// (in Handled too) this server, as a backup, took on a primary's
+	// session's write QP rather than as control requests.
 	ForwardsOnQP uint64
 }
 
