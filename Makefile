@@ -5,7 +5,7 @@ BIN      := bin
 TESTTIME ?= 10m
 FUZZTIME ?= 10s
 
-.PHONY: help build test test-allocs test-short test-chaos test-soak lint fmt bench bench-grow bench-compare bench-rxe fuzz demo demo-rxe demo-up demo-down demo-rdma test-rxe test-vm vm-prepare clean
+.PHONY: help build test test-allocs test-short test-chaos test-soak lint fmt bench bench-once bench-grow bench-compare bench-rxe fuzz demo demo-rxe demo-up demo-down demo-rdma test-rxe test-vm vm-prepare clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -41,6 +41,9 @@ fmt: ## format the code
 
 bench: ## benchmarks: soft vs raw TCP, registrar (8 x 1 GiB), index, commit, restart, client GET/PUT vs echo
 	$(GO) test -run '^$$' -bench . -benchmem -count 1 ./rdma/... ./store/... ./client/...
+
+bench-once: ## every benchmark of make bench run once, short, so that none breaks unnoticed (~2 min)
+	$(GO) test -run '^$$' -bench . -benchtime 1x -short -count 1 ./rdma/... ./store/... ./client/...
 
 bench-grow: ## migration: a 4th server takes its share of 1e6 keys of 1 KiB under a get/put load (RKV_BENCH_GROW_KEYS; ~2 min)
 	$(GO) test -run '^$$' -bench Grow -benchtime 1x -count 1 -timeout 30m ./server/

@@ -36,7 +36,7 @@ func BenchmarkCommit(b *testing.B) {
 }
 
 func benchmarkCommit(b *testing.B, policy SyncPolicy, committers int, sessions bool) {
-	opts := smallOptions()
+	opts := benchOptions()
 	opts.Sync, opts.ArenaSize, opts.ArenaCount, opts.LeaseSize = policy, 256<<20, 2, 4<<20
 	opts.IndexSlots = 1 << 20
 	sv := newServer(b, opts)
@@ -137,7 +137,7 @@ func BenchmarkRestart(b *testing.B) {
 			if testing.Short() && n > 100_000 {
 				b.Skip("1e6 keys skipped in -short mode")
 			}
-			opts := smallOptions()
+			opts := benchOptions()
 			opts.Sync, opts.ArenaSize, opts.ArenaCount, opts.LeaseSize = SyncNone, 1<<30, 1, 16<<20
 			opts.IndexSlots = 1 << 21
 			sv := newServer(b, opts)
@@ -170,7 +170,7 @@ func BenchmarkRestart(b *testing.B) {
 // scan: one pass over Pebble's key order (shard first) and a sort.
 func BenchmarkScan(b *testing.B) {
 	const n = 100_000
-	opts := smallOptions()
+	opts := benchOptions()
 	opts.Sync, opts.ArenaSize, opts.ArenaCount, opts.LeaseSize = SyncNone, 64<<20, 1, 1<<20
 	opts.IndexSlots = 1 << 18
 	sv := newBareServer(b, opts)
@@ -237,4 +237,13 @@ func BenchmarkScan(b *testing.B) {
 		}
 		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/key")
 	})
+}
+
+// benchOptions is smallOptions with the default registration unit: the
+// benchmarks' arenas are larger, with larger segments, than the 2 MiB
+// units of the tests' small ones allow.
+func benchOptions() Options {
+	opts := smallOptions()
+	opts.RegistrationUnit = 0
+	return opts
 }
