@@ -50,11 +50,11 @@ const (
 	qpRecvID
 )
 
-// QPLiveCheck is how long CallOnQP waits for a reply before it looks at
+// qpLiveCheck is how long CallOnQP waits for a reply before it looks at
 // the control connection for a server that went away: a verbs RECV waits
 // for ever for a reply that never comes, where the connection sees the
 // server's process exit at once.
-const QPLiveCheck = 100 * time.Millisecond
+const qpLiveCheck = 100 * time.Millisecond
 
 // ErrNoQPCall: the request cannot go on the write QP (the session has no
 // slots, the server offers none, or the frame does not fit them); nothing
@@ -104,7 +104,7 @@ func (c *Conn) CallOnQP(ctx context.Context, req proto.Message) (proto.Message, 
 	var sent, replied bool
 	var n uint32
 	for !sent || !replied {
-		wait, cancel := context.WithTimeout(ctx, QPLiveCheck)
+		wait, cancel := context.WithTimeout(ctx, qpLiveCheck)
 		got, err := c.WriteCQ.Wait(wait, s.wc[:])
 		cancel()
 		switch {
