@@ -16,6 +16,7 @@ import (
 	"github.com/rkv-io/rkv/internal/testcluster"
 	"github.com/rkv-io/rkv/membership"
 	"github.com/rkv-io/rkv/proto"
+	"github.com/rkv-io/rkv/server"
 	"github.com/rkv-io/rkv/store"
 )
 
@@ -366,6 +367,41 @@ func TestClusterServerFailureAndRestart(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestRestartSeenWithoutGossip: a client whose GET finds a restarted
+// server at another generation than its view shows asks that server for
+// its record (membership.Refresh) rather than wait for gossip, which here
+// and probes are slowed to a round a minute (production gossips every
+// 100-200 ms, and a round may miss the client): the GETs succeed at once.
+func TestRestartSeenWithoutGossip(t *testing.T) {
+	slow := func(tn *membership.Tuning) { // no gossip, no probe (whose acks carry gossip) during the test
+		tn.GossipInterval, tn.ProbeInterval, tn.PushPullInterval = time.Minute, time.Minute, time.Hour
+	}
+	c := testcluster.Start(t, 1, testcluster.Options{Server: func(cfg *server.Config) { slow(&cfg.Membership.Tuning) }})
+	cl := c.Client(t, func(cfg *client.Config) { slow(&cfg.Membership.Tuning) })
+	ctx := context.Background()
+	const n = 20
+	for i := range n {
+		if err := cl.Put(ctx, key(i), value(i)); err != nil {
+			t.Fatalf("put %d: %v", i, err)
+		}
+	}
+	c.Stop("s1")
+	s := c.Restart("s1")
+	start := time.Now()
+	for i := range n {
+		gctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		v, err := cl.Get(gctx, key(i))
+		cancel()
+		if err != nil || string(v) != string(value(i)) {
+			t.Fatalf("key %d after the restart (no gossip), %v after it: %q, %v", i, time.Since(start), v, err)
+		}
+	}
+	if m, _ := cl.Membership().View().Member("s1"); m.Meta.Generation != s.Generation() {
+		t.Fatalf("the client's view shows generation %d of s1, which is at %d", m.Meta.Generation, s.Generation())
+	}
+	t.Logf("%d GETs after the restart took %v", n, time.Since(start))
 }
 
 // MultiGet reads many keys across servers in batches, one-sidedly: values

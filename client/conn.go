@@ -116,13 +116,13 @@ func (sc *serverConn) drop() {
 // mb.Meta.Generation is up.
 func (sc *serverConn) ready(ctx context.Context, mb *membership.Member) error {
 	if mb.Meta.Index == nil {
-		return retry(sc.name, "server %s has not advertised its index yet", sc.name)
+		return retryStale(sc.name, "server %s has not advertised its index yet", sc.name)
 	}
 	if sc.s != nil && sc.gen != mb.Meta.Generation {
 		if sc.gen > mb.Meta.Generation {
 			// The server restarted and our view has not caught up:
 			// its rkeys are not known yet.
-			return retry(sc.name, "server %s is at generation %d, the view still shows %d", sc.name, sc.gen, mb.Meta.Generation)
+			return retryStale(sc.name, "server %s is at generation %d, the view still shows %d", sc.name, sc.gen, mb.Meta.Generation)
 		}
 		sc.c.log.Info("server restarted: reconnecting", "server", sc.name, "old_generation", sc.gen, "generation", mb.Meta.Generation)
 		sc.drop()
@@ -163,7 +163,7 @@ func (sc *serverConn) ready(ctx context.Context, mb *membership.Member) error {
 	sc.readLease = readLease{} // a lease is the process's: a new session asks afresh
 	c.log.Debug("connected", "server", sc.name, "generation", sc.gen)
 	if sc.gen != mb.Meta.Generation {
-		return retry(sc.name, "server %s answered with generation %d, the view shows %d", sc.name, sc.gen, mb.Meta.Generation)
+		return retryStale(sc.name, "server %s answered with generation %d, the view shows %d", sc.name, sc.gen, mb.Meta.Generation)
 	}
 	return nil
 }

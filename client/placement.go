@@ -69,6 +69,8 @@ func (c *Client) fetchMap(ctx context.Context, atLeast uint64) error {
 	for _, mb := range c.ml.View().Servers() {
 		if mb.Meta.Index != nil && mb.Meta.MapEpoch > 0 {
 			servers = append(servers, mb)
+		} else {
+			c.ml.Refresh(mb.Name) // its record in the view may be older than its map: ask it
 		}
 	}
 	if len(servers) == 0 {

@@ -209,7 +209,7 @@ func (r *keyReads) record(ctx context.Context, b *readBatch, i int, loc proto.Lo
 func (sc *serverConn) recordAt(meta *proto.NodeMeta, key []byte, loc proto.Location) (raddr uint64, rkey uint32, err error) {
 	a, ok := proto.LocateRecord(meta.Arenas, loc)
 	if !ok {
-		return 0, 0, retry(sc.name, "record of %q at %+v: that part of arena %d of %s is not in the view yet", key, loc, loc.Arena, sc.name)
+		return 0, 0, retryStale(sc.name, "record of %q at %+v: that part of arena %d of %s is not in the view yet", key, loc, loc.Arena, sc.name)
 	}
 	if err := sc.fits(int(loc.Length)); err != nil {
 		return 0, 0, err

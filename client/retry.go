@@ -28,7 +28,12 @@ type retryable struct {
 	// death, which a failover or a backup's drop ends: doKey waits for it
 	// as for a move.
 	lost bool
-	err  error
+	// stale: the client's view holds an older record of the server than
+	// the server shows (its index or an arena not advertised yet, another
+	// generation). A client in gossip asks the server for its record
+	// (membership.Refresh) rather than wait for a gossip round.
+	stale bool
+	err   error
 }
 
 func (r *retryable) Error() string { return r.err.Error() }
@@ -41,6 +46,11 @@ func retry(node, format string, args ...any) error {
 // retryLost is retry for a server that could not be reached.
 func retryLost(node, format string, args ...any) error {
 	return &retryable{node: node, lost: true, err: fmt.Errorf(format, args...)}
+}
+
+// retryStale is retry for a server whose record in the view is behind.
+func retryStale(node, format string, args ...any) error {
+	return &retryable{node: node, stale: true, err: fmt.Errorf(format, args...)}
 }
 
 // retryMoving is retry for a shard between owners.
@@ -117,6 +127,8 @@ func (c *Client) do(ctx context.Context, what string, attempt func(ctx context.C
 			if err := c.refreshView(actx, 0); err != nil {
 				c.log.Debug("refreshing the view", "err", err)
 			}
+		} else if last.stale && c.ml != nil {
+			c.ml.Refresh(last.node) // in the background, before the next attempt
 		}
 		cancel()
 		if !last.moving {

@@ -61,7 +61,9 @@ type Membership struct {
 	staleSelf    atomic.Bool // a join showed a record of this node other than its current one
 	reconnecting atomic.Bool // a reconnect round is running
 
-	syncs sync.WaitGroup // exchanges syncServers started; Add under mu, while not closed
+	syncs sync.WaitGroup // exchanges syncServers and Refresh started; Add under mu, while not closed
+
+	refreshed map[string]time.Time // when Refresh last exchanged state with each member; under mu
 
 	wake chan struct{} // cap 1: pushes queued
 	stop chan struct{}
@@ -97,6 +99,7 @@ func CreateContext(ctx context.Context, cfg Config) (*Membership, error) {
 		pending:    map[string][]proto.ArenaTable{},
 		subs:       map[*subscriber]struct{}{},
 		pushTo:     map[string]struct{}{},
+		refreshed:  map[string]time.Time{},
 		creating:   true,
 		wake:       make(chan struct{}, 1),
 		stop:       make(chan struct{}),
@@ -516,6 +519,7 @@ func (m *Membership) reapLocked(mb *Member) {
 	delete(m.members, mb.Name)
 	delete(m.raw, mb.Name)
 	delete(m.pending, mb.Name)
+	delete(m.refreshed, mb.Name)
 	m.publishLocked(EventReap, *mb)
 	m.logReapLocked(mb)
 }

@@ -645,3 +645,44 @@ func TestDeadServersOutstayDeadClients(t *testing.T) {
 		t.Fatalf("dead server s3 after %v: %v (present %v); want it kept dead for DeadRetention", 2*fast.GossipToTheDeadTime, mb.State, ok)
 	}
 }
+
+// TestRefreshFetchesAMembersRecord: with gossip and probes (whose acks
+// carry gossip) slowed to a round a minute, a server's new metadata
+// reaches a client only when the client asks that server for it
+// (Refresh).
+func TestRefreshFetchesAMembersRecord(t *testing.T) {
+	slow := func(c *Config) {
+		c.Tuning.GossipInterval, c.Tuning.ProbeInterval, c.Tuning.PushPullInterval = time.Minute, time.Minute, time.Hour
+	}
+	meta := serverMeta(1, 1)
+	srv := start(t, "s1", proto.RoleServer, meta, slow)
+	cl := start(t, "c1", proto.RoleClient, proto.NodeMeta{}, slow, withSeeds(srv))
+	generation := func() uint64 {
+		mb, ok := cl.View().Member("s1")
+		if !ok {
+			t.Fatal("s1 is not in the client's view")
+		}
+		return mb.Meta.Generation
+	}
+	if g := generation(); g != meta.Generation {
+		t.Fatalf("the client's view shows generation %d of s1 after its join, want %d", g, meta.Generation)
+	}
+	meta.Generation++
+	if err := srv.SetMeta(meta); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if g := generation(); g != meta.Generation-1 {
+		t.Fatalf("the client's view shows generation %d without gossip: the test does not test Refresh", g)
+	}
+	cl.Refresh("s1")
+	took := waitFor(t, 2*time.Second, "the new generation in the client's view", func() error {
+		if g := generation(); g != meta.Generation {
+			return fmt.Errorf("generation %d", g)
+		}
+		return nil
+	})
+	t.Logf("the new record arrived %v after Refresh", took)
+	cl.Refresh("nobody") // not in the view: nothing to do
+	cl.Refresh("c1")     // itself: likewise
+}

@@ -154,3 +154,41 @@ func (d *delegate) NotifyMerge(peers []*memberlist.Node) error {
 	d.m.noteRecords(peers)
 	return nil
 }
+
+// refreshGap is the least time between two of Refresh's exchanges with one
+// member: the retries of a burst of operations share one, and a member's
+// record changes no faster.
+const refreshGap = 10 * time.Millisecond
+
+// Refresh exchanges full state with the member named name (memberlist's
+// push/pull, over TCP), in the background, so that its current record
+// reaches this node now rather than by gossip: a gossip round comes every
+// GossipInterval (100 ms in ProfileLocal, 200 ms in ProfileLAN) and may
+// miss this node. A caller that finds a member's record behind what the
+// member itself shows (a server that answers with a newer generation,
+// that serves arenas or an index its record does not show yet) calls it
+// and tries again shortly. Refresh does not block and is safe for
+// concurrent use; a call within refreshGap of the last exchange with the
+// same member, or for a member not in the view, does nothing. The record
+// arrives as an EventUpdate, as by gossip.
+func (m *Membership) Refresh(name string) {
+	m.mu.Lock()
+	mb := m.members[name]
+	now := time.Now()
+	if m.closed || mb == nil || name == m.name || now.Sub(m.refreshed[name]) < refreshGap {
+		m.mu.Unlock()
+		return
+	}
+	m.refreshed[name] = now
+	addr := mb.Addr.String()
+	m.syncs.Add(1)
+	m.mu.Unlock()
+	go func() {
+		defer m.syncs.Done()
+		// Join with a member this node knows merges state both ways and
+		// nothing else (see syncServers).
+		if _, err := m.ml.Join([]string{addr}); err != nil {
+			m.s.Logger.Debug("exchanging state", "with", addr, "err", err)
+		}
+	}()
+}
