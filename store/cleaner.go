@@ -22,7 +22,7 @@ import (
 //     (the invariant of shards.go: those are exactly the current records
 //     of the shards owned here).
 //  2. It copies a batch of them into its own region, pending, and hands
-//     the batch to the commit loop, which, for each record that is still
+//     the batch to the writer (commit.go), which, for each record that is still
 //     its key's current one in a shard owned and not frozen, writes the
 //     entry at the new location (and journals the copy) in one Pebble
 //     batch, as a commit does; then makes the copy live, points the index
@@ -93,7 +93,7 @@ type relocation struct {
 	moved    bool
 }
 
-// relocateJob is one batch of relocations, applied by the commit loop.
+// relocateJob is one batch of relocations, applied by the writer.
 type relocateJob struct{ moves []relocation }
 
 func (s *Store) cleanLoop() {
@@ -272,7 +272,7 @@ func (s *Store) clean(sg *segment) error {
 	s.mu.Lock()
 	head := sg.head
 	s.mu.Unlock()
-	complete := false // every live record walked was handed to the commit loop
+	complete := false // every live record walked was handed to the writer
 	defer func() {
 		s.mu.Lock()
 		sg.cleaning, s.cleaner.owed = false, 0
@@ -322,7 +322,7 @@ func (s *Store) clean(sg *segment) error {
 }
 
 // relocate copies moves' records into the cleaner's region and has the
-// commit loop apply them; then it waits as long as copying them at
+// writer apply them; then it waits as long as copying them at
 // CleanRate takes.
 func (s *Store) relocate(moves []relocation) error {
 	start := time.Now()
@@ -367,7 +367,9 @@ func (s *Store) relocate(moves []relocation) error {
 	}
 	c := &pendingCommit{reloc: job, done: make(chan struct{})}
 	select {
-	case s.commits <- c:
+	default:
+		s.enqueue(c)
+		s.lead(c)
 	case <-s.stop:
 		s.mu.Lock()
 		for _, m := range job.moves {
@@ -395,7 +397,7 @@ func (s *Store) relocate(moves []relocation) error {
 	return nil
 }
 
-// applyRelocate applies a batch of relocations (the commit loop).
+// applyRelocate applies a batch of relocations (the writer).
 func (s *Store) applyRelocate(c *pendingCommit) {
 	job := c.reloc
 	defer func() {

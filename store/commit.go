@@ -41,7 +41,7 @@ type pendingCommit struct {
 	reloc *relocateJob
 	// replica: an ApplyReplica or DeleteReplica, to a backup shard (not
 	// indexed, its records in state RecordBackup); old is the key's entry
-	// before it, read in the commit loop (had: there was one).
+	// before it, read by the writer (had: there was one).
 	replica bool
 	old     entry
 	had     bool
@@ -315,23 +315,77 @@ func (s *Store) abandon(c *pendingCommit) {
 	s.inflight.Done()
 }
 
+// submit queues admitted c, applies the queue itself if no one is
+// applying it (lead), and waits for c. Once queued the write happens; ctx
+// only stops the wait for it.
 func (s *Store) submit(ctx context.Context, c *pendingCommit) error {
-	if err := s.enqueue(ctx, c); err != nil {
-		return err
-	}
+	s.enqueue(c)
+	s.lead(c)
 	return s.await(ctx, c)
 }
 
-// enqueue hands admitted c to the commit loop, or abandons it when ctx
-// ends first.
-func (s *Store) enqueue(ctx context.Context, c *pendingCommit) error {
-	select {
-	case s.commits <- c:
-		return nil
-	case <-ctx.Done():
-		s.abandon(c)
-		return ctx.Err()
+// enqueue queues admitted c (or an Ingest or relocation batch) for the
+// writer.
+func (s *Store) enqueue(c *pendingCommit) {
+	s.qmu.Lock()
+	s.queue = append(s.queue, c)
+	s.qmu.Unlock()
+}
+
+// lead applies the queue in the caller's goroutine until queued c is
+// applied, when no one else is applying it: a commit to an idle store so
+// goes from its committer to Pebble and back without waking another
+// goroutine (a hand-off each way to a commit goroutine cost a commit two
+// wake-ups, and across processes a thread's wake-up each). When someone
+// is, c is theirs: every writer, as it stops, hands what queued meanwhile
+// to the commit loop (release).
+func (s *Store) lead(c *pendingCommit) {
+	if !s.writer.TryLock() {
+		return
 	}
+	for !c.finished() {
+		s.applyQueued()
+	}
+	s.release()
+}
+
+// release ends the caller's turn as the writer, and kicks the commit loop
+// if anything queued meanwhile: a committer that found the writer busy
+// waits for it.
+func (s *Store) release() {
+	s.writer.Unlock()
+	if s.queued() > 0 {
+		select {
+		case s.kick <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (s *Store) queued() int {
+	s.qmu.Lock()
+	defer s.qmu.Unlock()
+	return len(s.queue)
+}
+
+// maxApplyBatch bounds the commits one Pebble batch takes.
+const maxApplyBatch = 256
+
+// applyQueued applies what is queued now (up to maxApplyBatch), in queue
+// order. The caller holds writer.
+func (s *Store) applyQueued() {
+	s.qmu.Lock()
+	n := min(len(s.queue), maxApplyBatch)
+	batch := append(s.applying[:0], s.queue[:n]...)
+	rest := copy(s.queue, s.queue[n:])
+	clear(s.queue[rest:])
+	s.queue = s.queue[:rest]
+	s.qmu.Unlock()
+	if len(batch) > 0 {
+		s.applyAll(batch)
+	}
+	clear(batch)
+	s.applying = batch[:0]
 }
 
 // await waits for queued c. Once queued the commit happens; ctx only
@@ -345,41 +399,45 @@ func (s *Store) await(ctx context.Context, c *pendingCommit) error {
 	}
 }
 
-// commitLoop applies queued commits in batches: one sync and one Pebble
-// write for everything that queued up while the previous batch was syncing.
-// It is the one writer of the journal and of session entries.
+// finished reports whether c was applied (or failed).
+func (c *pendingCommit) finished() bool {
+	select {
+	case <-c.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// commitLoop applies what committers leave queued (lead): everything that
+// queued while a writer was applying, in batches, one sync and one Pebble
+// write each. It also expires leases and sessions, as the writer.
 func (s *Store) commitLoop() {
 	defer s.wg.Done()
-	batch := make([]*pendingCommit, 0, 256)
 	expiry := time.NewTicker(min(s.opts.LeaseTTL/4, time.Second))
 	defer expiry.Stop()
 	for {
 		select {
-		case c := <-s.commits:
-			batch = append(batch[:0], c)
-		drain:
-			for len(batch) < cap(batch) {
-				select {
-				case c := <-s.commits:
-					batch = append(batch, c)
-				default:
-					break drain
-				}
-			}
-			s.applyAll(batch)
+		case <-s.kick:
+			s.drain()
 		case now := <-expiry.C:
+			s.writer.Lock()
 			s.expireLeases(now)
 			s.deleteDoomedSessions()
+			s.release()
 		case <-s.stop:
-			for { // Close waited for every admitted commit: normally none is left
-				select {
-				case c := <-s.commits:
-					s.applyAll([]*pendingCommit{c})
-				default:
-					return
-				}
-			}
+			s.drain() // Close waited for every admitted commit: normally none is left
+			return
 		}
+	}
+}
+
+// drain applies the queue until it is empty.
+func (s *Store) drain() {
+	for s.queued() > 0 {
+		s.writer.Lock()
+		s.applyQueued()
+		s.writer.Unlock()
 	}
 }
 

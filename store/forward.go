@@ -61,6 +61,7 @@ func (s *Store) CommitBatch(ctx context.Context, id uint64, batch []BatchCommit)
 	out := make([]Committed, len(batch))
 	errs := make([]error, len(batch))
 	queued := make([]*pendingCommit, len(batch))
+	var last *pendingCommit
 	var wg sync.WaitGroup
 	for i, b := range batch {
 		c, v, err := s.prepareCommit(id, b.Off, b.Length, b.Write, 0)
@@ -73,12 +74,14 @@ func (s *Store) CommitBatch(ctx context.Context, id uint64, batch []BatchCommit)
 			// on a goroutine of its own.
 			wg.Go(func() { out[i], errs[i] = s.completeCommit(ctx, c, v, b.Forwarder) })
 		default:
-			// Straight to the commit loop, which takes what is queued
-			// together; waited for below.
-			if errs[i] = s.enqueue(ctx, c); errs[i] == nil {
-				queued[i] = c
-			}
+			// Straight to the queue, whose writer takes what is queued
+			// together; applied and waited for below.
+			s.enqueue(c)
+			queued[i], last = c, c
 		}
+	}
+	if last != nil {
+		s.lead(last) // everything queued before it too
 	}
 	for i, c := range queued {
 		if c == nil {

@@ -22,7 +22,7 @@ import (
 // copy runs.
 const IndexGrowLoad = 0.6
 
-// indexFullWait is how long the commit loop waits for a growth when the
+// indexFullWait is how long the writer waits for a growth when the
 // index reached MaxIndexLoad, before it refuses the batch's new keys.
 // activateIndexWait is the same for an activation of shards (a
 // migration's end), which may need several growths.

@@ -31,8 +31,8 @@ import (
 // Ingest call's records pass through Pebble's WAL and memtable once: keep
 // calls to a few MiB of records.
 
-// ingestJob is one Ingest call's Pebble batch, applied by the commit loop
-// (the one writer of the journal and of sessions).
+// ingestJob is one Ingest call's Pebble batch, applied by the writer (the
+// one writer of the journal and of sessions).
 type ingestJob struct {
 	shard    proto.Shard
 	puts     []ingestPut
@@ -69,9 +69,9 @@ type ingestDelete struct {
 // wins; entries past SessionTTL are dropped).
 //
 // It is one Pebble batch, durable under the sync policy when it returns
-// (see above). The shard is not indexed: ActivateShards does that. ctx
-// bounds the wait to be queued; once queued the batch is applied and
-// Ingest waits for it. A failed call may have taken arena space (counted
+// (see above). The shard is not indexed: ActivateShards does that. A ctx
+// done before the batch is queued fails it; once queued the batch is
+// applied and Ingest waits for it. A failed call may have taken arena space (counted
 // dead) but leaves no entry: it can be retried.
 func (s *Store) Ingest(ctx context.Context, sh proto.Shard, records [][]byte, sessions []proto.SessionEntry, deletes [][]byte) error {
 	if sh >= proto.NumShards {
@@ -214,12 +214,12 @@ func (s *Store) Ingest(ctx context.Context, sh proto.Shard, records [][]byte, se
 		copy(s.arena(p.entry.loc.Arena).mem.Bytes()[p.entry.loc.Offset:], p.rec)
 	}
 
-	select {
-	case s.commits <- c:
-		queued = true
-	case <-ctx.Done():
-		return ctx.Err()
+	if err := ctx.Err(); err != nil {
+		return err
 	}
+	s.enqueue(c)
+	queued = true
+	s.lead(c)
 	<-c.done
 	return c.result
 }
@@ -255,7 +255,7 @@ func (job *ingestJob) wasteLocked(s *Store) {
 	}
 }
 
-// applyIngest writes an Ingest call's batch (the commit loop).
+// applyIngest writes an Ingest call's batch (the writer).
 func (s *Store) applyIngest(c *pendingCommit) {
 	job := c.job
 	defer func() {

@@ -320,7 +320,8 @@ func (s *Store) loadSessions() error {
 }
 
 // deleteDoomedSessions writes the deletions of evicted sessions in a batch
-// of their own (the commit loop, when no commit came to carry them).
+// of their own (the commit loop, as the writer, when no commit came to
+// carry them).
 func (s *Store) deleteDoomedSessions() {
 	s.mu.Lock()
 	s.sess.evict(time.Now())

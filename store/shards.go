@@ -635,7 +635,7 @@ func (s *Store) ReleaseShards(shards []proto.Shard) error {
 	}
 	s.mu.Unlock()
 	for _, c := range wait {
-		<-c // the commit loop applies everything admitted
+		<-c // the writer applies everything admitted
 	}
 	var errs []error
 	removed := 0

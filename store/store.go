@@ -102,7 +102,15 @@ type Store struct {
 	// the cleaner's.
 	spaceWaiters int
 
-	commits chan *pendingCommit
+	// The write queue (commit.go): admitted commits, deletes, Ingest and
+	// relocation batches wait in queue for the writer, the one goroutine
+	// at a time that applies them, holding writer: the first committer to
+	// find no one applying (lead), else the commit loop, kicked.
+	qmu      sync.Mutex
+	queue    []*pendingCommit
+	applying []*pendingCommit // the writer's batch, its buffer reused
+	writer   sync.Mutex       // the one writer of the journal and of session entries
+	kick     chan struct{}    // cap 1: the commit loop has queued work
 	// inflight counts the commits, deletes and Ingest batches admitted
 	// and not yet finished: Close waits for them before it stops the
 	// commit loop.
@@ -117,7 +125,7 @@ type Store struct {
 
 	stats statsCounters
 
-	// testHookApply, when set, runs in the commit loop before each batch
+	// testHookApply, when set, runs in the writer before each batch
 	// of commits is written (tests).
 	testHookApply func()
 	// testHookReclaimSync, when set, runs before the index's sync that
@@ -147,7 +155,7 @@ func Open(ctx context.Context, pd rdma.PD, registrar *rdma.Registrar, opts Optio
 		fullWait: defaultFullWait, fullWaitMost: defaultFullWaitMost,
 		leases:      map[uint64]*lease{},
 		ready:       make(chan ArenaInfo, int64(opts.MaxArenaCount)*opts.UnitsPerArena()),
-		commits:     make(chan *pendingCommit, 1024),
+		kick:        make(chan struct{}, 1),
 		journalFull: make(chan struct{}, 1),
 		stop:        make(chan struct{}),
 		sess:        newSessionTable(opts.SessionTTL, opts.MaxSessions),
@@ -468,7 +476,7 @@ func (s *Store) close(checkpoint bool) error {
 	leases := s.leases
 	s.leases = nil
 	s.mu.Unlock()
-	s.inflight.Wait() // the commit loop applies what was admitted
+	s.inflight.Wait() // the writers apply what was admitted
 	close(s.stop)
 	s.wg.Wait()
 	var errs []error
