@@ -369,7 +369,7 @@ func (s *Store) relocate(moves []relocation) error {
 	select {
 	default:
 		s.enqueue(c)
-		s.lead(c)
+		s.kickLoop()
 	case <-s.stop:
 		s.mu.Lock()
 		for _, m := range job.moves {
@@ -380,7 +380,12 @@ func (s *Store) relocate(moves []relocation) error {
 		return ErrClosed
 	}
 	s.cleaner.onDisk.Add(1)
-	<-c.done
+	select {
+	case <-c.done:
+	case <-s.stop:
+		s.drain() // the commit loop may have ended before c queued
+		<-c.done
+	}
 	s.cleaner.onDisk.Add(-1)
 	if c.result != nil {
 		return c.result

@@ -315,10 +315,11 @@ func (s *Store) abandon(c *pendingCommit) {
 	s.inflight.Done()
 }
 
-// submit queues admitted c, applies the queue itself if no one is
-// applying it (lead), and waits for c. Once queued the write happens; ctx
-// only stops the wait for it.
+// submit queues admitted c, has it applied (lead) and waits for it. Once
+// queued the write happens; ctx only stops the wait for it.
 func (s *Store) submit(ctx context.Context, c *pendingCommit) error {
+	s.committers.Add(1)
+	defer s.committers.Add(-1)
 	s.enqueue(c)
 	s.lead(c)
 	return s.await(ctx, c)
@@ -332,33 +333,41 @@ func (s *Store) enqueue(c *pendingCommit) {
 	s.qmu.Unlock()
 }
 
-// lead applies the queue in the caller's goroutine until queued c is
-// applied, when no one else is applying it: a commit to an idle store so
-// goes from its committer to Pebble and back without waking another
-// goroutine (a hand-off each way to a commit goroutine cost a commit two
-// wake-ups, and across processes a thread's wake-up each). When someone
-// is, c is theirs: every writer, as it stops, hands what queued meanwhile
-// to the commit loop (release).
+// lead has queued c applied. When the caller is the only committer and no
+// one is applying, it applies the queue itself, until c is applied: a
+// commit to an idle store so goes from its committer to Pebble and back
+// without waking the commit loop and being woken by it (two wake-ups a
+// commit, and across processes a thread's wake-up each). Otherwise the
+// commit loop applies it, in a batch with the others: when committers
+// contend, they queue for the loop in turn, rather than the one that just
+// applied finding the writer free again before the others it woke ran,
+// and applying alone (each of 16 goroutines committing in a loop then
+// got the writer for bursts, and the batches that share a sync shrank).
 func (s *Store) lead(c *pendingCommit) {
-	if !s.writer.TryLock() {
+	if s.committers.Load() == 1 && s.writer.TryLock() {
+		for !c.finished() {
+			s.applyQueued()
+		}
+		s.release()
 		return
 	}
-	for !c.finished() {
-		s.applyQueued()
-	}
-	s.release()
+	s.kickLoop()
 }
 
 // release ends the caller's turn as the writer, and kicks the commit loop
-// if anything queued meanwhile: a committer that found the writer busy
-// waits for it.
+// if anything queued meanwhile.
 func (s *Store) release() {
 	s.writer.Unlock()
 	if s.queued() > 0 {
-		select {
-		case s.kick <- struct{}{}:
-		default:
-		}
+		s.kickLoop()
+	}
+}
+
+// kickLoop tells the commit loop that something is queued.
+func (s *Store) kickLoop() {
+	select {
+	case s.kick <- struct{}{}:
+	default:
 	}
 }
 

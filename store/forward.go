@@ -62,6 +62,8 @@ func (s *Store) CommitBatch(ctx context.Context, id uint64, batch []BatchCommit)
 	errs := make([]error, len(batch))
 	queued := make([]*pendingCommit, len(batch))
 	var last *pendingCommit
+	s.committers.Add(1)
+	defer s.committers.Add(-1)
 	var wg sync.WaitGroup
 	for i, b := range batch {
 		c, v, err := s.prepareCommit(id, b.Off, b.Length, b.Write, 0)

@@ -219,7 +219,7 @@ func (s *Store) Ingest(ctx context.Context, sh proto.Shard, records [][]byte, se
 	}
 	s.enqueue(c)
 	queued = true
-	s.lead(c)
+	s.kickLoop()
 	<-c.done
 	return c.result
 }

@@ -104,13 +104,14 @@ type Store struct {
 
 	// The write queue (commit.go): admitted commits, deletes, Ingest and
 	// relocation batches wait in queue for the writer, the one goroutine
-	// at a time that applies them, holding writer: the first committer to
-	// find no one applying (lead), else the commit loop, kicked.
-	qmu      sync.Mutex
-	queue    []*pendingCommit
-	applying []*pendingCommit // the writer's batch, its buffer reused
-	writer   sync.Mutex       // the one writer of the journal and of session entries
-	kick     chan struct{}    // cap 1: the commit loop has queued work
+	// at a time that applies them, holding writer: a committer alone
+	// (lead), else the commit loop, kicked.
+	qmu        sync.Mutex
+	queue      []*pendingCommit
+	applying   []*pendingCommit // the writer's batch, its buffer reused
+	writer     sync.Mutex       // the one writer of the journal and of session entries
+	kick       chan struct{}    // cap 1: the commit loop has queued work
+	committers atomic.Int32     // goroutines in submit or CommitBatch, from queueing to their answer
 	// inflight counts the commits, deletes and Ingest batches admitted
 	// and not yet finished: Close waits for them before it stops the
 	// commit loop.
