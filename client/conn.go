@@ -45,6 +45,7 @@ type serverConn struct {
 	wrs   []rdma.SendWR
 	sges  []rdma.SGE
 	reads keyReads
+	rb    readBatch // reads' READs, reused
 	one   [1][]byte // a GET's key, as read's keys
 	lease *clientLease
 	// leaseAsk is the size of the next lease to ask for: small at first,

@@ -276,27 +276,32 @@ type keyGroup struct {
 }
 
 // groupByOwner splits the keys at positions idx by owner, as of the
-// client's map.
+// client's map: a group per server, in the order the keys first name
+// them, each key's position in its group's idx (carved from one array).
 func (c *Client) groupByOwner(keys [][]byte, idx []int) ([]keyGroup, error) {
 	r := c.routes()
-	byName := map[string]*keyGroup{}
-	var out []*keyGroup
-	for _, i := range idx {
+	var groups []keyGroup // a few: servers are few
+	var counts []int      // each group's keys
+	of := make([]int, len(idx))
+	for j, i := range idx {
 		t := r.byShard[proto.ShardOf(keys[i])]
-		g := byName[t.name]
-		if g == nil {
+		g := slices.IndexFunc(groups, func(g keyGroup) bool { return g.t.name == t.name })
+		if g < 0 {
 			if err := c.use(t); err != nil {
 				return nil, err
 			}
-			g = &keyGroup{t: t}
-			byName[t.name] = g
-			out = append(out, g)
+			g = len(groups)
+			groups, counts = append(groups, keyGroup{t: t}), append(counts, 0)
 		}
-		g.idx = append(g.idx, i)
+		of[j] = g
+		counts[g]++
 	}
-	groups := make([]keyGroup, len(out))
-	for i, g := range out {
-		groups[i] = *g
+	all, n := make([]int, len(idx)), 0
+	for g, k := range counts {
+		groups[g].idx, n = all[n:n:n+k], n+k
+	}
+	for j, i := range idx {
+		groups[of[j]].idx = append(groups[of[j]].idx, i)
 	}
 	return groups, nil
 }

@@ -168,7 +168,9 @@ func (r *keyReads) retryKey(i int, reason error) {
 
 func (r *keyReads) meta() *proto.NodeMeta { return &r.t.member.Meta }
 
-// cached READs the records of keys with a cached location.
+// cached READs the records of keys with a cached location. Their READs
+// carry the key's number instead of a callback (cachedRead): a MultiGet
+// of cached keys allocates nothing per key but its value.
 func (r *keyReads) cached(ctx context.Context) error {
 	b := r.sc.batch()
 	for i, k := range r.keys {
@@ -176,17 +178,25 @@ func (r *keyReads) cached(ctx context.Context) error {
 		if !ok || cl.node != r.sc.name || cl.gen != r.sc.gen {
 			continue
 		}
-		if err := r.record(ctx, b, i, cl.loc, func(rec proto.Record, err error) {
-			if err == nil {
-				r.vals[i], r.state[i] = append([]byte{}, rec.Value...), found
-				return
-			}
-			r.sc.c.cacheDrop(k) // superseded, deleted or moved: the index knows
-		}); err != nil {
+		raddr, rkey, err := r.sc.recordAt(r.meta(), k, cl.loc)
+		if err != nil {
+			return err
+		}
+		if err := b.addRead(ctx, int(cl.loc.Length), raddr, rkey, false, readDone{cached: r, key: i}); err != nil {
 			return err
 		}
 	}
 	return b.flush(ctx)
+}
+
+// cachedRead takes the READ of key i's record at its cached location.
+func (r *keyReads) cachedRead(i int, buf []byte) {
+	rec, err := proto.VerifyRecord(buf, r.keys[i], 0)
+	if err != nil {
+		r.sc.c.cacheDrop(r.keys[i]) // superseded, deleted or moved: the index knows
+		return
+	}
+	r.vals[i], r.state[i] = append([]byte{}, rec.Value...), found
 }
 
 // record adds a READ of the record at loc to b, calling then with its
@@ -375,20 +385,31 @@ func (r *keyReads) misses(ctx context.Context, candidates [][]proto.Location) er
 // readBatch gathers READs into the connection's buffer and posts them
 // together: when the next one would not fit, or maxReadBatch are waiting,
 // or at flush. Each READ's callback gets its bytes once the post
-// completed; the bytes are the buffer's, valid until the next post.
+// completed; the bytes are the buffer's, valid until the next post. A
+// connection has one, reused (its reads run one at a time).
 type readBatch struct {
 	sc   *serverConn
 	off  int
-	then []func([]byte)
+	done []readDone // one per READ of the post, in order
+}
+
+// readDone is what takes a READ's bytes: then, or, for a cached
+// location's record, cached.cachedRead of key.
+type readDone struct {
+	then   func([]byte)
+	cached *keyReads
+	key    int
 }
 
 func (sc *serverConn) batch() *readBatch {
 	sc.wrs, sc.sges = sc.wrs[:0], sc.sges[:0]
-	return &readBatch{sc: sc}
+	b := &sc.rb
+	b.sc, b.off, b.done = sc, 0, b.done[:0]
+	return b
 }
 
 func (b *readBatch) add(ctx context.Context, n int, raddr uint64, rkey uint32, then func([]byte)) error {
-	return b.addFenced(ctx, n, raddr, rkey, false, then)
+	return b.addRead(ctx, n, raddr, rkey, false, readDone{then: then})
 }
 
 // addFenced is add, with the READ fenced behind the READs before it in
@@ -396,18 +417,23 @@ func (b *readBatch) add(ctx context.Context, n int, raddr uint64, rkey uint32, t
 // only after theirs is read. A fenced READ is never the first of a post,
 // so the batch is not flushed in front of it.
 func (b *readBatch) addFenced(ctx context.Context, n int, raddr uint64, rkey uint32, fence bool, then func([]byte)) error {
+	return b.addRead(ctx, n, raddr, rkey, fence, readDone{then: then})
+}
+
+// addRead adds a READ, its bytes for done.
+func (b *readBatch) addRead(ctx context.Context, n int, raddr uint64, rkey uint32, fence bool, done readDone) error {
 	sc := b.sc
 	if err := sc.fits(n); err != nil {
 		return err
 	}
 	size := len(sc.buf())
-	if !fence && (b.off+n > size || len(b.then) >= maxReadBatch) {
+	if !fence && (b.off+n > size || len(b.done) >= maxReadBatch) {
 		if err := b.flush(ctx); err != nil {
 			return err
 		}
 	}
 	if b.off+n > size {
-		return fmt.Errorf("rkv: %d READs of up to %d bytes do not fit the client buffer (%d)", len(b.then)+1, n, size)
+		return fmt.Errorf("rkv: %d READs of up to %d bytes do not fit the client buffer (%d)", len(b.done)+1, n, size)
 	}
 	var flags rdma.SendFlags
 	if fence {
@@ -415,13 +441,13 @@ func (b *readBatch) addFenced(ctx context.Context, n int, raddr uint64, rkey uin
 	}
 	sc.sges = append(sc.sges, rdma.SGE{MR: sc.mr, Offset: b.off, Length: n})
 	sc.wrs = append(sc.wrs, rdma.SendWR{Op: rdma.OpRead, Flags: flags, RemoteAddr: raddr, RKey: rkey})
-	b.then = append(b.then, then)
+	b.done = append(b.done, done)
 	b.off += n
 	return nil
 }
 
 func (b *readBatch) flush(ctx context.Context) error {
-	if len(b.then) == 0 {
+	if len(b.done) == 0 {
 		return nil
 	}
 	sc := b.sc
@@ -431,11 +457,16 @@ func (b *readBatch) flush(ctx context.Context) error {
 	err := sc.postAll(ctx)
 	if err == nil {
 		buf := sc.buf()
-		for i, then := range b.then {
+		for i, d := range b.done {
 			g := sc.sges[i]
-			then(buf[g.Offset : g.Offset+g.Length])
+			if d.then != nil {
+				d.then(buf[g.Offset : g.Offset+g.Length])
+			} else {
+				d.cached.cachedRead(d.key, buf[g.Offset:g.Offset+g.Length])
+			}
 		}
 	}
-	sc.wrs, sc.sges, b.then, b.off = sc.wrs[:0], sc.sges[:0], b.then[:0], 0
+	clear(b.done) // the callbacks hold the read's state
+	sc.wrs, sc.sges, b.done, b.off = sc.wrs[:0], sc.sges[:0], b.done[:0], 0
 	return err
 }
