@@ -476,7 +476,10 @@ func (c *Client) GetAppend(ctx context.Context, dst, key []byte, opts ...OpOptio
 // does not exist (an empty value is a non-nil empty slice). Keys on one
 // server are read together: one post of index READs, then one of record
 // READs, so a batch costs about two round trips per server instead of two
-// per key; the servers are read in parallel. It takes WithTimeout.
+// per key; the servers are read in parallel. The values are the caller's
+// (appending to one never touches another), but small ones (records up to
+// 4 KiB) read from one server at once share an allocation: keeping one
+// keeps the others' bytes in memory too. It takes WithTimeout.
 func (c *Client) MultiGet(ctx context.Context, keys [][]byte, opts ...OpOption) ([][]byte, error) {
 	for i, k := range keys {
 		if err := checkKey(k); err != nil {

@@ -464,6 +464,19 @@ func TestClusterMultiGet(t *testing.T) {
 	if fmt.Sprint(warm) != fmt.Sprint(vals) {
 		t.Fatalf("warm and cold MultiGets differ")
 	}
+	// The small values of a warm read share one buffer: each is still the
+	// caller's own to append to, and a present empty one is non-nil.
+	if v := warm[n+50]; v == nil || len(v) != 0 {
+		t.Fatalf("empty value read warm as %#v, want an empty non-nil slice", v)
+	}
+	for i := range n {
+		warm[i] = append(warm[i], '!')
+	}
+	for i := range n {
+		if string(warm[i]) != string(value(i))+"!" {
+			t.Fatalf("key %d after appending to every value: %q", i, warm[i])
+		}
+	}
 	if after := handled(c); fmt.Sprint(after) != fmt.Sprint(before) {
 		t.Fatalf("MultiGet ran server handlers: %v -> %v", before, after)
 	}

@@ -130,7 +130,7 @@ func (r *keyReads) resolve(ctx context.Context) (vals [][]byte, done []bool, err
 			done[i] = st == found || st == absent
 		}
 	}
-	r.keys, r.vals, r.again = nil, nil, nil // the state slice stays, for the next read
+	r.keys, r.vals, r.again, r.shared = nil, nil, nil, nil // the state slice stays, for the next read
 	return vals, done, err
 }
 
@@ -156,6 +156,9 @@ type keyReads struct {
 	vals  [][]byte
 	state []readState
 	again error // why the first key marked retrying needs another attempt
+	// shared holds the small values of the keys read at cached locations
+	// (cachedRead), one allocation for them all.
+	shared []byte
 }
 
 // retryKey marks key i as needing another attempt, for reason.
@@ -173,6 +176,7 @@ func (r *keyReads) meta() *proto.NodeMeta { return &r.t.member.Meta }
 // of cached keys allocates nothing per key but its value.
 func (r *keyReads) cached(ctx context.Context) error {
 	b := r.sc.batch()
+	small := 0 // the bytes of the small records read
 	for i, k := range r.keys {
 		cl, ok := r.sc.c.cacheGet(k)
 		if !ok || cl.node != r.sc.name || cl.gen != r.sc.gen {
@@ -185,9 +189,21 @@ func (r *keyReads) cached(ctx context.Context) error {
 		if err := b.addRead(ctx, int(cl.loc.Length), raddr, rkey, false, readDone{cached: r, key: i}); err != nil {
 			return err
 		}
+		if cl.loc.Length <= sharedValueMax {
+			small += int(cl.loc.Length)
+		}
+	}
+	if small > 0 && len(r.keys) > 1 {
+		r.shared = make([]byte, 0, small)
 	}
 	return b.flush(ctx)
 }
+
+// sharedValueMax is the largest record whose value a read of several keys
+// copies into one buffer with the other small ones (each value capped, so
+// that appending to it copies): a value kept then keeps the others' bytes
+// too, at most this much each.
+const sharedValueMax = 4 << 10
 
 // cachedRead takes the READ of key i's record at its cached location.
 func (r *keyReads) cachedRead(i int, buf []byte) {
@@ -196,7 +212,13 @@ func (r *keyReads) cachedRead(i int, buf []byte) {
 		r.sc.c.cacheDrop(r.keys[i]) // superseded, deleted or moved: the index knows
 		return
 	}
-	r.vals[i], r.state[i] = append([]byte{}, rec.Value...), found
+	r.state[i] = found
+	if n := len(r.shared); len(buf) <= sharedValueMax && n+len(rec.Value) <= cap(r.shared) {
+		r.shared = append(r.shared, rec.Value...)
+		r.vals[i] = r.shared[n:len(r.shared):len(r.shared)]
+		return
+	}
+	r.vals[i] = append([]byte{}, rec.Value...)
 }
 
 // record adds a READ of the record at loc to b, calling then with its
