@@ -576,7 +576,7 @@ func (c *Client) Put(ctx context.Context, key, value []byte, opts ...OpOption) e
 		return err
 	}
 	defer cancel()
-	w := c.ids.next()
+	w := c.ids.next(proto.ShardOf(key))
 	defer c.ids.done(w)
 	return c.doKey(ctx, "PUT", key, func(ctx context.Context, sc *serverConn, t *target) error {
 		return sc.put(ctx, t, key, value, w.Write)
@@ -595,7 +595,7 @@ func (c *Client) Delete(ctx context.Context, key []byte, opts ...OpOption) error
 	}
 	defer cancel()
 	c.cacheDrop(key)
-	w := c.ids.next()
+	w := c.ids.next(proto.ShardOf(key))
 	defer c.ids.done(w)
 	return c.doKey(ctx, "DELETE", key, func(ctx context.Context, sc *serverConn, t *target) error {
 		if err := checkLimits(sc.name, t.member.Meta.Limits, key, nil); err != nil {

@@ -612,3 +612,38 @@ func TestClusterMultiPut(t *testing.T) {
 		t.Fatalf("MultiPut of nothing: %v", err)
 	}
 }
+
+// TestWriteSessionsStayPerShard: a client takes its write sessions per
+// shard, so the servers' tables of the last write of each (shard,
+// session) hold about the shards written times the writes a shard has at
+// once, not the client's concurrency times the shards. 16 goroutines
+// doing MultiPuts of 16 over every shard once filled a table of 8,192 and
+// evicted entries before their TTL (a retry of theirs would apply twice);
+// here it holds a few thousand, and evicts none.
+func TestWriteSessionsStayPerShard(t *testing.T) {
+	c := testcluster.Start(t, 1, testcluster.Options{Store: store.Options{ArenaSize: 64 << 20, ArenaCount: 2,
+		IndexSlots: 1 << 14, LeaseSize: 1 << 20, Sync: store.SyncNone, MaxSessions: 8192}})
+	cl := c.Client(t, nil)
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	for g := range 16 {
+		wg.Go(func() {
+			for b := range 40 {
+				kvs := make([]client.KV, 16)
+				for i := range kvs {
+					kvs[i] = client.KV{Key: fmt.Appendf(nil, "sess-%d-%d-%d", g, b, i), Value: []byte("v")}
+				}
+				if err := cl.MultiPut(ctx, kvs); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	st := c.Server("s1").Store().Stats()
+	t.Logf("10,240 puts in MultiPuts of 16 from 16 goroutines: %d session entries, %d evicted early", st.Sessions, st.SessionsEvictedEarly)
+	if st.SessionsEvictedEarly != 0 || st.Sessions > 4096 {
+		t.Fatalf("%d session entries, %d evicted before their TTL: want at most 4,096, none evicted", st.Sessions, st.SessionsEvictedEarly)
+	}
+}

@@ -49,7 +49,7 @@ func (c *Client) MultiPut(ctx context.Context, kvs []KV, opts ...OpOption) error
 	for i, k := range keys {
 		if last[string(k)] == i {
 			pending = append(pending, i)
-			ws[i] = c.ids.next() // each put a session of its own: a retry of any is answered once
+			ws[i] = c.ids.next(proto.ShardOf(k)) // each put a session of its own: a retry of any is answered once
 			defer c.ids.done(ws[i])
 		}
 	}

@@ -33,6 +33,7 @@ type options struct {
 	ArenaCount          int
 	IndexSlots          uint64
 	MaxIndexSlots       uint64
+	MaxSessions         int
 	LeaseSize           int64
 	SegmentSize         int64
 	RegistrationUnit    int64
@@ -162,6 +163,7 @@ func newFlagSet(o *options) *pflag.FlagSet {
 	fs.IntVar(&o.MaxArenaCount, "max-arena-count", 0, "arenas the store may grow to while serving, adding one when free space runs short with 70% of it live (0: --arena-count, no growth)")
 	fs.Uint64Var(&o.IndexSlots, "index-slots", 1<<18, "home slots the one-sided hash index starts with, a power of two (16 bytes each); it doubles while serving at load 0.6")
 	fs.Uint64Var(&o.MaxIndexSlots, "max-index-slots", 1<<26, "home slots the hash index may grow to, a power of two; new keys are refused at load 0.85 of it")
+	fs.IntVar(&o.MaxSessions, "max-sessions", 1<<18, "idempotency entries kept (the last write of each shard and writer session, ~100 bytes each, for answering retries); past it the oldest go before their 10 minutes, and rkv_idempotency_sessions_evicted_early_total counts them")
 	fs.Var(newSize(&o.LeaseSize, 1<<20), "lease-size", "largest write lease, and so the largest record: values up to it less 1056 bytes (writers ask for what they need, from 4KiB)")
 	fs.Var(newSize(&o.SegmentSize, 0), "segment-size", "unit the arenas are carved and cleaned in, a multiple of 4KiB and at least --lease-size (0: 4 leases, or one when that does not divide --arena-size); keep it across restarts")
 	fs.Var(newSize(&o.RegistrationUnit, 0), "registration-unit", "how much of an arena one memory registration covers, each advertised on its own so that the first serves while the rest are pinned; a multiple of --segment-size; beyond --arena-size, arenas register whole (0: 128MiB in whole segments)")
@@ -355,6 +357,9 @@ func (o *options) validate() error {
 	}
 	if o.MaxIndexSlots&(o.MaxIndexSlots-1) != 0 || o.MaxIndexSlots < o.IndexSlots {
 		return fmt.Errorf("--max-index-slots %d: must be a power of two, at least --index-slots %d", o.MaxIndexSlots, o.IndexSlots)
+	}
+	if o.MaxSessions < 1 {
+		return fmt.Errorf("--max-sessions %d: must be at least 1", o.MaxSessions)
 	}
 	if o.LeaseSize <= 0 || o.ArenaSize <= 0 || o.ArenaSize%o.LeaseSize != 0 {
 		return fmt.Errorf("--arena-size %d must be a positive multiple of --lease-size %d", o.ArenaSize, o.LeaseSize)

@@ -97,6 +97,7 @@ func run(args []string, environ []string, stdout, stderr io.Writer, sigs <-chan 
 			MaxArenaCount:    o.MaxArenaCount,
 			IndexSlots:       o.IndexSlots,
 			MaxIndexSlots:    o.MaxIndexSlots,
+			MaxSessions:      o.MaxSessions,
 			LeaseSize:        o.LeaseSize,
 			SegmentSize:      o.SegmentSize,
 			Sync:             o.syncMode,

@@ -30,6 +30,7 @@ type collector struct {
 	leasesActive, leasesGranted, leasesExpired, leasesRefused         *prometheus.Desc
 	commits, commitsRejected, deletes, batches, syncSeconds           *prometheus.Desc
 	keys, indexLoad, indexMoves, indexSlots, indexGrowths             *prometheus.Desc
+	sessions, sessionsEvictedEarly                                    *prometheus.Desc
 	handled, refused, connections, generation                         *prometheus.Desc
 	commitsOnQP, forwardsOnQP                                         *prometheus.Desc
 	catchUpShards, catchUpKeys, catchUpBytes, catchUpSeconds          *prometheus.Desc
@@ -41,51 +42,53 @@ func newCollector(srv *server.Server) *collector {
 		return prometheus.NewDesc("rkv_"+name, help, labels, nil)
 	}
 	return &collector{
-		srv:             srv,
-		regDone:         d("registrar_registrations_total", "Memory registrations completed successfully."),
-		regFailed:       d("registrar_failures_total", "Memory registrations the provider failed."),
-		regCanceled:     d("registrar_canceled_total", "Memory registrations cancelled by their context or by Close."),
-		regBytes:        d("registrar_registered_bytes_total", "Bytes registered successfully."),
-		regQueued:       d("registrar_queued", "Registrations waiting for a worker."),
-		regInFlight:     d("registrar_in_flight", "Registrations being pinned now."),
-		regLatency:      d("registrar_latency_seconds", "Time from submission to completion of successful registrations."),
-		arenas:          d("arenas_registered", "Arenas registered and advertised, every unit of them."),
-		arenaRegBytes:   d("arenas_registered_bytes", "Arena bytes registered and advertised so far (arenas register in units): rkv_arenas_bytes{state=\"size\"} once all are."),
-		arenaBytes:      d("arenas_bytes", "Arena bytes by state: size, live (current records), dead (for the cleaner), free.", "state"),
-		arenaReg:        d("arena_registration_seconds", "Time from the store's open to the registration of each registered arena's last unit.", "arena"),
-		storeOpen:       d("store_open_time_seconds", "Unix time the store began opening at this start: the zero of rkv_arena_registration_seconds."),
-		segments:        d("segments", "Arena segments: all of them (total) and those free.", "state"),
-		segmentsFreed:   d("segments_freed_total", "Segments that came free: emptied by overwrites, deletes, drops or the cleaner."),
-		segmentsCleaned: d("cleaner_segments_cleaned_total", "Segments the cleaner emptied."),
-		cleanerMoved:    d("cleaner_moved_bytes_total", "Record bytes the cleaner copied out of segments."),
-		committedBytes:  d("committed_bytes_total", "Record bytes of acknowledged puts (cleaner_moved_bytes_total over this is its write amplification)."),
-		leasesRefused:   d("leases_refused_total", "Write leases refused for want of space."),
-		leasesActive:    d("leases_active", "Write leases active now."),
-		leasesGranted:   d("leases_granted_total", "Write leases granted."),
-		leasesExpired:   d("leases_expired_total", "Write leases that expired unrenewed."),
-		commits:         d("commits_total", "Puts acknowledged."),
-		commitsRejected: d("commits_rejected_total", "Commits refused at validation (bad lease or record)."),
-		deletes:         d("deletes_total", "Deletes acknowledged."),
-		batches:         d("commit_batches_total", "Group commits."),
-		syncSeconds:     d("sync_seconds_total", "Time spent making commits durable (msync, fsync)."),
-		keys:            d("keys", "Keys stored."),
-		indexLoad:       d("index_load_ratio", "Hash index load factor."),
-		indexMoves:      d("index_moves_total", "Hopscotch displacements."),
-		indexSlots:      d("index_slots", "Home slots of the hash index (it doubles while serving)."),
-		indexGrowths:    d("index_growths_total", "Times the hash index grew while serving."),
-		handled:         d("control_requests_total", "Control RPC requests handled, by type.", "type"),
-		commitsOnQP:     d("qp_commits_total", "Commits and commit batches that came on a session's write QP after their records' WRITE (a PUT in one round trip), not as control RPCs; control_requests_total counts them too."),
-		forwardsOnQP:    d("qp_forwards_total", "Replica commits and deletes a primary forwarded on this server's write QP (a SEND each way), not as control RPCs; control_requests_total counts them too."),
-		refused:         d("control_errors_total", "Control RPC requests answered with an error, by its code (Hellos refused included).", "code"),
-		connections:     d("control_connections", "Open control connections."),
-		generation:      d("generation", "The store's generation of this start."),
-		catchUpShards:   d("catchup_shards", "Shards the moves into this server are copying now (catching up), by state: copying (all of them) and copied (a pass copied them completely; later passes take what changed).", "state"),
-		catchUpKeys:     d("catchup_copied_keys", "Records and deletes the moves copying now have copied so far."),
-		catchUpBytes:    d("catchup_copied_bytes", "Record bytes the moves copying now have copied so far."),
-		catchUpSeconds:  d("catchup_seconds", "Time since the earliest move copying now began; 0 when none runs."),
-		movedIn:         d("moved_in_shards_total", "Shards the moves into this server finished (promotions included)."),
-		pulledKeys:      d("copy_pulled_keys_total", "Records and deletes every copy pass into this server brought, of moves finished, running or aborted."),
-		pulledBytes:     d("copy_pulled_bytes_total", "Record bytes every copy pass into this server brought (its rate is the copy's MiB/s)."),
+		srv:                  srv,
+		regDone:              d("registrar_registrations_total", "Memory registrations completed successfully."),
+		regFailed:            d("registrar_failures_total", "Memory registrations the provider failed."),
+		regCanceled:          d("registrar_canceled_total", "Memory registrations cancelled by their context or by Close."),
+		regBytes:             d("registrar_registered_bytes_total", "Bytes registered successfully."),
+		regQueued:            d("registrar_queued", "Registrations waiting for a worker."),
+		regInFlight:          d("registrar_in_flight", "Registrations being pinned now."),
+		regLatency:           d("registrar_latency_seconds", "Time from submission to completion of successful registrations."),
+		arenas:               d("arenas_registered", "Arenas registered and advertised, every unit of them."),
+		arenaRegBytes:        d("arenas_registered_bytes", "Arena bytes registered and advertised so far (arenas register in units): rkv_arenas_bytes{state=\"size\"} once all are."),
+		arenaBytes:           d("arenas_bytes", "Arena bytes by state: size, live (current records), dead (for the cleaner), free.", "state"),
+		arenaReg:             d("arena_registration_seconds", "Time from the store's open to the registration of each registered arena's last unit.", "arena"),
+		storeOpen:            d("store_open_time_seconds", "Unix time the store began opening at this start: the zero of rkv_arena_registration_seconds."),
+		segments:             d("segments", "Arena segments: all of them (total) and those free.", "state"),
+		segmentsFreed:        d("segments_freed_total", "Segments that came free: emptied by overwrites, deletes, drops or the cleaner."),
+		segmentsCleaned:      d("cleaner_segments_cleaned_total", "Segments the cleaner emptied."),
+		cleanerMoved:         d("cleaner_moved_bytes_total", "Record bytes the cleaner copied out of segments."),
+		committedBytes:       d("committed_bytes_total", "Record bytes of acknowledged puts (cleaner_moved_bytes_total over this is its write amplification)."),
+		leasesRefused:        d("leases_refused_total", "Write leases refused for want of space."),
+		leasesActive:         d("leases_active", "Write leases active now."),
+		leasesGranted:        d("leases_granted_total", "Write leases granted."),
+		leasesExpired:        d("leases_expired_total", "Write leases that expired unrenewed."),
+		commits:              d("commits_total", "Puts acknowledged."),
+		commitsRejected:      d("commits_rejected_total", "Commits refused at validation (bad lease or record)."),
+		deletes:              d("deletes_total", "Deletes acknowledged."),
+		batches:              d("commit_batches_total", "Group commits."),
+		syncSeconds:          d("sync_seconds_total", "Time spent making commits durable (msync, fsync)."),
+		keys:                 d("keys", "Keys stored."),
+		indexLoad:            d("index_load_ratio", "Hash index load factor."),
+		indexMoves:           d("index_moves_total", "Hopscotch displacements."),
+		indexSlots:           d("index_slots", "Home slots of the hash index (it doubles while serving)."),
+		indexGrowths:         d("index_growths_total", "Times the hash index grew while serving."),
+		sessions:             d("idempotency_sessions", "Idempotency entries held: the last write of each (shard, writer session), for answering retries."),
+		sessionsEvictedEarly: d("idempotency_sessions_evicted_early_total", "Idempotency entries dropped before their TTL because the table was full: a retry of their write would apply twice. If it grows, raise --max-sessions."),
+		handled:              d("control_requests_total", "Control RPC requests handled, by type.", "type"),
+		commitsOnQP:          d("qp_commits_total", "Commits and commit batches that came on a session's write QP after their records' WRITE (a PUT in one round trip), not as control RPCs; control_requests_total counts them too."),
+		forwardsOnQP:         d("qp_forwards_total", "Replica commits and deletes a primary forwarded on this server's write QP (a SEND each way), not as control RPCs; control_requests_total counts them too."),
+		refused:              d("control_errors_total", "Control RPC requests answered with an error, by its code (Hellos refused included).", "code"),
+		connections:          d("control_connections", "Open control connections."),
+		generation:           d("generation", "The store's generation of this start."),
+		catchUpShards:        d("catchup_shards", "Shards the moves into this server are copying now (catching up), by state: copying (all of them) and copied (a pass copied them completely; later passes take what changed).", "state"),
+		catchUpKeys:          d("catchup_copied_keys", "Records and deletes the moves copying now have copied so far."),
+		catchUpBytes:         d("catchup_copied_bytes", "Record bytes the moves copying now have copied so far."),
+		catchUpSeconds:       d("catchup_seconds", "Time since the earliest move copying now began; 0 when none runs."),
+		movedIn:              d("moved_in_shards_total", "Shards the moves into this server finished (promotions included)."),
+		pulledKeys:           d("copy_pulled_keys_total", "Records and deletes every copy pass into this server brought, of moves finished, running or aborted."),
+		pulledBytes:          d("copy_pulled_bytes_total", "Record bytes every copy pass into this server brought (its rate is the copy's MiB/s)."),
 	}
 }
 
@@ -154,6 +157,8 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.indexMoves, float64(st.IndexMoves))
 	gauge(c.indexSlots, float64(st.IndexSlots))
 	counter(c.indexGrowths, float64(st.IndexGrowths))
+	gauge(c.sessions, float64(st.Sessions))
+	counter(c.sessionsEvictedEarly, float64(st.SessionsEvictedEarly))
 
 	ss := c.srv.Stats()
 	for _, t := range []proto.MsgType{proto.MsgHello, proto.MsgGrantLease, proto.MsgCommit, proto.MsgCommitBatch, proto.MsgDelete, proto.MsgScan, proto.MsgEndLease, proto.MsgStats} {
