@@ -491,6 +491,10 @@ func TestClusterMultiGet(t *testing.T) {
 	if v := vals[n+50]; v == nil || len(v) != 0 {
 		t.Fatalf("empty value read as %#v, want an empty non-nil slice", v)
 	}
+	// Alone (no shared buffer) the empty value is still present.
+	if one, err := cl.MultiGet(ctx, [][]byte{[]byte("empty")}); err != nil || one[0] == nil || len(one[0]) != 0 {
+		t.Fatalf("MultiGet of the empty value alone: %#v, %v", one, err)
+	}
 	if _, err := cl.MultiGet(ctx, [][]byte{{}}); !errors.Is(err, client.ErrInvalid) {
 		t.Fatalf("MultiGet of an empty key: %v", err)
 	}

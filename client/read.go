@@ -213,7 +213,7 @@ func (r *keyReads) cachedRead(i int, buf []byte) {
 		return
 	}
 	r.state[i] = found
-	if n := len(r.shared); len(buf) <= sharedValueMax && n+len(rec.Value) <= cap(r.shared) {
+	if n := len(r.shared); cap(r.shared) > 0 && len(buf) <= sharedValueMax && n+len(rec.Value) <= cap(r.shared) {
 		r.shared = append(r.shared, rec.Value...)
 		r.vals[i] = r.shared[n:len(r.shared):len(r.shared)]
 		return
