@@ -63,7 +63,7 @@ type Membership struct {
 
 	syncs sync.WaitGroup // exchanges syncServers and Refresh started; Add under mu, while not closed
 
-	refreshed map[string]time.Time // when Refresh last exchanged state with each member; under mu
+	refreshed map[string]refresh // Refresh's last exchange with each member; under mu
 
 	wake chan struct{} // cap 1: pushes queued
 	stop chan struct{}
@@ -99,7 +99,7 @@ func CreateContext(ctx context.Context, cfg Config) (*Membership, error) {
 		pending:    map[string][]proto.ArenaTable{},
 		subs:       map[*subscriber]struct{}{},
 		pushTo:     map[string]struct{}{},
-		refreshed:  map[string]time.Time{},
+		refreshed:  map[string]refresh{},
 		creating:   true,
 		wake:       make(chan struct{}, 1),
 		stop:       make(chan struct{}),

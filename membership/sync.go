@@ -168,18 +168,20 @@ const refreshGap = 10 * time.Millisecond
 // member itself shows (a server that answers with a newer generation,
 // that serves arenas or an index its record does not show yet) calls it
 // and tries again shortly. Refresh does not block and is safe for
-// concurrent use; a call within refreshGap of the last exchange with the
-// same member, or for a member not in the view, does nothing. The record
-// arrives as an EventUpdate, as by gossip.
+// concurrent use; a call while an exchange with the same member runs (a
+// dead host's lasts up to Tuning.TCPTimeout) or within refreshGap of the
+// last, or for a member not in the view, does nothing. The record arrives
+// as an EventUpdate, as by gossip.
 func (m *Membership) Refresh(name string) {
 	m.mu.Lock()
 	mb := m.members[name]
 	now := time.Now()
-	if m.closed || mb == nil || name == m.name || now.Sub(m.refreshed[name]) < refreshGap {
+	r, seen := m.refreshed[name]
+	if m.closed || mb == nil || name == m.name || seen && (r.running || now.Sub(r.at) < refreshGap) {
 		m.mu.Unlock()
 		return
 	}
-	m.refreshed[name] = now
+	m.refreshed[name] = refresh{at: now, running: true}
 	addr := mb.Addr.String()
 	m.syncs.Add(1)
 	m.mu.Unlock()
@@ -190,5 +192,17 @@ func (m *Membership) Refresh(name string) {
 		if _, err := m.ml.Join([]string{addr}); err != nil {
 			m.s.Logger.Debug("exchanging state", "with", addr, "err", err)
 		}
+		m.mu.Lock()
+		if r, ok := m.refreshed[name]; ok {
+			r.running = false
+			m.refreshed[name] = r
+		}
+		m.mu.Unlock()
 	}()
+}
+
+// refresh is the last of Refresh's exchanges with a member.
+type refresh struct {
+	at      time.Time
+	running bool
 }
