@@ -55,6 +55,8 @@ func BenchmarkReadParallel(b *testing.B) {
 	}
 	var next atomic.Int64
 	ctx := context.Background()
+	link := conns[0].qp.(*qp).out.Load()
+	writes0 := link.w.writes.Load()
 	b.SetParallelism(fanInParallelism)
 	b.SetBytes(fanInSize)
 	b.ReportAllocs()
@@ -77,6 +79,7 @@ func BenchmarkReadParallel(b *testing.B) {
 		}
 	})
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "ops/s")
+	b.ReportMetric(float64(b.N)/float64(link.w.writes.Load()-writes0), "READs/write")
 }
 
 // BenchmarkTCPFanIn models BenchmarkReadParallel in raw TCP: 8 x

@@ -4,6 +4,7 @@ package soft
 
 import (
 	"net"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -115,24 +116,34 @@ func (w *linkWriter) addFromLocked(c *atomic.Uint64) {
 // others left meanwhile, until nothing is pending; otherwise b is copied
 // to the pending buffer and submit returns at once. It returns the link's
 // write error, if it has one; b may be reused when submit returns.
-func (w *linkWriter) submit(b []byte, from *atomic.Uint64) error { return w.enqueue(b, from, nil) }
+func (w *linkWriter) submit(b []byte, from *atomic.Uint64) error {
+	return w.enqueue(b, from, nil, false)
+}
+
+// submitYielding is submit for a poster that expects others to post in a
+// moment (see enqueue).
+func (w *linkWriter) submitYielding(b []byte, from *atomic.Uint64) error {
+	return w.enqueue(b, from, nil, true)
+}
 
 // submitMany is submit for frames counted by several QPs: the responder's
 // batch.
 func (w *linkWriter) submitMany(b []byte, from []*atomic.Uint64) error {
-	return w.enqueue(b, nil, from)
+	return w.enqueue(b, nil, from, false)
 }
 
-// enqueue is submit's and submitMany's body: b counted by one and by each
-// of many, as write counts them.
-func (w *linkWriter) enqueue(b []byte, one *atomic.Uint64, many []*atomic.Uint64) error {
+// enqueue is the body of the submits: b counted by one and by each of
+// many, as write counts them. A yielding caller that finds nobody writing
+// lets the goroutines that are ready run before it writes, so that their
+// frames leave in its write.
+func (w *linkWriter) enqueue(b []byte, one *atomic.Uint64, many []*atomic.Uint64, yield bool) error {
 	w.mu.Lock()
 	if w.err != nil {
 		err := w.err
 		w.mu.Unlock()
 		return err
 	}
-	if w.flushing || len(w.pending) > 0 {
+	if w.flushing || len(w.pending) > 0 || yield {
 		// Behind what is pending: frames of one QP must not pass each
 		// other. (Pending frames with nobody flushing wait for a large
 		// frame that was given the role, or for this caller.)
@@ -147,6 +158,9 @@ func (w *linkWriter) enqueue(b []byte, one *atomic.Uint64, many []*atomic.Uint64
 		}
 		w.flushing = true
 		w.mu.Unlock()
+		if yield {
+			runtime.Gosched()
+		}
 		return w.drain(nil)
 	}
 	w.flushing = true

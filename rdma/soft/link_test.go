@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -84,8 +85,10 @@ func TestQPsShareOneLink(t *testing.T) {
 
 // Frames of many QPs that are ready while the link is being written leave
 // together in the next write.
-func TestFramesOfManyQPsLeaveInOneWrite(t *testing.T) {
-	const n = 8
+// newIdlePair is newDevicePair with every QP attached, its link up, and
+// its transmitter idle.
+func newIdlePair(t *testing.T, n int) *devicePair {
+	t.Helper()
 	p := newDevicePair(t, n, 256, rdma.QPConfig{})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -104,6 +107,17 @@ func TestFramesOfManyQPsLeaveInOneWrite(t *testing.T) {
 			return nil
 		})
 	}
+	return p
+}
+
+// readOf is a signaled 8-byte READ of q's remote slot.
+func readOf(q *qpPair, id uint64) rdma.SendWR {
+	return rdma.SendWR{ID: id, Op: rdma.OpRead, Flags: rdma.Signaled, SGL: sgl(q.local, 0, 8), RemoteAddr: q.remote.Addr(), RKey: q.remote.RKey()}
+}
+
+func TestFramesOfManyQPsLeaveInOneWrite(t *testing.T) {
+	const n = 8
+	p := newIdlePair(t, n)
 	l := p.qps[0].x.(*qp).out.Load()
 	w := &l.w
 	// Hold the flusher role, as a writer busy in a syscall would.
@@ -114,7 +128,7 @@ func TestFramesOfManyQPsLeaveInOneWrite(t *testing.T) {
 	qpWrites := make([]uint64, n)
 	for i, q := range p.qps {
 		qpWrites[i] = q.x.(*qp).tx.w.writes.Load()
-		post(t, q.x, rdma.SendWR{ID: 7, Op: rdma.OpRead, Flags: rdma.Signaled, SGL: sgl(q.local, 0, 8), RemoteAddr: q.remote.Addr(), RKey: q.remote.RKey()})
+		post(t, q.x, readOf(q, 7))
 	}
 	if got := w.writes.Load() - writes0; got != 0 {
 		t.Fatalf("%d writes while the role was held", got)
@@ -130,6 +144,102 @@ func TestFramesOfManyQPsLeaveInOneWrite(t *testing.T) {
 		if got := q.x.(*qp).tx.w.writes.Load() - qpWrites[i]; got != 1 {
 			t.Errorf("QP %d: its request left in %d writes, want 1", i, got)
 		}
+	}
+}
+
+// The responses of one read for several QPs mark the link bunched; a read
+// bringing one QP's clears the mark.
+func TestBunchedResponsesMarkTheLink(t *testing.T) {
+	const n = 8
+	p := newIdlePair(t, n)
+	l := p.qps[0].x.(*qp).out.Load()
+	for round := 0; ; round++ {
+		// The READs leave in one write, the peer reads them in one read
+		// and answers them in one write: unless TCP splits a few hundred
+		// bytes, they come back in one read.
+		l.w.mu.Lock()
+		l.w.flushing = true
+		l.w.mu.Unlock()
+		for _, q := range p.qps {
+			post(t, q.x, readOf(q, 1))
+		}
+		if err := l.w.drain(nil); err != nil {
+			t.Fatal(err)
+		}
+		for _, q := range p.qps {
+			expectStatus(t, q.cx, 1, rdma.StatusSuccess)
+		}
+		// The mark is set after the last response's completion.
+		deadline := time.Now().Add(time.Second)
+		for !l.bunched.Load() && time.Now().Before(deadline) {
+			time.Sleep(time.Millisecond)
+		}
+		if l.bunched.Load() {
+			break
+		}
+		if round == 9 {
+			t.Fatalf("%d rounds of %d READs answered together: link never marked bunched", round+1, n)
+		}
+	}
+	q := p.qps[0]
+	post(t, q.x, readOf(q, 2))
+	expectStatus(t, q.cx, 2, rdma.StatusSuccess)
+	eventually(t, "the mark cleared by a lone response", func() error {
+		if l.bunched.Load() {
+			return errors.New("still bunched")
+		}
+		return nil
+	})
+}
+
+// A READ posted on a bunched link, while the goroutines woken with its
+// poster are about to post theirs, waits for them: all leave in one write.
+// Posted on a link that is not bunched, each leaves in its own. One P makes
+// the schedule repeatable: the others run exactly when the poster yields.
+func TestReadsPostedTogetherLeaveInOneWrite(t *testing.T) {
+	const n = 8
+	for _, bunched := range []bool{true, false} {
+		t.Run(fmt.Sprintf("bunched=%v", bunched), func(t *testing.T) {
+			p := newIdlePair(t, n)
+			l := p.qps[0].x.(*qp).out.Load()
+			defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+			l.bunched.Store(bunched)
+			writes0 := l.w.writes.Load()
+			start := make(chan struct{})
+			errs := make(chan error, n)
+			var wg sync.WaitGroup
+			for _, q := range p.qps[1:] {
+				wg.Go(func() {
+					<-start
+					errs <- q.x.PostSend([]rdma.SendWR{readOf(q, 3)})
+				})
+			}
+			close(start)
+			post(t, p.qps[0].x, readOf(p.qps[0], 3))
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			got := l.w.writes.Load() - writes0
+			runtime.GOMAXPROCS(2) // the completions need the reader
+			for _, q := range p.qps {
+				expectStatus(t, q.cx, 3, rdma.StatusSuccess)
+			}
+			// The scheduler runs a goroutine of the global queue, where
+			// the poster yields to, once in 61 turns: it may then write
+			// before the last of the others posted, and one of those
+			// writes the rest.
+			if bunched && got > 3 {
+				t.Errorf("%d READs posted together on a bunched link left in %d writes, want at most 3", n, got)
+			}
+			if !bunched && got < n-1 {
+				t.Errorf("%d READs posted together on a link not bunched left in %d writes, want one each", n, got)
+			}
+			t.Logf("bunched=%v: %d READs in %d writes", bunched, n, got)
+		})
 	}
 }
 

@@ -47,6 +47,14 @@ type linkReader struct {
 	ctx     context.Context
 	expired []*qp // scratch of stillWaiting
 
+	// bunched says that the last read of the socket brought
+	// responses for more than one QP: what the link writer looks at
+	// (linkWriter.bunched). bunchedQPs counts the QPs of the read under
+	// way, bunchedLast is the last of them; the token's holder owns both.
+	bunched     atomic.Bool
+	bunchedQPs  int
+	bunchedLast *qp
+
 	// progress is now() of the last sign of life of the peer: a byte read,
 	// or a chunk of a large request written.
 	progress atomic.Int64

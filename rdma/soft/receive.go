@@ -69,8 +69,24 @@ func (l *outLink) readFrame(c *cq) (pushed, idle bool, err error) {
 		return false, false, l.discard(int(r.length))
 	}
 	pushed, idle, err = q.onResponse(l, &r, c)
+	l.noteBunched(q)
 	// Another QP's being idle is no reason for an inline reader to stop.
 	return pushed, idle && q.sendCQ == c, err
+}
+
+// noteBunched counts a response read for q, and when the read buffer is
+// empty says whether its read brought responses for more than one QP.
+func (l *outLink) noteBunched(q *qp) {
+	if q != l.bunchedLast {
+		l.bunchedQPs++
+		l.bunchedLast = q
+	}
+	if l.br.Buffered() == 0 {
+		if b := l.bunchedQPs > 1; b != l.bunched.Load() {
+			l.bunched.Store(b)
+		}
+		l.bunchedQPs, l.bunchedLast = 0, nil
+	}
 }
 
 func (l *outLink) readError(err error) error {

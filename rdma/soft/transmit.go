@@ -38,6 +38,8 @@ type transmitter struct {
 	hdr    [requestHeaderSize]byte
 	pieces [][]byte // scratch: the SGEs of a large request
 	broken bool     // a write failed: the link's reader reports it
+	// nonRead: the batch holds a request other than a READ.
+	nonRead bool
 }
 
 // epoch is the origin of now's monotonic clock.
@@ -246,11 +248,21 @@ func (q *qp) flushTx(l *outLink) {
 		return
 	}
 	if l != nil && !q.tx.broken {
-		if err := l.w.submit(q.tx.w.buf, &q.tx.w.writes); err != nil {
+		var err error
+		if !q.tx.nonRead && l.bunched.Load() {
+			// Doorbell batching across QPs: the goroutines woken with
+			// this one by the link's last batch of responses run while
+			// it yields, and their READs leave in its write.
+			err = l.w.submitYielding(q.tx.w.buf, &q.tx.w.writes)
+		} else {
+			err = l.w.submit(q.tx.w.buf, &q.tx.w.writes)
+		}
+		if err != nil {
 			q.tx.broken = true
 		}
 	}
 	q.tx.w.buf = q.tx.w.buf[:0]
+	q.tx.nonRead = false
 }
 
 // completeLocalErrLocked completes the head request, which failed locally,
@@ -279,6 +291,9 @@ func (q *qp) writeRequest(l *outLink, w *sendWQE, seq uint32) error {
 		defer unlockSGL(w.sgl)
 	}
 	b := &q.tx.w
+	if w.op != rdma.OpRead {
+		q.tx.nonRead = true
+	}
 	if payload <= copyMax {
 		if len(b.buf)+requestHeaderSize+payload > cap(b.buf) {
 			q.flushTx(l)
@@ -304,6 +319,7 @@ func (q *qp) writeRequest(l *outLink, w *sendWQE, seq uint32) error {
 	err := l.w.writeFrame(b.buf, &b.writes, nil, q.tx.pieces, 0, &l.progress)
 	clear(q.tx.pieces)
 	b.buf = b.buf[:0]
+	q.tx.nonRead = false
 	return err
 }
 
