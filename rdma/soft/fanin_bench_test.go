@@ -55,6 +55,16 @@ func BenchmarkReadParallel(b *testing.B) {
 	}
 	var next atomic.Int64
 	ctx := context.Background()
+	// One READ on each QP first: its link is up (attached) once it
+	// completes, and its write counter is there to read.
+	for _, c := range conns {
+		if err := c.qp.PostSend(c.wr); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := c.cq.Wait(ctx, c.wc); err != nil || c.wc[0].Status != rdma.StatusSuccess {
+			b.Fatal(err, c.wc[0].Status)
+		}
+	}
 	link := conns[0].qp.(*qp).out.Load()
 	writes0 := link.w.writes.Load()
 	b.SetParallelism(fanInParallelism)
