@@ -95,13 +95,16 @@ func (l *outLink) run() {
 	}
 }
 
-// readLoop reads until the link is lazy and idle, or fails.
+// readLoop reads until the link is lazy and idle, or fails. Idleness,
+// which takes every QP's lock to tell, is looked at only once the frames
+// read together are handled: while bytes are buffered there is more to
+// read anyway.
 func (l *outLink) readLoop() error {
 	for {
 		if _, _, err := l.readFrame(nil); err != nil && err != errInterrupted {
 			return err
 		}
-		if !l.eager.Load() && l.releaseIfIdle() {
+		if !l.eager.Load() && l.br.Buffered() == 0 && l.releaseIfIdle() {
 			return nil
 		}
 	}
