@@ -48,14 +48,15 @@
 // write in progress leaves its batch pending and returns, so the frames
 // of all the QPs that are ready together leave in one write. Goroutines
 // woken together by one read of responses are ready together only if the
-// first waits for the others: a batch of READs posted on a link whose last
-// read brought responses for several QPs ("bunched") yields once before
-// its write. The responder hands over its answers the same way. Payloads over 4 KiB
-// leave by writev straight from registered memory, holding the writer
-// until their frame is out, as frames cannot interleave. A write blocked
-// for the longest budget of the link's QPs (the peer read nothing all
-// that time) breaks the link: the device's sweeper goroutine looks every
-// second (a write deadline, renewed per write, cost 1% of a lone READ).
+// first waits for the others: a batch of READs posted on a link whose
+// last read brought responses for several QPs ("bunched") yields once
+// before its write. The responder hands over its answers the same way.
+// Payloads over 4 KiB leave by writev straight from registered memory,
+// holding the writer until their frame is out, as frames cannot
+// interleave. A write blocked for the longest budget of the link's QPs
+// (the peer read nothing all that time) breaks the link: the device's
+// sweeper goroutine looks every second (a write deadline, renewed per
+// write, cost 1% of a lone READ).
 //
 // # Wire format
 //

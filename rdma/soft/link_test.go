@@ -202,7 +202,8 @@ func TestReadsPostedTogetherLeaveInOneWrite(t *testing.T) {
 		t.Run(fmt.Sprintf("bunched=%v", bunched), func(t *testing.T) {
 			p := newIdlePair(t, n)
 			l := p.qps[0].x.(*qp).out.Load()
-			defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+			procs := runtime.GOMAXPROCS(1)
+			defer runtime.GOMAXPROCS(procs)
 			l.bunched.Store(bunched)
 			writes0 := l.w.writes.Load()
 			start := make(chan struct{})
@@ -224,7 +225,7 @@ func TestReadsPostedTogetherLeaveInOneWrite(t *testing.T) {
 				}
 			}
 			got := l.w.writes.Load() - writes0
-			runtime.GOMAXPROCS(2) // the completions need the reader
+			runtime.GOMAXPROCS(procs)
 			for _, q := range p.qps {
 				expectStatus(t, q.cx, 3, rdma.StatusSuccess)
 			}

@@ -47,10 +47,11 @@ type linkReader struct {
 	ctx     context.Context
 	expired []*qp // scratch of stillWaiting
 
-	// bunched says that the last read of the socket brought
-	// responses for more than one QP: what the link writer looks at
-	// (linkWriter.bunched). bunchedQPs counts the QPs of the read under
-	// way, bunchedLast is the last of them; the token's holder owns both.
+	// bunched says that the last read of the socket brought responses
+	// for more than one QP: a batch of READs posted meanwhile yields
+	// before its write (flushTx). bunchedQPs counts the QPs of the read
+	// under way, bunchedLast is the last of them; the token's holder owns
+	// both.
 	bunched     atomic.Bool
 	bunchedQPs  int
 	bunchedLast *qp
