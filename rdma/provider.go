@@ -256,7 +256,9 @@ type QP interface {
 	// system call (verbs) or while it writes the requests to the
 	// connection from the caller's goroutine (soft, up to 256 KiB per
 	// call; longer ones go to a goroutine), which can take as long as the
-	// peer leaves its socket buffer full. Concurrent PostSends on one QP
+	// peer leaves its socket buffer full; soft's PostSend of READs may also
+	// yield the processor once first, so that other goroutines' READs leave
+	// in the same write (see rdma/soft). Concurrent PostSends on one QP
 	// are serialised: each call's requests are queued together, in
 	// order, and the order between concurrent calls is unspecified.
 	PostSend(wrs []SendWR) error
