@@ -291,12 +291,12 @@ func (q *qp) writeRequest(l *outLink, w *sendWQE, seq uint32) error {
 		defer unlockSGL(w.sgl)
 	}
 	b := &q.tx.w
-	if w.op != rdma.OpRead {
-		q.tx.nonRead = true
-	}
 	if payload <= copyMax {
 		if len(b.buf)+requestHeaderSize+payload > cap(b.buf) {
 			q.flushTx(l)
+		}
+		if w.op != rdma.OpRead {
+			q.tx.nonRead = true // after the flush, which starts a new batch
 		}
 		n := len(b.buf)
 		b.buf = b.buf[:n+requestHeaderSize]
