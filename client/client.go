@@ -34,6 +34,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"log/slog"
 	"os"
 	"slices"
@@ -201,8 +202,12 @@ type Client struct {
 	closed  bool
 	servers map[poolKey]*serverPool
 
-	cacheMu sync.Mutex
-	cache   map[string]*cachedLoc // values updated in place
+	// The location cache, keyed by cacheKey. Neither its keys nor its
+	// values hold a pointer, so the garbage collector, which a client
+	// reading many values keeps busy, never scans it.
+	cacheMu   sync.Mutex
+	cache     map[uint64]cachedLoc
+	cacheSeed maphash.Seed
 
 	reads   atomic.Uint64 // RDMA_READs posted
 	retries retryCounters // retried attempts by operation (Retries)
@@ -213,9 +218,11 @@ type Client struct {
 // confirm a miss).
 func (c *Client) Reads() uint64 { return c.reads.Load() }
 
-// cachedLoc is where a key's record was last found.
+// cachedLoc is where a key's record was last found: in the server whose
+// name hashes to node (serverConn.node), at its generation gen. The zero
+// cachedLoc stands for none: no record is empty.
 type cachedLoc struct {
-	node string
+	node uint64
 	gen  uint64
 	loc  proto.Location
 }
@@ -264,7 +271,7 @@ func New(ctx context.Context, cfg Config) (_ *Client, err error) {
 	if cfg.Name == "" {
 		cfg.Name = defaultName()
 	}
-	c := &Client{name: cfg.Name, cfg: cfg, log: cfg.Logger, dev: cfg.Device, servers: map[poolKey]*serverPool{}, cache: map[string]*cachedLoc{},
+	c := &Client{name: cfg.Name, cfg: cfg, log: cfg.Logger, dev: cfg.Device, servers: map[poolKey]*serverPool{}, cache: map[uint64]cachedLoc{}, cacheSeed: maphash.MakeSeed(),
 		deadlines: sharedDeadlines{timeout: cfg.RetryTimeout}, liveChecks: sharedDeadlines{timeout: liveCheckEvery}}
 	c.maps.init()
 	if c.pd, err = c.dev.AllocPD(); err != nil {
@@ -400,34 +407,52 @@ func checkKey(key []byte) error {
 	return nil
 }
 
-func (c *Client) cacheGet(key []byte) (cachedLoc, bool) {
+// cacheKey is key's entry in the location cache: a hash, so that two keys
+// may share an entry. That costs only a READ: a record read at a cached
+// location is verified to be key's (proto.VerifyRecord) before it is used,
+// and one that is not drops the entry.
+func (c *Client) cacheKey(key []byte) uint64 { return maphash.Bytes(c.cacheSeed, key) }
+
+// cacheGet is key's entry: the zero cachedLoc if it has none.
+func (c *Client) cacheGet(key []byte) cachedLoc {
+	h := c.cacheKey(key)
 	c.cacheMu.Lock()
-	defer c.cacheMu.Unlock()
-	if l, ok := c.cache[string(key)]; ok {
-		return *l, true
+	l := c.cache[h]
+	c.cacheMu.Unlock()
+	return l
+}
+
+// cacheGetAll sets dst (grown and reused) to the entries of keys, as
+// cacheGet would, under one lock.
+func (c *Client) cacheGetAll(keys [][]byte, dst []cachedLoc) []cachedLoc {
+	dst = slices.Grow(dst[:0], len(keys))[:len(keys)]
+	hashes := make([]uint64, 0, 32) // on the stack for up to 32 keys
+	for _, k := range keys {
+		hashes = append(hashes, c.cacheKey(k))
 	}
-	return cachedLoc{}, false
+	c.cacheMu.Lock()
+	for i, h := range hashes {
+		dst[i] = c.cache[h]
+	}
+	c.cacheMu.Unlock()
+	return dst
 }
 
 func (c *Client) cachePut(key []byte, l cachedLoc) {
+	h := c.cacheKey(key)
 	c.cacheMu.Lock()
 	defer c.cacheMu.Unlock()
-	if p, ok := c.cache[string(key)]; ok {
-		*p = l // a key's location changes in place: no new string per PUT
-		return
-	}
-	if len(c.cache) >= maxCache {
+	if _, ok := c.cache[h]; !ok && len(c.cache) >= maxCache {
 		clear(c.cache)
 	}
-	p := new(cachedLoc) // not &l: l would move to the heap on every call
-	*p = l
-	c.cache[string(key)] = p
+	c.cache[h] = l
 }
 
 func (c *Client) cacheDrop(key []byte) {
+	h := c.cacheKey(key)
 	c.cacheMu.Lock()
-	defer c.cacheMu.Unlock()
-	delete(c.cache, string(key))
+	delete(c.cache, h)
+	c.cacheMu.Unlock()
 }
 
 // Get returns key's value, read one-sidedly from its server's memory.

@@ -235,6 +235,45 @@ func TestGetFallsBackFromAStaleLocation(t *testing.T) {
 	}
 }
 
+// Keys whose hashes collide share a location-cache entry: a GET or a
+// MultiGet of one that finds the other's location there reads that record,
+// sees it is not its key's, and falls back to the index.
+func TestKeysSharingACacheEntry(t *testing.T) {
+	c := startCluster(t, 1)
+	cl := newClient(t, c)
+	ctx := context.Background()
+	a, b := []byte("alpha"), []byte("bravo")
+	for _, k := range [][]byte{a, b} {
+		if err := cl.Put(ctx, k, append([]byte("value of "), k...)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	get := func(k []byte, reads uint64) {
+		t.Helper()
+		before := cl.Reads()
+		if v, err := cl.Get(ctx, k); err != nil || string(v) != "value of "+string(k) {
+			t.Fatalf("Get(%s) = %q, %v", k, v, err)
+		}
+		if got := cl.Reads() - before; got != reads {
+			t.Fatalf("Get(%s) took %d READs, want %d", k, got, reads)
+		}
+	}
+	get(a, 1) // the puts cached both locations
+	if !client.CollideInCache(cl, a, b) {
+		t.Fatal("no cache entry for a key just written")
+	}
+	get(b, 3) // a's record, then b's neighborhood and record
+	get(b, 1) // b's own location again
+	get(a, 1)
+	if !client.CollideInCache(cl, b, a) {
+		t.Fatal("no cache entry for a key just read")
+	}
+	vals, err := cl.MultiGet(ctx, [][]byte{a, b})
+	if err != nil || string(vals[0]) != "value of alpha" || string(vals[1]) != "value of bravo" {
+		t.Fatalf("MultiGet = %q, %v", vals, err)
+	}
+}
+
 func TestGetAppend(t *testing.T) {
 	c := startCluster(t, 1)
 	cl := newClient(t, c)

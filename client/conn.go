@@ -21,6 +21,7 @@ import (
 type serverConn struct {
 	c    *Client
 	name string
+	node uint64 // name's xxhash, as the location cache names servers
 
 	mu     chanMutex
 	closed bool
@@ -295,7 +296,7 @@ func (sc *serverConn) put(ctx context.Context, t *target, key, value []byte, w p
 		return err
 	}
 	if cr := r.(*proto.CommitReply); cr.Length != 0 {
-		sc.c.cachePut(key, cachedLoc{node: sc.name, gen: sc.gen, loc: proto.Location{Arena: cr.Arena, Offset: cr.Offset, Length: cr.Length}})
+		sc.c.cachePut(key, sc.located(proto.Location{Arena: cr.Arena, Offset: cr.Offset, Length: cr.Length}))
 	} else {
 		sc.c.cacheDrop(key) // a retry answered from the first attempt, since superseded
 	}

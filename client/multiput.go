@@ -244,7 +244,7 @@ func (sc *serverConn) writeBatch(ctx context.Context, t *target, kvs []KV, idx [
 		}
 		b.done[j] = true
 		if res.Reply.Length != 0 {
-			sc.c.cachePut(kv.Key, cachedLoc{node: sc.name, gen: sc.gen, loc: proto.Location{Arena: res.Reply.Arena, Offset: res.Reply.Offset, Length: res.Reply.Length}})
+			sc.c.cachePut(kv.Key, sc.located(proto.Location{Arena: res.Reply.Arena, Offset: res.Reply.Offset, Length: res.Reply.Length}))
 		} else {
 			sc.c.cacheDrop(kv.Key) // a retry answered from the first attempt, since superseded
 		}

@@ -6,6 +6,8 @@ import (
 	"context"
 	"errors"
 	"sync"
+
+	"github.com/cespare/xxhash/v2"
 )
 
 // serverPool holds up to Config.ConnsPerServer connections to one server,
@@ -48,7 +50,7 @@ func (p *serverPool) acquire(ctx context.Context) (*serverConn, error) {
 		if p.closed {
 			return nil, ErrClosed
 		}
-		sc := &serverConn{c: p.c, name: p.name, mu: chanMutex{ch: make(chan struct{}, 1)}}
+		sc := &serverConn{c: p.c, name: p.name, node: xxhash.Sum64String(p.name), mu: chanMutex{ch: make(chan struct{}, 1)}}
 		p.all = append(p.all, sc)
 		return sc, nil
 	case <-ctx.Done():

@@ -74,7 +74,7 @@ func (sc *serverConn) get(ctx context.Context, t *target, dst, key []byte) (_ []
 	if err := sc.ensureReadLease(ctx, t); err != nil {
 		return dst, false, err
 	}
-	if cl, ok := sc.c.cacheGet(key); ok && cl.node == sc.name && cl.gen == sc.gen {
+	if cl := sc.c.cacheGet(key); sc.holds(cl) {
 		raddr, rkey, err := sc.recordAt(&t.member.Meta, key, cl.loc)
 		if err != nil {
 			return dst, false, err
@@ -109,7 +109,7 @@ func (sc *serverConn) get(ctx context.Context, t *target, dst, key []byte) (_ []
 // startReads begins a read of keys on sc, reusing its key states.
 func (sc *serverConn) startReads(t *target, keys [][]byte) *keyReads {
 	r := &sc.reads
-	*r = keyReads{sc: sc, t: t, keys: keys, vals: make([][]byte, len(keys)), state: slices.Grow(r.state[:0], len(keys))[:len(keys)]}
+	*r = keyReads{sc: sc, t: t, keys: keys, vals: make([][]byte, len(keys)), state: slices.Grow(r.state[:0], len(keys))[:len(keys)], locs: r.locs}
 	clear(r.state)
 	return r
 }
@@ -155,7 +155,8 @@ type keyReads struct {
 	keys  [][]byte
 	vals  [][]byte
 	state []readState
-	again error // why the first key marked retrying needs another attempt
+	locs  []cachedLoc // the keys' cached locations (cacheGetAll), reused
+	again error       // why the first key marked retrying needs another attempt
 	// shared holds the small values of the keys read at cached locations
 	// (cachedRead), one allocation for them all.
 	shared []byte
@@ -177,9 +178,10 @@ func (r *keyReads) meta() *proto.NodeMeta { return &r.t.member.Meta }
 func (r *keyReads) cached(ctx context.Context) error {
 	b := r.sc.batch()
 	small := 0 // the bytes of the small records read
+	r.locs = r.sc.c.cacheGetAll(r.keys, r.locs)
 	for i, k := range r.keys {
-		cl, ok := r.sc.c.cacheGet(k)
-		if !ok || cl.node != r.sc.name || cl.gen != r.sc.gen {
+		cl := r.locs[i]
+		if !r.sc.holds(cl) {
 			continue
 		}
 		raddr, rkey, err := r.sc.recordAt(r.meta(), k, cl.loc)
@@ -249,6 +251,18 @@ func (sc *serverConn) recordAt(meta *proto.NodeMeta, key []byte, loc proto.Locat
 	return a.RemoteAddr(loc.Offset), a.RKey, nil
 }
 
+// located is the location cache's entry for a record at loc on this
+// server, at its current generation.
+func (sc *serverConn) located(loc proto.Location) cachedLoc {
+	return cachedLoc{node: sc.node, gen: sc.gen, loc: loc}
+}
+
+// holds reports whether cl is a location on this server at its current
+// generation: one to read here (not the zero cachedLoc, which is none).
+func (sc *serverConn) holds(cl cachedLoc) bool {
+	return cl.loc.Length != 0 && cl.node == sc.node && cl.gen == sc.gen
+}
+
 // fits checks that a READ of n bytes fits the client buffer.
 func (sc *serverConn) fits(n int) error {
 	if size := len(sc.buf()); n > size {
@@ -299,7 +313,7 @@ func (r *keyReads) indexed(ctx context.Context) ([][]proto.Location, error) {
 				switch {
 				case err == nil:
 					r.vals[i], r.state[i] = append([]byte{}, rec.Value...), found
-					r.sc.c.cachePut(r.keys[i], cachedLoc{node: r.sc.name, gen: r.sc.gen, loc: loc})
+					r.sc.c.cachePut(r.keys[i], r.sc.located(loc))
 				case errors.Is(err, proto.ErrOtherKey):
 					// A fingerprint collision: not this key's.
 				default:

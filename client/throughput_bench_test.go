@@ -16,8 +16,8 @@ import (
 // server on the soft provider (sync none: the store, not the disk).
 // get-append is GET into a buffer the goroutine reuses (GetAppend);
 // put-nosession is PUT with idempotency sessions off (a second client), to
-// tell their cost from the rest; multiput16 is MultiPut of 16 random keys
-// (keys/s counts the pairs):
+// tell their cost from the rest; multiget16 and multiput16 are MultiGet
+// and MultiPut of 16 random keys (keys/s counts the keys):
 //
 //	go test -run '^$' -bench Throughput -benchtime 20000x ./client/
 func BenchmarkThroughput(b *testing.B) {
@@ -37,7 +37,7 @@ func BenchmarkThroughput(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	for _, op := range []string{"get", "get-append", "put", "put-nosession", "multiput16"} {
+	for _, op := range []string{"get", "get-append", "put", "put-nosession", "multiget16", "multiput16"} {
 		b.Run(op, func(b *testing.B) {
 			var seed atomic.Uint64
 			b.SetParallelism(8) // x GOMAXPROCS goroutines
@@ -46,6 +46,7 @@ func BenchmarkThroughput(b *testing.B) {
 				rng := rand.New(rand.NewPCG(seed.Add(1), 2))
 				buf := make([]byte, 0, size)
 				batch := make([]client.KV, 16)
+				getKeys := make([][]byte, 16)
 				for pb.Next() {
 					k := keys[rng.IntN(nkeys)]
 					var err error
@@ -56,6 +57,11 @@ func BenchmarkThroughput(b *testing.B) {
 						buf, err = cl.GetAppend(ctx, buf[:0], k)
 					case "put":
 						err = cl.Put(ctx, k, v)
+					case "multiget16":
+						for j := range getKeys {
+							getKeys[j] = keys[rng.IntN(nkeys)]
+						}
+						_, err = cl.MultiGet(ctx, getKeys)
 					case "multiput16":
 						for j := range batch {
 							batch[j] = client.KV{Key: keys[rng.IntN(nkeys)], Value: v}
@@ -71,7 +77,7 @@ func BenchmarkThroughput(b *testing.B) {
 				}
 			})
 			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "ops/s")
-			if op == "multiput16" {
+			if op == "multiget16" || op == "multiput16" {
 				b.ReportMetric(16*float64(b.N)/b.Elapsed().Seconds(), "keys/s")
 			}
 		})
