@@ -104,7 +104,7 @@ func EncodeRecord(dst []byte, version uint64, flags uint16, key, value []byte) (
 	copy(dst[RecordHeaderSize:], key)
 	copy(dst[RecordHeaderSize+len(key):], value)
 	clear(dst[RecordHeaderSize+len(key)+len(value) : n])
-	crc := recordCRC(h, key, value)
+	crc := recordCRC(h, dst[RecordHeaderSize:RecordHeaderSize+len(key)+len(value)])
 	binary.LittleEndian.PutUint32(h[24:], crc)
 	binary.LittleEndian.PutUint32(h[4:], RecordPending)
 	return n, nil
@@ -113,17 +113,17 @@ func EncodeRecord(dst []byte, version uint64, flags uint16, key, value []byte) (
 // zeroWord stands for the state and CRC words in a record's CRC.
 var zeroWord [4]byte
 
-// recordCRC is the CRC of header h with its state and CRC words zero, key
-// and value. It reads h in place: a copy with the words cleared escapes
-// to the heap (crc32.Update), an allocation per record verified.
-func recordCRC(h, key, value []byte) uint32 {
+// recordCRC is the CRC of header h with its state and CRC words zero, then
+// body: the key and the value, which follow the header. It reads h in
+// place: a copy with the words cleared escapes to the heap (crc32.Update),
+// an allocation per record verified.
+func recordCRC(h, body []byte) uint32 {
 	c := crc32.Update(0, castagnoli, h[:4])
 	c = crc32.Update(c, castagnoli, zeroWord[:]) // state
 	c = crc32.Update(c, castagnoli, h[8:24])
 	c = crc32.Update(c, castagnoli, zeroWord[:]) // CRC
 	c = crc32.Update(c, castagnoli, h[28:RecordHeaderSize])
-	c = crc32.Update(c, castagnoli, key)
-	return crc32.Update(c, castagnoli, value)
+	return crc32.Update(c, castagnoli, body)
 }
 
 // DecodeRecordHeader parses the header at the start of b without checking
@@ -205,7 +205,7 @@ func ParseRecord(b []byte) (Record, error) {
 		return Record{}, fmt.Errorf("%w: key %d and value %d bytes in a %d-byte read", ErrBadRecord, h.KeyLen, h.ValueLen, len(b))
 	}
 	rk, rv := b[RecordHeaderSize:RecordHeaderSize+h.KeyLen], b[RecordHeaderSize+h.KeyLen:end]
-	if c := recordCRC(b, rk, rv); c != h.CRC {
+	if c := recordCRC(b, b[RecordHeaderSize:end]); c != h.CRC {
 		return Record{}, fmt.Errorf("%w: CRC %#x, header says %#x", ErrBadRecord, c, h.CRC)
 	}
 	return Record{RecordHeader: h, Key: rk, Value: rv}, nil
