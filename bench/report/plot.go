@@ -361,8 +361,8 @@ func plotRegistration(r *Results) (*plot.Plot, error) {
 	c := r.Config
 	var ns []int
 	for _, n := range c.Arenas {
-		if r.RegistrationStat(n, true, func(Registration) float64 { return 0 }).N+
-			r.RegistrationStat(n, false, func(Registration) float64 { return 0 }).N > 0 {
+		if r.RegistrationStat(n, StartCold, func(Registration) float64 { return 0 }).N+
+			r.RegistrationStat(n, StartWarm, func(Registration) float64 { return 0 }).N > 0 {
 			ns = append(ns, n)
 		}
 	}
@@ -372,19 +372,21 @@ func plotRegistration(r *Results) (*plot.Plot, error) {
 	p := newPlot(fmt.Sprintf("Start with arenas of %s: time from process start", fmtBytes(c.ArenaBytes)), "arenas", "seconds")
 	pow2Axis(&p.X, ns, strconv.Itoa)
 	top := 0.0
-	for _, cold := range []bool{true, false} {
+	// Fresh starts are in the table only: their seconds of creating files
+	// would flatten the others' lines.
+	for _, start := range []Start{StartCold, StartWarm} {
 		var xs []float64
 		var first, all []Stat
 		for _, n := range ns {
 			xs = append(xs, float64(n))
-			first = append(first, r.RegistrationStat(n, cold, func(g Registration) float64 { return g.FirstGet.Seconds() }))
-			all = append(all, r.RegistrationStat(n, cold, func(g Registration) float64 { return g.Registered.Seconds() }))
+			first = append(first, r.RegistrationStat(n, start, func(g Registration) float64 { return g.FirstGet.Seconds() }))
+			all = append(all, r.RegistrationStat(n, start, func(g Registration) float64 { return g.Registered.Seconds() }))
 		}
-		name := startName(cold)
-		if err := addSpread(p, "all arenas registered (synchronous baseline), "+name, xs, all, colorRedis, !cold); err != nil {
+		warm := start == StartWarm
+		if err := addSpread(p, "all arenas registered (synchronous baseline), "+string(start), xs, all, colorRedis, warm); err != nil {
 			return nil, err
 		}
-		if err := addSpread(p, "first GET served (rkv), "+name, xs, first, colorRKV, !cold); err != nil {
+		if err := addSpread(p, "first GET served (rkv), "+string(start), xs, first, colorRKV, warm); err != nil {
 			return nil, err
 		}
 		top = math.Max(top, math.Max(maxStat(all), maxStat(first)))

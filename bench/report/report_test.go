@@ -98,8 +98,10 @@ func fixture() *Results {
 		}
 		for _, n := range []int{1, 8} {
 			reg := time.Duration(n) * 150 * time.Millisecond
-			r.Registrations = append(r.Registrations, Registration{Run: run, Arenas: n, ArenaBytes: 1 << 30, Cold: true,
-				Ready: 30 * time.Millisecond, FirstArena: 60 * time.Millisecond, FirstGet: 100 * time.Millisecond, Registered: reg + 50*time.Millisecond},
+			r.Registrations = append(r.Registrations, Registration{Run: run, Arenas: n, ArenaBytes: 1 << 30, Fresh: true,
+				Ready: 40 * time.Millisecond, FirstArena: 300 * time.Millisecond, FirstGet: 100 * time.Millisecond, Registered: 4 * reg},
+				Registration{Run: run, Arenas: n, ArenaBytes: 1 << 30, Cold: true,
+					Ready: 30 * time.Millisecond, FirstArena: 60 * time.Millisecond, FirstGet: 100 * time.Millisecond, Registered: reg + 50*time.Millisecond},
 				Registration{Run: run, Arenas: n, ArenaBytes: 1 << 30,
 					Ready: 30 * time.Millisecond, FirstArena: 40 * time.Millisecond, FirstGet: 100 * time.Millisecond, Registered: 120 * time.Millisecond})
 		}
@@ -218,6 +220,7 @@ func TestRender(t *testing.T) {
 		"Redis server v=7.0.15",
 		"| 1 KiB | get | 40.8 µs (40.4–41.2) | 30.6 µs (30.3–30.9) | 1.33× |",
 		"| GET | 61.2k (60.6–61.8) | 30.6k (30.3–30.9) | 2.00× |",
+		"| 8 | 8 GiB | fresh | 40.0 ms | 300 ms | 100 ms | 4.80 s | 0.0208× |",
 		"| 8 | 8 GiB | cold | 30.0 ms | 60.0 ms | 100 ms | 1.25 s | 0.0800× |",
 		"| 8 | 8 GiB | warm | 30.0 ms | 40.0 ms | 100 ms | 120 ms | 0.833× |",
 		"![GET latency CDF](bench/cdf-get.png)",
@@ -271,11 +274,12 @@ func TestFormat(t *testing.T) {
 	}
 }
 
-// Results from before the batched and scaling comparisons render
-// without them, and without debris.
+// Results from before the batched and scaling comparisons and the fresh
+// starts render without them, and without debris.
 func TestRenderOlderResults(t *testing.T) {
 	r := load(t)
 	r.Config.Batch, r.Config.BatchOps, r.Config.ScaleServers, r.Elapsed = 0, nil, nil, 0
+	r.Registrations = slices.DeleteFunc(r.Registrations, func(g Registration) bool { return g.Fresh })
 	plots, err := WritePlots(r, t.TempDir())
 	if err != nil {
 		t.Fatal(err)
@@ -288,7 +292,7 @@ func TestRenderOlderResults(t *testing.T) {
 		t.Fatal(err)
 	}
 	md := b.String()
-	for _, absent := range []string{"MultiGet", "pipelined", "**Batches.**", "**Server processes.**", "against server processes", "This session took", "<no value>", "%!"} {
+	for _, absent := range []string{"MultiGet", "pipelined", "**Batches.**", "**Server processes.**", "against server processes", "This session took", "| fresh |", "<no value>", "%!"} {
 		if strings.Contains(md, absent) {
 			t.Errorf("report of older results has %q:\n%s", absent, md)
 		}

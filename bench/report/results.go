@@ -77,16 +77,19 @@ type Measurement struct {
 	Result loadgen.Result `json:"result"`
 }
 
-// Registration is one measured start of an rkv-server whose data
-// directory already holds a key, all times from the process's start.
+// Registration is one measured start of an rkv-server, all times from the
+// process's start.
 type Registration struct {
 	Run        int   `json:"run"`
 	Arenas     int   `json:"arenas"`
 	ArenaBytes int64 `json:"arena_bytes"`
-	// Cold: the arena files were dropped from the page cache before the
-	// start, so registration faulted every page in (as after a reboot);
-	// otherwise they were cached from the previous start.
-	Cold bool `json:"cold"`
+	// Fresh: the start created the arena files, in an empty data
+	// directory. Otherwise the directory held a key, and Cold says whether
+	// the arena files were dropped from the page cache before the start,
+	// so registration faulted every page in (as after a reboot), or were
+	// cached from the previous start.
+	Fresh bool `json:"fresh,omitempty"`
+	Cold  bool `json:"cold"`
 	// Ready is when the server's /readyz first answered 200 (polled
 	// every 2 ms): it serves, an arena registered and in the cluster map.
 	// Results older than rkv_arena_registration_seconds took it from the
@@ -97,13 +100,37 @@ type Registration struct {
 	// as the server's metrics say (rkv_store_open_time_seconds plus the
 	// least rkv_arena_registration_seconds).
 	FirstArena time.Duration `json:"first_arena_ns"`
-	// FirstGet is when a client's GET of the key first succeeded.
+	// FirstGet is when a client's GET of the key first succeeded: found,
+	// or in a fresh start, absent.
 	FirstGet time.Duration `json:"first_get_ns"`
 	// Registered is when the last arena's registration was complete (by
 	// the metrics, as FirstArena): a server that served only once all its
 	// memory was registered (the synchronous baseline) could serve no
 	// earlier.
 	Registered time.Duration `json:"registered_ns"`
+}
+
+// Start is how a registration start found its arena files.
+type Start string
+
+const (
+	StartFresh Start = "fresh" // created them: the first start on the data directory
+	StartCold  Start = "cold"  // on disk, not in the page cache
+	StartWarm  Start = "warm"  // in the page cache
+)
+
+// Starts lists the starts in the order a run measures them.
+var Starts = []Start{StartFresh, StartCold, StartWarm}
+
+// Start is how g's start found its arena files.
+func (g Registration) Start() Start {
+	switch {
+	case g.Fresh:
+		return StartFresh
+	case g.Cold:
+		return StartCold
+	}
+	return StartWarm
 }
 
 // Env describes the machine and software of a session.
@@ -314,12 +341,12 @@ func (r *Results) MedianRun(p Point, metric Metric) (Measurement, bool) {
 	return ms[(len(ms)-1)/2], true
 }
 
-// RegistrationStat summarizes f over the cold or warm registrations of
-// n arenas.
-func (r *Results) RegistrationStat(n int, cold bool, f func(Registration) float64) Stat {
+// RegistrationStat summarizes f over the registrations of n arenas that
+// started as start says.
+func (r *Results) RegistrationStat(n int, start Start, f func(Registration) float64) Stat {
 	var xs []float64
 	for _, g := range r.Registrations {
-		if g.Arenas == n && g.Cold == cold {
+		if g.Arenas == n && g.Start() == start {
 			xs = append(xs, f(g))
 		}
 	}

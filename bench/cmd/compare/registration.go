@@ -22,9 +22,10 @@ const memorySpare = 2 << 30
 
 var regKey = []byte("registration/key")
 
-// measureRegistration prepares a data directory per arena count (one key
-// written), then starts the server o.runs times per count, the counts
-// interleaved, timing its first served GET and its full registration.
+// measureRegistration starts the server three times per run and arena
+// count, the counts interleaved, timing its first served GET and its full
+// registration: fresh (in an empty data directory: the start creates the
+// arena files; it then writes a key), cold and warm (see report.Start).
 func measureRegistration(ctx context.Context, o *options, work, bin string, res *report.Results) error {
 	var counts []int
 	_, avail, err := memInfo()
@@ -44,35 +45,32 @@ func measureRegistration(ctx context.Context, o *options, work, bin string, res 
 	dirs := map[int]string{}
 	for _, n := range counts {
 		dirs[n] = filepath.Join(work, fmt.Sprintf("registration-%d", n))
-		logf("registration: preparing %d arenas of %d MiB", n, o.arenaBytes>>20)
-		so := serverOptions(bin, dirs[n], n, o.arenaBytes)
-		if _, err := retryTakenPort(func() (struct{}, error) {
-			if err := os.RemoveAll(so.Dir); err != nil {
-				return struct{}{}, err
-			}
-			return struct{}{}, prepareRegistration(ctx, so)
-		}); err != nil {
-			return err
-		}
 	}
 	for run := 1; run <= o.runs; run++ {
 		for _, n := range counts {
-			for _, cold := range []bool{true, false} {
+			for _, start := range report.Starts {
+				so := serverOptions(bin, dirs[n], n, o.arenaBytes)
 				r, err := retryTakenPort(func() (report.Registration, error) {
-					if cold {
-						if err := evictArenas(filepath.Join(dirs[n], "data")); err != nil {
+					switch start {
+					case report.StartFresh:
+						if err := os.RemoveAll(so.Dir); err != nil {
+							return report.Registration{}, err
+						}
+					case report.StartCold:
+						if err := evictArenas(filepath.Join(so.Dir, "data")); err != nil {
 							return report.Registration{}, err
 						}
 					}
-					return timeStart(ctx, serverOptions(bin, dirs[n], n, o.arenaBytes))
+					return timeStart(ctx, so, start == report.StartFresh)
 				})
 				if err != nil {
-					return fmt.Errorf("registration with %d arenas, run %d: %w", n, run, err)
+					return fmt.Errorf("registration with %d arenas, run %d, %s start: %w", n, run, start, err)
 				}
-				r.Run, r.Arenas, r.ArenaBytes, r.Cold = run, n, o.arenaBytes, cold
+				r.Run, r.Arenas, r.ArenaBytes = run, n, o.arenaBytes
+				r.Fresh, r.Cold = start == report.StartFresh, start == report.StartCold
 				res.Registrations = append(res.Registrations, r)
 				logf("registration run %d/%d, %d arenas, %s: ready %v, first arena %v, first GET %v, all registered %v", run, o.runs, n,
-					map[bool]string{true: "cold", false: "warm"}[cold], r.Ready.Round(time.Millisecond),
+					start, r.Ready.Round(time.Millisecond),
 					r.FirstArena.Round(time.Millisecond), r.FirstGet.Round(time.Millisecond), r.Registered.Round(time.Millisecond))
 			}
 		}
@@ -129,19 +127,9 @@ func serverOptions(bin, dir string, arenas int, arenaBytes int64) target.ServerO
 		ArenaCount: arenas, IndexSlots: 4096, LeaseSize: 1 << 20}
 }
 
-// prepareRegistration starts the server once, writes regKey, and stops it.
-func prepareRegistration(ctx context.Context, so target.ServerOptions) (err error) {
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
-	defer cancel()
-	s, err := target.StartServer(so)
-	if err != nil {
-		return err
-	}
-	defer func() { err = errors.Join(err, s.Close()) }()
-	if _, err := s.WaitRegistered(ctx); err != nil {
-		return err
-	}
-	t, err := target.NewRKV(ctx, target.RKVOptions{Seeds: []string{s.Gossip}, Arenas: so.ArenaCount, Logger: clientLogger})
+// writeRegKey writes regKey, for the starts after a fresh one to read.
+func writeRegKey(ctx context.Context, s *target.Server, arenas int) error {
+	t, err := target.NewRKV(ctx, target.RKVOptions{Seeds: []string{s.Gossip}, Arenas: arenas, Logger: clientLogger})
 	if err != nil {
 		return err
 	}
@@ -150,10 +138,11 @@ func prepareRegistration(ctx context.Context, so target.ServerOptions) (err erro
 }
 
 // timeStart starts the server and times, from the process's start, its
-// /readyz first answering 200, the first GET of regKey that succeeds, and
-// the registration of its first arena and of all of them (from its
-// metrics).
-func timeStart(ctx context.Context, so target.ServerOptions) (_ report.Registration, err error) {
+// /readyz first answering 200, the first GET of regKey that succeeds (in
+// a fresh start, in an empty data directory, one that finds it absent;
+// the start then writes it), and the registration of its first arena and
+// of all of them (from its metrics).
+func timeStart(ctx context.Context, so target.ServerOptions, fresh bool) (_ report.Registration, err error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
 	s, err := target.StartServer(so)
@@ -198,12 +187,12 @@ func timeStart(ctx context.Context, so target.ServerOptions) (_ report.Registrat
 		gctx, gcancel := context.WithTimeout(ctx, time.Second)
 		v, err := c.Get(gctx, regKey)
 		gcancel()
-		if err == nil && string(v) == "registered" {
+		if (fresh && errors.Is(err, client.ErrNotFound)) || (!fresh && err == nil && string(v) == "registered") {
 			r.FirstGet = time.Since(t0)
 			break
 		}
 		if err == nil {
-			return r, fmt.Errorf("GET %s returned %q", regKey, v)
+			return r, fmt.Errorf("GET %s returned %q (fresh start: %v)", regKey, v, fresh)
 		}
 		select {
 		case <-ctx.Done():
@@ -220,5 +209,8 @@ func timeStart(ctx context.Context, so target.ServerOptions) (_ report.Registrat
 		return r, err
 	}
 	r.Ready, r.FirstArena, r.Registered = ready.at.Sub(t0), reg.First().Sub(t0), reg.All().Sub(t0)
+	if fresh {
+		return r, writeRegKey(ctx, s, so.ArenaCount)
+	}
 	return r, nil
 }
