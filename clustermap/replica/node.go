@@ -201,7 +201,47 @@ func Open(cfg Config) (*Node, error) {
 	default:
 		n.log.Info("cluster map: no Raft state yet: waiting for the leader to add this server", "id", cfg.ID)
 	}
+	if n.soleVoter() {
+		n.campaign()
+	}
 	return n, nil
+}
+
+// soleVoter reports whether this node is the only voter of its latest
+// Raft configuration: a cluster it bootstrapped, or one that never grew.
+func (n *Node) soleVoter() bool {
+	f := n.raft.GetConfiguration()
+	if f.Error() != nil {
+		return false
+	}
+	voters, me := 0, false
+	for _, s := range f.Configuration().Servers {
+		if s.Suffrage == raft.Voter {
+			voters++
+			me = me || s.ID == raft.ServerID(n.cfg.ID)
+		}
+	}
+	return voters == 1 && me
+}
+
+// campaign has a sole voter elect itself now. Raft's follower campaigns
+// only once a heartbeat timeout (1-2 s by default) passed without word
+// from a leader, even with no one to hear from, so a one-server cluster
+// served that much later after a bootstrap and after every restart. A
+// shorter timeout set at run time makes the follower look at once
+// (ReloadConfig notifies it, and it finds it never heard from a leader);
+// the timeout is set back right away, before a leader could matter.
+func (n *Node) campaign() {
+	rc := n.raft.ReloadableConfig()
+	short := rc
+	short.HeartbeatTimeout--
+	if err := n.raft.ReloadConfig(short); err != nil {
+		n.log.Debug("cluster map: could not hasten the first election; Raft holds it after its heartbeat timeout", "err", err)
+		return
+	}
+	if err := n.raft.ReloadConfig(rc); err != nil {
+		n.log.Warn("cluster map: restoring Raft's heartbeat timeout", "timeout", rc.HeartbeatTimeout, "err", err)
+	}
 }
 
 type addrProvider func(id string) (string, bool)
@@ -216,6 +256,12 @@ func (p addrProvider) ServerAddr(id raft.ServerID) (raft.ServerAddress, error) {
 // HasState reports whether Dir held Raft state when the node opened: a
 // restart, rather than a bootstrap or a first join.
 func (n *Node) HasState() bool { return n.state }
+
+// LeadershipChanged returns the channel Raft signals on when this node
+// gains the lead (true) or loses it (false). A signal that finds the last
+// one unread replaces it, so a reader sees the latest transition, not
+// every one. It is one channel: one goroutine reads it.
+func (n *Node) LeadershipChanged() <-chan bool { return n.raft.LeaderCh() }
 
 // Map returns the latest map this node applied; clustermap.Empty before the first.
 // It never blocks.

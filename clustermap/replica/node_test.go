@@ -246,6 +246,11 @@ func TestNodeReplicatesTheMap(t *testing.T) {
 	if err != nil || len(members) != 3 {
 		t.Fatalf("members %v, %v", members, err)
 	}
+	for _, tn := range nodes {
+		if tn.soleVoter() {
+			t.Errorf("%s counts itself the sole voter of three: it would campaign at its next start", tn.id)
+		}
+	}
 }
 
 // TestLeaderKilledDuringAJoin: the leader dies while a fourth server is
@@ -325,6 +330,33 @@ func TestMinorityCannotChangeTheMap(t *testing.T) {
 	}
 	if _, ok := l.Map().Server("n8"); !ok {
 		t.Fatal("the majority's change was lost")
+	}
+}
+
+// A node alone in its cluster elects itself when it opens, after its
+// bootstrap and after a restart, rather than once Raft's heartbeat timeout
+// (a minute here) passed without a leader. (A node of three does not count
+// itself alone: TestNodeReplicatesTheMap.)
+func TestSoleVoterElectsItselfAtOnce(t *testing.T) {
+	slow := Tuning{HeartbeatTimeout: time.Minute, ElectionTimeout: time.Minute, LeaderLeaseTimeout: 100 * time.Millisecond, CommitTimeout: 5 * time.Millisecond}
+	dir := filepath.Join(t.TempDir(), "raft")
+	open := func() *Node {
+		_, tr := raft.NewInmemTransport("n1")
+		n, err := Open(Config{Dir: dir, ID: "id-n1", Bootstrap: true, Transport: tr, Tuning: slow, Logger: testLogger(t)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	for _, when := range []string{"after its bootstrap", "after a restart"} {
+		n := open()
+		waitFor(t, "the sole voter to lead "+when, n.IsLeader)
+		if got := n.raft.ReloadableConfig().HeartbeatTimeout; got != time.Minute {
+			t.Errorf("%s: heartbeat timeout %v, want the configured minute back", when, got)
+		}
+		if err := n.Close(); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 
