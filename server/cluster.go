@@ -396,11 +396,15 @@ func (s *Server) lead() {
 		// A map change wakes the leader at once, as well as the tick: the
 		// next group of moves starts as soon as one finishes (waiting for
 		// the tick cost a re-replication about a quarter second per group
-		// of 32 shards, whatever their size).
+		// of 32 shards, whatever their size). So does winning or losing
+		// the lead: a new leader starts its duties (and a server that
+		// bootstrapped a cluster its first map) without waiting for the
+		// tick.
 		select {
 		case <-s.stop:
 			return
 		case <-tick.C:
+		case <-s.node.LeadershipChanged():
 		case <-s.node.Changed():
 			if !l.active {
 				continue
