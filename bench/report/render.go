@@ -286,9 +286,7 @@ func BuildView(r *Results) View {
 		}
 	}
 	if n := v.MaxArenas; n > 0 {
-		// Not the fresh start: its first GET waits for the new cluster's
-		// first map, not for its memory (see the template).
-		for _, start := range []Start{StartCold, StartWarm} {
+		for _, start := range Starts {
 			if ratio := r.RegistrationStat(n, start, firstOverAll); ratio.N > 0 {
 				v.Targets = append(v.Targets, target(fmt.Sprintf("time to first GET / total registration time, %d arenas of %s, %s start",
 					n, fmtBytes(c.ArenaBytes), start), ratio, 0.125, true))
