@@ -36,8 +36,8 @@ const liveCheckEvery = 100 * time.Millisecond
 // (the deadline is then noticed up to a tick late); under a caller's own
 // ctx it is one derived from that ctx (sharedDeadlines.getFor: shared with
 // the commits under the same ctx that start close together), kept for all
-// the waits of a commit (usually two: the SEND's completion, then the
-// reply) until it expires. A context with a timer per wait cost a PUT
+// the waits of a commit (usually one, for the reply; two when the SEND is
+// signaled) until it expires. A context with a timer per wait cost a PUT
 // 8-11% of the client's CPU at 16 goroutines.
 type liveBound struct {
 	c      *Client
@@ -76,10 +76,10 @@ func (sc *serverConn) buf() []byte {
 // the server offered in its HelloReply: it posts a RECV for the reply,
 // then the records' WRITE (when write is not nil; else the caller posted
 // it already, on the same QP) and req's frame as a SEND, which RC
-// delivers after the WRITE, and waits for both the SEND's completion and
-// the reply. ok is false when the frame does not fit the server's slot:
-// nothing was posted, and the caller sends req as a control request
-// instead. A CommitReply is the connection's, good until its next commit.
+// delivers after the WRITE, and waits for the reply (and, one commit in
+// session.SignalEvery, the SEND's completion). ok is false when the frame
+// does not fit the server's slot: nothing was posted, and the caller sends
+// req as a control request instead. A CommitReply is the connection's, good until its next commit.
 func (sc *serverConn) commitOnQP(ctx context.Context, req proto.Message, write *rdma.SendWR) (_ proto.Message, ok bool, _ error) {
 	slot := int(sc.s.Hello.CommitSlot)
 	sendOff := len(sc.buf())
@@ -110,11 +110,19 @@ func (sc *serverConn) commitOnQP(ctx context.Context, req proto.Message, write *
 	if write != nil {
 		sc.wrs = append(sc.wrs, *write)
 	}
-	sc.wrs = append(sc.wrs, rdma.SendWR{ID: commitSendID, Op: rdma.OpSend, Flags: rdma.Signaled, SGL: sc.commitSGEs[1:]})
+	// The reply says the server has the WRITE and the SEND, so their
+	// buffers are free when it comes: only one commit in
+	// session.SignalEvery waits for its SEND's completion too.
+	send := rdma.SendWR{ID: commitSendID, Op: rdma.OpSend, SGL: sc.commitSGEs[1:]}
+	sent := sc.qpSeq%session.SignalEvery != 0
+	if !sent {
+		send.Flags = rdma.Signaled
+	}
+	sc.wrs = append(sc.wrs, send)
 	if err := sc.s.WriteQP.PostSend(sc.wrs); err != nil {
 		return fail("posting", err)
 	}
-	var sent, replied bool
+	var replied bool
 	var n uint32
 	bound := liveBound{c: sc.c, ctx: ctx}
 	defer bound.stop()

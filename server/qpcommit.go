@@ -9,14 +9,15 @@ import (
 	"slices"
 	"sync/atomic"
 
+	"github.com/rkv-io/rkv/internal/session"
 	"github.com/rkv-io/rkv/proto"
 	"github.com/rkv-io/rkv/rdma"
 )
 
 // commitRecvs is how many commit slots a session keeps posted as RECVs. A
 // client sends its next commit only once it has the reply to the last, so
-// one would do; the second takes a commit that arrives before the last
-// reply's SEND has completed here, instead of leaving it to wait.
+// one would do; the second takes a commit that arrives before this side
+// has seen the last one's RECV complete and posted it again.
 const commitRecvs = 2
 
 // qpCommits takes the commits a client sends with a SEND on its session's
@@ -46,13 +47,14 @@ type qpCommits struct {
 	sges [1]rdma.SGE
 	send [1]rdma.SendWR
 	recv [1]rdma.RecvWR
-	// replying: the last reply's SEND has not completed, so its slot is
-	// still the NIC's.
-	replying bool
-	pending  []rdma.Completion // commits received while replying
-	out      []byte            // the reply's frame, before it is copied to its slot
-	stop     context.CancelFunc
-	done     chan struct{}
+	// replies counts the replies sent: one in session.SignalEvery is
+	// signaled. The others complete silently: a reply's slot is free again
+	// once the next commit comes, as the client sends that only after the
+	// reply has arrived.
+	replies uint64
+	out     []byte // the reply's frame, before it is copied to its slot
+	stop    context.CancelFunc
+	done    chan struct{}
 }
 
 // newQPCommits registers the slots and posts their RECVs on qp, which
@@ -112,18 +114,11 @@ func (q *qpCommits) serve(ctx context.Context) {
 				}
 				return
 			case w.Op == rdma.OpSend:
-				q.replying = false
-			default:
-				q.pending = append(q.pending, w)
-			}
-		}
-		taken := 0
-		for ; taken < len(q.pending) && !q.replying; taken++ {
-			if w := q.pending[taken]; !q.answer(int(w.ID), int(w.ByteLen)) {
+				// A signaled reply: its slot was free already.
+			case !q.answer(int(w.ID), int(w.ByteLen)):
 				return
 			}
 		}
-		q.pending = q.pending[:copy(q.pending, q.pending[taken:])] // keeps its array
 	}
 }
 
@@ -182,12 +177,14 @@ func (q *qpCommits) answer(i, n int) bool {
 	}
 	copy(q.slot(commitRecvs), q.out)
 	q.sges[0] = rdma.SGE{MR: q.mr, Offset: commitRecvs * proto.CommitSlotSize, Length: len(q.out)}
-	q.send[0] = rdma.SendWR{Op: rdma.OpSend, Flags: rdma.Signaled, SGL: q.sges[:]}
+	q.send[0] = rdma.SendWR{Op: rdma.OpSend, SGL: q.sges[:]}
+	if q.replies++; q.replies%session.SignalEvery == 0 {
+		q.send[0].Flags = rdma.Signaled
+	}
 	if err := q.qp.PostSend(q.send[:]); err != nil {
 		_ = q.c.nc.Close()
 		return false
 	}
-	q.replying = true
 	return true
 }
 

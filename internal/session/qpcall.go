@@ -50,6 +50,16 @@ const (
 	qpRecvID
 )
 
+// SignalEvery is how often a request-reply exchange on a write QP (a
+// commit, a forward, and the server's reply to either) signals its SEND.
+// The others complete silently: the reply proves the SEND arrived, so its
+// buffer is free, and nothing else waits for it. A signaled request's
+// completion frees the send queue's slots of the unsignaled ones before
+// it (verbs), and soft holds the ACKs of unsignaled requests back until
+// other answers carry them, so an exchange costs neither side a write and
+// a read of its own for them.
+const SignalEvery = 16
+
 // qpLiveCheck is how long CallOnQP waits for a reply before it looks at
 // the control connection for a server that went away: a verbs RECV waits
 // for ever for a reply that never comes, where the connection sees the
@@ -63,7 +73,8 @@ var ErrNoQPCall = errors.New("session: not sendable on the write QP")
 
 // CallOnQP sends req as a SEND on the session's write QP, into one of the
 // RECVs the server keeps posted there (HelloReply.CommitSlot), and waits
-// for the reply, which the server SENDs into a RECV posted here first. It
+// for the reply, which the server SENDs into a RECV posted here first
+// (and, one call in SignalEvery, for the SEND's completion). It
 // returns what Call would, or ErrNoQPCall (nothing sent: use Call). A
 // failure of the QP, or the server closing the connection while the
 // reply is awaited, breaks the session (ErrBroken). The server takes
@@ -98,10 +109,15 @@ func (c *Conn) CallOnQP(ctx context.Context, req proto.Message) (proto.Message, 
 	if err := c.WriteQP.PostRecv([]rdma.RecvWR{{ID: qpRecvID, SGL: s.sges[1:]}}); err != nil {
 		return fail("posting the reply's RECV", err)
 	}
-	if err := c.WriteQP.PostSend([]rdma.SendWR{{ID: qpSendID, Op: rdma.OpSend, Flags: rdma.Signaled, SGL: s.sges[:1]}}); err != nil {
+	send := rdma.SendWR{ID: qpSendID, Op: rdma.OpSend, SGL: s.sges[:1]}
+	sent := s.seq%SignalEvery != 0 // else its completion is waited for too
+	if !sent {
+		send.Flags = rdma.Signaled
+	}
+	if err := c.WriteQP.PostSend([]rdma.SendWR{send}); err != nil {
 		return fail("posting", err)
 	}
-	var sent, replied bool
+	var replied bool
 	var n uint32
 	for !sent || !replied {
 		wait, cancel := context.WithTimeout(ctx, qpLiveCheck)

@@ -60,15 +60,17 @@
 //
 // # Wire format
 //
-// A link opens with a hello (8 bytes: "RKVS", version 2, 3 zero bytes).
+// A link opens with a hello (8 bytes: "RKVS", version 3, 3 zero bytes).
 // Then each direction is a stream of frames, all integers big-endian,
 // each opening with a header of its direction's size. From the requester,
 // a request is a 52-byte header
 //
-//	payload length u32 | opcode u8 | 3 zero bytes | destination QP u32 | sequence u32 |
+//	payload length u32 | opcode u8 | flags u8 | 2 zero bytes | destination QP u32 | sequence u32 |
 //	rkey u32 | remote address u64 | length u32 | immediate u32 | compare/add u64 | swap u64
 //
 // then, for WRITE, WRITE_WITH_IMM, SEND and SEND_WITH_IMM, the payload.
+// The one flag (bit 0, on those four only) says that the request's ACK
+// may wait (below).
 // From the responder, a response is a 24-byte header
 //
 //	payload length u32 | kind u8 | status u8 | 2 zero bytes | destination QP u32 |
@@ -113,6 +115,19 @@
 // responder hands them to the writer when its read buffer holds no
 // further request, so the requests that arrived together, of any QPs,
 // are answered in one write.
+//
+// An ACK may wait when its request asked for that: an unsignaled WRITE or
+// SEND, sent while fewer than half the QP's send ring's requests were on
+// the wire (nobody waits for its completion; the ACK only frees its slot).
+// The responder holds such ACKs back, up to 4 KiB of them: each answer it
+// queues takes them along in front of it (so every QP's answers stay in
+// order), and 1 ms after the first was held they leave by themselves (a
+// timer writes them while the responder waits between frames; otherwise
+// the responder does before it next blocks). A QP whose budget is under
+// 16 ms never holds. So a request-reply protocol posting its requests and
+// replies unsignaled (a PUT's commit SEND and the reply to it) costs
+// neither side a write and a read for the ACKs: the replies carry them,
+// or they leave in bulk. NAKs are never held.
 //
 // Atomics need 8-byte alignment (REM_INV_REQ_ERR otherwise) and operate
 // with sync/atomic on the mapped memory, which holds a uint64 in the
@@ -160,12 +175,14 @@
 // by whoever holds the link's reader token:
 //
 //   - When every QP on the link is the only user of its send CQ, a
-//     CQ.Wait of a QP with requests outstanding takes the token and reads
-//     the responses itself: the waiting goroutine sleeps in the socket
-//     read and the response wakes it, as a plain TCP client, with no
-//     hand-off between goroutines. It hands the frames of the link's other
-//     QPs to them, as the goroutine does, and when it stops while another
-//     QP has requests on the wire it gives the token to the goroutine.
+//     CQ.Wait of a QP with requests outstanding (other than ones whose
+//     ACKs may be held, which come late or with other answers) takes the
+//     token and reads the responses itself: the waiting goroutine sleeps
+//     in the socket read and the response wakes it, as a plain TCP
+//     client, with no hand-off between goroutines. It hands the frames of
+//     the link's other QPs to them, as the goroutine does, and when it
+//     stops while another QP has requests on the wire it gives the token
+//     to the goroutine.
 //     Completions pushed into the CQ by others (the QP's responder, a
 //     flush) and the Wait's context interrupt that read, between frames
 //     only.
@@ -243,7 +260,12 @@
 //     scales the time a silent peer is given. A large frame holds its link
 //     until it is out.
 //   - Fence waits until every earlier request has completed, not only
-//     READs and atomics.
+//     READs and atomics, and so for held ACKs too (up to 1 ms).
+//   - A successful unsignaled WRITE or SEND whose ACK is still held when
+//     its QP goes to ERR, or when the peer's QP leaves, completes with an
+//     error (WR_FLUSH_ERR, RETRY_EXC_ERR) though it was executed, as a
+//     NIC's would whose ACK was lost; its slot's completion was not
+//     signaled, so only an error tells.
 //   - A CQ overrun makes the CQ unusable (Poll returns ErrCQOverrun) but
 //     raises no asynchronous event and does not move QPs to ERR.
 //   - QPs never leave ERR; there is no ModifyToReset in the API.

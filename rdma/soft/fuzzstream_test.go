@@ -30,6 +30,7 @@ func FuzzResponderStream(f *testing.F) {
 	f.Add(frame(request{op: wireWrite, dst: dst, seq: psn, length: 16}, 16))
 	f.Add(append(frame(request{op: wireSend, dst: dst, seq: psn, length: 4}, 4), frame(request{op: wireFetchAdd, dst: dst, seq: psn + 1, length: 8, compareAdd: 1}, 0)...))
 	f.Add(append(frame(request{op: wireSend, dst: dst, seq: psn, length: 4}, 4), frame(request{op: wireSend, dst: dst, seq: psn + 1, length: 4}, 4)...))
+	f.Add(append(frame(request{op: wireWrite, ackMayWait: true, dst: dst, seq: psn, length: 16}, 16), frame(request{op: wireRead, dst: dst, seq: psn + 1, length: 8}, 0)...))
 	detach := make([]byte, requestHeaderSize)
 	encodeDetach(detach, qpEnds{dst: dst, src: 7})
 	detach[8] = fuzzTarget

@@ -45,6 +45,7 @@ type inLink struct {
 	out  []byte
 	from []*atomic.Uint64
 	gen  uint64
+	held heldAcks
 
 	mu      sync.Mutex // the fields below
 	qps     map[uint32]*qp
@@ -101,17 +102,28 @@ func (d *device) reject(c *net.TCPConn, what string, err error) {
 // frame, or one cut short.
 func (l *inLink) serve() (fatal bool, err error) {
 	for {
+		blocking := false
 		if l.br.Buffered() < requestHeaderSize {
 			// The next read may wait: the answers go out first.
+			if l.held.due.Load() {
+				if err := l.takeHeld(); err != nil {
+					return false, err
+				}
+			}
 			if err := l.flush(); err != nil {
 				return false, err
 			}
+			blocking = l.beforeBlocking()
 		}
 		if !l.base.IsZero() && l.attachedOnce.Load() {
 			l.base = time.Time{}
 			_ = l.conn.SetReadDeadline(l.base)
 		}
-		if n, err := io.ReadFull(l.br, l.hdr[:]); err != nil {
+		n, err := io.ReadFull(l.br, l.hdr[:])
+		if blocking {
+			l.afterBlocking()
+		}
+		if err != nil {
 			if n == 0 && errors.Is(err, os.ErrDeadlineExceeded) {
 				if l.attachedOnce.Load() {
 					continue // attached meanwhile, from another goroutine
@@ -120,7 +132,6 @@ func (l *inLink) serve() (fatal bool, err error) {
 			}
 			return n > 0, err
 		}
-		var err error
 		switch l.hdr[4] {
 		case wireAttach:
 			var a attach
@@ -151,6 +162,7 @@ func (l *inLink) serve() (fatal bool, err error) {
 // go to ERR.
 func (l *inLink) end(fatal bool, err error) {
 	_ = l.conn.Close()
+	l.dropHeld()
 	l.mu.Lock()
 	l.closed = true
 	qps := l.qps
@@ -384,6 +396,11 @@ func (l *inLink) respond(q *qp, kind uint8, st rdma.Status, seq uint32, value ui
 }
 
 func (l *inLink) respondHeader(q *qp, r *response) error {
+	if l.held.pending.Load() {
+		if err := l.takeHeld(); err != nil {
+			return err
+		}
+	}
 	if len(l.out)+responseHeaderSize > cap(l.out) {
 		if err := l.flush(); err != nil {
 			return err

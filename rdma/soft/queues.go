@@ -30,11 +30,18 @@ type sendWQE struct {
 	compareAdd uint64
 	swap       uint64
 	localErr   rdma.Status // non-zero: fails with this status when its turn comes
+	ackMayWait bool        // sent letting its ACK wait (transmit sets it)
+}
+
+// pushes reports whether the request sends its bytes (a WRITE or a SEND,
+// with or without immediate): the peer answers it with an ACK.
+func (w *sendWQE) pushes() bool {
+	return w.op == rdma.OpWrite || w.op == rdma.OpWriteImm || w.op == rdma.OpSend || w.op == rdma.OpSendImm
 }
 
 // payload is the number of bytes the request sends.
 func (w *sendWQE) payload() int {
-	if w.op == rdma.OpWrite || w.op == rdma.OpWriteImm || w.op == rdma.OpSend || w.op == rdma.OpSendImm {
+	if w.pushes() {
 		return int(w.length)
 	}
 	return 0
@@ -124,6 +131,17 @@ func (s *sendQueue) init(n, maxSGE int) {
 }
 
 func (s *sendQueue) at(i uint64) *sendWQE { return &s.ring[i%uint64(len(s.ring))] }
+
+// awaitsPromptAnswer reports whether a request on the wire will be
+// answered soon: one that did not let its ACK wait. The caller holds mu.
+func (s *sendQueue) awaitsPromptAnswer() bool {
+	for i := s.head; i < s.sent; i++ {
+		if !s.at(i).ackMayWait {
+			return true
+		}
+	}
+	return false
+}
 
 type recvWQE struct {
 	id       uint64

@@ -217,7 +217,10 @@ func (q *qp) waitInline(ctx context.Context, c *cq) bool {
 	}
 	s := &q.sq
 	s.mu.Lock()
-	ok := s.head < s.sent && !l.eager.Load() && l.owner.CompareAndSwap(rxFree, rxInline)
+	// Held ACKs come late, or with another QP's answers: for them alone
+	// the Wait parks, to be woken by whatever completes first (a RECV,
+	// typically), and the link's goroutine reads them.
+	ok := s.awaitsPromptAnswer() && !l.eager.Load() && l.owner.CompareAndSwap(rxFree, rxInline)
 	if ok {
 		l.pending.Store(false)
 	}

@@ -52,12 +52,15 @@ func (q *qp) doSend(l *inLink, req *request) (rdma.Status, string, error) {
 	if req.op == wireSendImm {
 		wc.Imm, wc.HasImm = req.imm, true
 	}
-	// The ACK leaves before the RECV completes: the peer's answer to
-	// this SEND would otherwise often reach the requester before it, and
-	// interrupt a Wait there reading for it (and the requester's next
-	// request reach this side before its ACK of the answer).
-	err := l.respond(q, respAck, 0, req.seq, 0)
-	if err == nil && l.br.Buffered() < requestHeaderSize {
+	// An ACK the requester waits for leaves before the RECV completes:
+	// the peer's answer to this SEND would otherwise often reach the
+	// requester before it, and interrupt a Wait there reading for it (and
+	// the requester's next request reach this side before its ACK of the
+	// answer). One nobody waits for is held back.
+	var err error
+	if q.ackWaits(req) {
+		err = l.holdAck(q, req.seq)
+	} else if err = l.respond(q, respAck, 0, req.seq, 0); err == nil && l.br.Buffered() < requestHeaderSize {
 		err = l.flush()
 	}
 	q.releaseRecv(w, &wc)

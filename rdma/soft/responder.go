@@ -110,6 +110,9 @@ func (q *qp) doWrite(l *inLink, req *request) (rdma.Status, string, error) {
 			return st, why, err
 		}
 	}
+	if q.ackWaits(req) {
+		return rdma.StatusSuccess, "", l.holdAck(q, req.seq)
+	}
 	return rdma.StatusSuccess, "", l.respond(q, respAck, 0, req.seq, 0)
 }
 

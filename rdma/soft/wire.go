@@ -25,8 +25,9 @@ const (
 )
 
 // wireVersion is the version in the hello. Version 1 carried one QP per
-// connection; version 2 carries every QP between two devices on one link.
-const wireVersion = 2
+// connection; version 2 carries every QP between two devices on one link;
+// version 3 lets a request's ACK wait (flagAckMayWait).
+const wireVersion = 3
 
 // maxQPN bounds QP numbers on the wire: they are 24 bits, as in verbs.
 const maxQPN = 1<<24 - 1
@@ -75,9 +76,18 @@ var ackReasons = [...]string{
 	ackWrongPeer: "QP connected to another peer", ackBusy: "QP already serves a requester",
 }
 
+// Request flags, the byte after the opcode.
+const (
+	// flagAckMayWait: nobody waits for this WRITE's or SEND's ACK (its
+	// work request is unsignaled), so the responder may hold the ACK back
+	// and send it with its next answers on the link, or after ackDelay.
+	flagAckMayWait uint8 = 1 << 0
+)
+
 // request is the header of a data request.
 type request struct {
 	op         uint8
+	ackMayWait bool   // flagAckMayWait; WRITE, WRITE_WITH_IMM, SEND, SEND_WITH_IMM only
 	dst        uint32 // the responder's QP
 	seq        uint32
 	rkey       uint32
@@ -155,8 +165,12 @@ func encodeRequest(b []byte, r *request) {
 	if hasPayload(r.op) {
 		payload = r.length
 	}
+	var flags uint8
+	if r.ackMayWait {
+		flags = flagAckMayWait
+	}
 	binary.BigEndian.PutUint32(b[0:], payload)
-	b[4], b[5], b[6], b[7] = r.op, 0, 0, 0
+	b[4], b[5], b[6], b[7] = r.op, flags, 0, 0
 	binary.BigEndian.PutUint32(b[8:], r.dst)
 	binary.BigEndian.PutUint32(b[12:], r.seq)
 	binary.BigEndian.PutUint32(b[16:], r.rkey)
@@ -177,6 +191,7 @@ func decodeRequest(b []byte) (request, error) {
 	payload := binary.BigEndian.Uint32(b[0:])
 	r := request{
 		op:         b[4],
+		ackMayWait: b[5] == flagAckMayWait,
 		dst:        binary.BigEndian.Uint32(b[8:]),
 		seq:        binary.BigEndian.Uint32(b[12:]),
 		rkey:       binary.BigEndian.Uint32(b[16:]),
@@ -190,8 +205,10 @@ func decodeRequest(b []byte) (request, error) {
 		return request{}, fmt.Errorf("unknown request opcode %d", r.op)
 	}
 	switch {
-	case b[5]|b[6]|b[7] != 0:
+	case b[5]&^flagAckMayWait != 0 || b[6]|b[7] != 0:
 		return request{}, fmt.Errorf("request opcode %d: reserved bytes set", r.op)
+	case r.ackMayWait && !hasPayload(r.op):
+		return request{}, fmt.Errorf("request opcode %d lets its ACK wait, which only WRITEs and SENDs may", r.op)
 	case !validQPN(r.dst):
 		return request{}, fmt.Errorf("request opcode %d for QP %d", r.op, r.dst)
 	case hasPayload(r.op) && payload != r.length:

@@ -16,6 +16,8 @@ func validRequests() []request {
 		{op: wireWriteImm, dst: maxQPN, seq: 2, rkey: 7, addr: 8, length: 0, imm: 0xcafe},
 		{op: wireSend, dst: 1, seq: 3, length: 100},
 		{op: wireSendImm, dst: 0xabcdef, seq: 4, length: 1, imm: 9},
+		{op: wireWrite, ackMayWait: true, dst: 6, seq: 7, rkey: 1, addr: 2, length: 3},
+		{op: wireSend, ackMayWait: true, dst: 6, seq: 8, length: 64},
 		{op: wireRead, dst: 3, seq: 0xffffffff, rkey: 1, addr: 1 << 40, length: MaxMessageSize},
 		{op: wireCompareSwap, dst: 4, seq: 5, rkey: 2, addr: 64, length: 8, compareAdd: 1, swap: 2},
 		{op: wireFetchAdd, dst: 5, seq: 6, rkey: 3, addr: 72, length: 8, compareAdd: 1 << 63},
@@ -43,13 +45,19 @@ func TestRequestRejects(t *testing.T) {
 		return b
 	}
 	cases := map[string]func(b []byte) []byte{
-		"short":             func(b []byte) []byte { return b[:requestHeaderSize-1] },
-		"long":              func(b []byte) []byte { return append(b, 0) },
-		"opcode 0":          func(b []byte) []byte { b[4] = 0; return b },
-		"attach opcode":     func(b []byte) []byte { b[4] = wireAttach; return b },
-		"detach opcode":     func(b []byte) []byte { b[4] = wireDetach; return b },
-		"opcode end":        func(b []byte) []byte { b[4] = wireOpEnd; return b },
-		"reserved":          func(b []byte) []byte { b[6] = 1; return b },
+		"short":         func(b []byte) []byte { return b[:requestHeaderSize-1] },
+		"long":          func(b []byte) []byte { return append(b, 0) },
+		"opcode 0":      func(b []byte) []byte { b[4] = 0; return b },
+		"attach opcode": func(b []byte) []byte { b[4] = wireAttach; return b },
+		"detach opcode": func(b []byte) []byte { b[4] = wireDetach; return b },
+		"opcode end":    func(b []byte) []byte { b[4] = wireOpEnd; return b },
+		"reserved":      func(b []byte) []byte { b[6] = 1; return b },
+		"unknown flag":  func(b []byte) []byte { b[5] = flagAckMayWait << 1; return b },
+		"waiting ACK on read": func(b []byte) []byte {
+			b[4], b[5] = wireRead, flagAckMayWait
+			binary.BigEndian.PutUint32(b, 0)
+			return b
+		},
 		"QP 0":              func(b []byte) []byte { binary.BigEndian.PutUint32(b[8:], 0); return b },
 		"QP above 24 bits":  func(b []byte) []byte { binary.BigEndian.PutUint32(b[8:], maxQPN+1); return b },
 		"payload mismatch":  func(b []byte) []byte { binary.BigEndian.PutUint32(b, 17); return b },
@@ -143,8 +151,8 @@ func TestHelloRoundTrip(t *testing.T) {
 	}
 	for name, mutate := range map[string]func([]byte) []byte{
 		"magic":     func(b []byte) []byte { b[0] = 'X'; return b },
-		"version 1": func(b []byte) []byte { b[4] = 1; return b },
-		"version 3": func(b []byte) []byte { b[4] = 3; return b },
+		"version 2": func(b []byte) []byte { b[4] = wireVersion - 1; return b },
+		"version 4": func(b []byte) []byte { b[4] = wireVersion + 1; return b },
 		"reserved":  func(b []byte) []byte { b[7] = 1; return b },
 		"short":     func(b []byte) []byte { return b[:helloSize-1] },
 		"long":      func(b []byte) []byte { return append(b, 0) },
