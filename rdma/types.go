@@ -177,7 +177,6 @@ const (
 	Signaled SendFlags = 1 << 0
 	// Fence makes the request wait until earlier READs and atomics on the
 	// QP have completed, so that it may use their results as its source.
-	// (soft waits for every earlier request.)
 	Fence SendFlags = 1 << 1
 )
 

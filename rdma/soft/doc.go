@@ -167,7 +167,11 @@
 // full, that is while the peer does not read.) A payload's MRs are held
 // from the moment its request is taken for sending until its frame is
 // written; one being deregistered then fails the request with
-// LOC_PROT_ERR, as at post time, and its frame is not sent.
+// LOC_PROT_ERR, as at post time, and its frame is not sent. A fenced
+// request is held back until the READs and atomics before it have
+// completed, their data landed, as InfiniBand specifies; the WRITEs and
+// SENDs before it need no wait, as the responder executes a QP's requests
+// in order (so a fence never waits for held ACKs).
 //
 // Responses are read, READ data landed straight from the socket into the
 // target SGEs, and requests completed strictly in posting order (successful
@@ -259,8 +263,6 @@
 //     but RNR's: TCP is reliable, so retries only wait, and RetryCount only
 //     scales the time a silent peer is given. A large frame holds its link
 //     until it is out.
-//   - Fence waits until every earlier request has completed, not only
-//     READs and atomics, and so for held ACKs too (up to 1 ms).
 //   - A successful unsignaled WRITE or SEND whose ACK is still held when
 //     its QP goes to ERR, or when the peer's QP leaves, completes with an
 //     error (WR_FLUSH_ERR, RETRY_EXC_ERR) though it was executed, as a

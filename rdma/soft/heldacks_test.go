@@ -162,3 +162,14 @@ func TestHeldAckOfASend(t *testing.T) {
 		t.Errorf("%d requests answered, want 2", got)
 	}
 }
+
+// A fenced request waits for earlier READs and atomics only, as in
+// InfiniBand: not for WRITEs whose ACKs are held (frozen here for good).
+func TestFenceDoesNotWaitForHeldAcks(t *testing.T) {
+	p := newHeldPair(t, 16)
+	p.freeze()
+	post(t, p.a.qp, p.write(1, 0))
+	p.waitHeld(t, 1)
+	post(t, p.a.qp, rdma.SendWR{ID: 2, Op: rdma.OpRead, Flags: rdma.Signaled | rdma.Fence, SGL: sgl(p.local, 64, 8), RemoteAddr: p.remote.Addr(), RKey: p.remote.RKey()})
+	expectStatus(t, p.a.cq, 2, rdma.StatusSuccess)
+}

@@ -112,7 +112,7 @@ type sendQueue struct {
 	landing  bool
 	linkDown error // no link to the peer: the next request fails with RETRY_EXC_ERR
 	blocked  bool  // a request failed locally: nothing after it is sent
-	fenced   bool  // the transmitter waits for [head, sent) to drain before a fenced request
+	fenced   bool  // the transmitter waits for the READs and atomics of [head, sent) to complete before a fenced request
 	armAt    int64 // now() when the pipeline last went from empty to busy
 
 	// RNR: the peer had no RECV for the head request.
@@ -131,6 +131,18 @@ func (s *sendQueue) init(n, maxSGE int) {
 }
 
 func (s *sendQueue) at(i uint64) *sendWQE { return &s.ring[i%uint64(len(s.ring))] }
+
+// dataInFlight reports whether a READ or an atomic is on the wire, whose
+// data has yet to land in local memory: what a fenced request waits for.
+// The caller holds mu.
+func (s *sendQueue) dataInFlight() bool {
+	for i := s.head; i < s.sent; i++ {
+		if op := s.at(i).op; op == rdma.OpRead || op.IsAtomic() {
+			return true
+		}
+	}
+	return false
+}
 
 // awaitsPromptAnswer reports whether a request on the wire will be
 // answered soon: one that did not let its ACK wait. The caller holds mu.

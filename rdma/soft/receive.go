@@ -289,7 +289,7 @@ func (q *qp) completeHead(st rdma.Status, c *cq) (pushed, idle bool) {
 	case s.head < s.sent && s.at(s.head).localErr != 0:
 		reason = q.completeLocalErrLocked()
 		pushed = pushed || q.sendCQ == c
-	case s.fenced && s.head == s.sent:
+	case s.fenced && !s.dataInFlight():
 		s.fenced = false
 		q.tx.kick <- struct{}{} // the parked owner's turn; never blocks
 	}

@@ -183,7 +183,7 @@ func (q *qp) transmit(inline bool) bool {
 			}
 			break
 		}
-		if w.fence && s.head < s.sent {
+		if w.fence && s.dataInFlight() {
 			// Flush what is batched (the requests to wait for may be in
 			// it), then park unless they completed meanwhile: once
 			// fenced is set, completeHead may hand ownership to the
@@ -191,7 +191,7 @@ func (q *qp) transmit(inline bool) bool {
 			s.mu.Unlock()
 			q.flushTx(l)
 			s.mu.Lock()
-			if s.head < s.sent {
+			if s.dataInFlight() {
 				s.fenced = true
 				s.mu.Unlock()
 				return false
