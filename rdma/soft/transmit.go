@@ -217,19 +217,18 @@ func (q *qp) transmit(inline bool) bool {
 			continue
 		}
 		sentInline += p
-		q.tx.wqe.copyFrom(w)
-		seq := q.seqOf(s.sent)
 		// Nobody waits for an unsignaled WRITE's or SEND's ACK: the peer
 		// may hold it back, unless the ring is half full of requests on
 		// the wire, whose slots the ACKs free.
-		ackMayWait := !w.signaled && w.pushes() && s.sent-s.head < uint64(len(s.ring)/2)
-		w.ackMayWait = ackMayWait
+		w.ackMayWait = !w.signaled && w.pushes() && s.sent-s.head < uint64(len(s.ring)/2)
+		q.tx.wqe.copyFrom(w)
+		seq := q.seqOf(s.sent)
 		if s.head == s.sent {
 			q.armLocked(l)
 		}
 		s.sent++
 		s.mu.Unlock()
-		if err := q.writeRequest(l, &q.tx.wqe, seq, ackMayWait); err != nil {
+		if err := q.writeRequest(l, &q.tx.wqe, seq); err != nil {
 			q.tx.broken = true // the link's reader sees it fail and reports it
 			return true
 		}
@@ -286,9 +285,9 @@ func (q *qp) completeLocalErrLocked() error {
 // from registered memory, copied into the batch when small, else by writev
 // straight from it. The caller locked the payload's MRs; writeRequest
 // unlocks them.
-func (q *qp) writeRequest(l *outLink, w *sendWQE, seq uint32, ackMayWait bool) error {
+func (q *qp) writeRequest(l *outLink, w *sendWQE, seq uint32) error {
 	r := request{
-		op: wireOps[w.op], ackMayWait: ackMayWait, dst: q.tx.dst, seq: seq, rkey: w.rkey, addr: w.raddr,
+		op: wireOps[w.op], ackMayWait: w.ackMayWait, dst: q.tx.dst, seq: seq, rkey: w.rkey, addr: w.raddr,
 		length: w.length, imm: w.imm, compareAdd: w.compareAdd, swap: w.swap,
 	}
 	payload := w.payload()
