@@ -183,7 +183,7 @@ func (s *Store) prepareCommit(id uint64, off, length int64, w proto.Write, repli
 		return nil, none, fmt.Errorf("%w: deletes are committed with Delete, not as records", ErrRecord)
 	}
 	c := newPending(r.Key, w, replica != 0)
-	if v, err := s.admissibleLocked(c); err != nil || v.dup != nil || v.wait != nil {
+	if v, err := s.admissibleLocked(c, replica); err != nil || v.dup != nil || v.wait != nil {
 		return c, v, err
 	}
 	switch {
@@ -219,7 +219,9 @@ func (s *Store) prepareCommit(id uint64, off, length int64, w proto.Write, repli
 
 // admissibleLocked checks that c's shard takes writes and judges it by its
 // session: an error, a retry to answer, or a zero verdict (admit it).
-func (s *Store) admissibleLocked(c *pendingCommit) (sessionVerdict, error) {
+// replica is the version a backup's primary applies c at (0 for anything
+// else).
+func (s *Store) admissibleLocked(c *pendingCommit, replica uint64) (sessionVerdict, error) {
 	info := &s.shards[c.shard]
 	switch {
 	case c.replica && info.state != ShardBackup:
@@ -230,7 +232,11 @@ func (s *Store) admissibleLocked(c *pendingCommit) (sessionVerdict, error) {
 	if c.write.Session != 0 {
 		// A retry of a write already applied is answered even while the
 		// shard is frozen: it changes nothing.
-		if v, err := s.sess.check(c.shard, c.write); err != nil || v.dup != nil || v.wait != nil {
+		v, err := s.sess.check(c.shard, c.write)
+		if err == nil && replica != 0 {
+			v, err = mirrorPrimary(c, v, replica)
+		}
+		if err != nil || v.dup != nil || v.wait != nil {
 			return v, err
 		}
 	}
@@ -238,6 +244,25 @@ func (s *Store) admissibleLocked(c *pendingCommit) (sessionVerdict, error) {
 		return sessionVerdict{}, fmt.Errorf("%w: %v is frozen for a migration; retry in a moment", ErrShardMoving, c.shard)
 	}
 	return sessionVerdict{}, nil
+}
+
+// mirrorPrimary judges a backup's retry of a write by what its primary
+// applies: the record of version. An attempt of the same write that this
+// backup applied under another record (its forward failed at another
+// backup, so the primary applied nothing, and the client wrote the record
+// again) is replaced, not answered: answered, it would leave this backup
+// at the old record while the primary and the others go on at the new
+// one, and a write of another session applied between the two attempts
+// would stay here in the key's place.
+func mirrorPrimary(c *pendingCommit, v sessionVerdict, version uint64) (sessionVerdict, error) {
+	switch {
+	case v.dup != nil && v.dup.version != version:
+		return sessionVerdict{}, nil
+	case v.wait != nil && v.wait.entry.version != version:
+		return sessionVerdict{}, fmt.Errorf("%w: session %#x seq %d in %v: an earlier attempt at version %d is being applied here; retry",
+			ErrShardMoving, c.write.Session, c.write.Seq, c.shard, v.wait.entry.version)
+	}
+	return v, nil
 }
 
 // admitLocked counts c in its shard (FreezeShards waits for it), in its
@@ -296,7 +321,7 @@ func (s *Store) prepareDelete(key []byte, w proto.Write, replica bool) (*pending
 	if err := s.brokenErr(); err != nil {
 		return nil, sessionVerdict{}, err
 	}
-	v, err := s.admissibleLocked(c)
+	v, err := s.admissibleLocked(c, 0)
 	if err == nil && v.dup == nil && v.wait == nil {
 		s.admitLocked(c)
 	}

@@ -33,6 +33,11 @@ func newBackup(t *testing.T, opts Options) *server {
 type replicaWriter struct{ lw leaseWriter }
 
 func (rw *replicaWriter) apply(key, value []byte, version uint64) (Committed, error) {
+	return rw.applyAs(key, value, version, proto.Write{})
+}
+
+// applyAs is apply under w's session and seq.
+func (rw *replicaWriter) applyAs(key, value []byte, version uint64, pw proto.Write) (Committed, error) {
 	lw := &rw.lw
 	n := int64(proto.RecordSize(len(key), len(value)))
 	if lw.w != nil && lw.w.off+n > lw.w.lease.Size {
@@ -60,7 +65,7 @@ func (rw *replicaWriter) apply(key, value []byte, version uint64) (Committed, er
 	}
 	off := w.off
 	w.off += int64(size)
-	return c.sv.s.ApplyReplica(context.Background(), w.lease.ID, off, int64(size), version, proto.Write{})
+	return c.sv.s.ApplyReplica(context.Background(), w.lease.ID, off, int64(size), version, pw)
 }
 
 // entriesOf lists every shard's entries: key -> version.
@@ -160,6 +165,40 @@ func TestBackupFollowsItsPrimary(t *testing.T) {
 	}
 	if l, err := backup.s.GrantLease(context.Background(), 0, 0); err != nil || l.VersionBase <= high {
 		t.Fatalf("a lease of the promoted store starts at version %d (%v); the primary's reached %d", l.VersionBase, err, high)
+	}
+}
+
+// A backup mirrors its primary when a write comes again under another
+// record. Its first attempt was applied here while the forward failed at
+// another backup, so the primary applied nothing; another session then
+// wrote the key; the client's retry, a new record under the same session
+// and seq, is what the primary applies. Answered from the session, the
+// retry would leave this backup at the other session's value. A forward
+// sent again at the same version is answered, as before.
+func TestBackupReplacesAnEarlierAttempt(t *testing.T) {
+	backup := newBackup(t, smallOptions())
+	bw := &replicaWriter{lw: leaseWriter{c: newClient(t, backup), ask: 64 << 10}}
+	key := []byte("k")
+	w := proto.Write{Session: 0x51, Seq: 7}
+	if _, err := bw.applyAs(key, []byte("v1"), 10, w); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bw.applyAs(key, []byte("other"), 11, proto.Write{Session: 0x52, Seq: 1}); err != nil {
+		t.Fatal(err)
+	}
+	retry, err := bw.applyAs(key, []byte("v1"), 12, w)
+	if err != nil || retry.Version != 12 {
+		t.Fatalf("the retry at version 12: %+v, %v", retry, err)
+	}
+	if v := entriesOf(t, backup.s)[string(key)]; v != 12 {
+		t.Fatalf("the key is at version %d on the backup, its primary applied 12", v)
+	}
+	again, err := bw.applyAs(key, []byte("v1"), 12, w)
+	if err != nil || again.Version != 12 {
+		t.Fatalf("the same forward again: %+v, %v; want the first answer, version 12", again, err)
+	}
+	if st := backup.s.Stats(); st.Duplicates != 1 {
+		t.Fatalf("%d writes answered from their session, want 1", st.Duplicates)
 	}
 }
 
