@@ -3,6 +3,7 @@
 package server
 
 import (
+	"bufio"
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
@@ -169,10 +170,10 @@ func (c *conn) serve() {
 		go c.qpc.serve(ctx)
 	}
 	var buf []byte
-	fr := &frameReader{nc: c.nc, timeout: s.cfg.FrameTimeout}
+	fr := newFrameReader(c.nc, s.cfg.FrameTimeout)
 	for {
 		fr.next()
-		id, m, b, err := proto.ReadFrame(fr, buf)
+		id, m, b, err := proto.ReadFrame(fr.br, buf)
 		buf = b
 		if err != nil {
 			switch {
@@ -204,24 +205,47 @@ func (c *conn) serve() {
 // frameReader reads a connection's frames: waiting for a frame's first
 // byte has no deadline (a session may idle), the rest of the frame must
 // follow within timeout, so that a peer trickling a frame cannot hold the
-// connection's buffer and goroutine for ever.
+// connection's buffer and goroutine for ever. Frames are read through br,
+// so that one read takes a small frame's length and body together.
 type frameReader struct {
 	nc      net.Conn
 	timeout time.Duration
 	armed   bool
+	br      *bufio.Reader // over the frameReader's own Read
 }
 
-// next readies the reader for the next frame.
+func newFrameReader(nc net.Conn, timeout time.Duration) *frameReader {
+	r := &frameReader{nc: nc, timeout: timeout}
+	r.br = bufio.NewReaderSize(r, frameBufferSize)
+	return r
+}
+
+// frameBufferSize is the read buffer of a control connection: a commit,
+// a forward and their replies take a few hundred bytes.
+const frameBufferSize = 4 << 10
+
+// next readies the reader for the next frame: without a deadline, unless
+// the last read brought the start of it already.
 func (r *frameReader) next() {
+	if r.br.Buffered() > 0 {
+		r.arm()
+		return
+	}
 	r.armed = false
 	_ = r.nc.SetReadDeadline(time.Time{})
 }
 
+func (r *frameReader) arm() {
+	r.armed = true
+	_ = r.nc.SetReadDeadline(time.Now().Add(r.timeout))
+}
+
+// Read is the connection's, arming the frame's deadline at its first
+// bytes.
 func (r *frameReader) Read(p []byte) (int, error) {
 	n, err := r.nc.Read(p)
 	if n > 0 && !r.armed {
-		r.armed = true
-		_ = r.nc.SetReadDeadline(time.Now().Add(r.timeout))
+		r.arm()
 	}
 	return n, err
 }

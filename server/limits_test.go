@@ -115,4 +115,30 @@ func TestSlowFrameTimesOut(t *testing.T) {
 	if _, _, _, err := proto.ReadFrame(nc, nil); err == nil {
 		t.Fatal("the connection is still open after the timeout")
 	}
+
+	// A whole frame and half the next in one write: the server reads them
+	// together, and the half frame is timed from then.
+	nc, m = hello(t, s, "")
+	if m.Type() != proto.MsgHelloReply {
+		t.Fatalf("Hello: %v", m)
+	}
+	whole, err := proto.AppendFrame(nil, 2, &proto.GetMap{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	start = time.Now()
+	if _, err := nc.Write(append(whole, frame[:len(frame)/2]...)); err != nil {
+		t.Fatal(err)
+	}
+	_ = nc.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, m, _, err := proto.ReadFrame(nc, nil); err != nil || m.Type() != proto.MsgMapReply {
+		t.Fatalf("the whole frame: %v, %v", m, err)
+	}
+	id, m, _, err = proto.ReadFrame(nc, nil)
+	if e, ok := m.(*proto.Error); err != nil || !ok || id != 0 || !strings.Contains(e.Message, "not finished within 300ms") {
+		t.Fatalf("after half a frame read with a whole one: %v, %v; want an Error saying the frame timed out", m, err)
+	}
+	if d := time.Since(start); d < timeout || d > timeout+3*time.Second {
+		t.Fatalf("the slow frame was cut after %v, want about %v", d, timeout)
+	}
 }

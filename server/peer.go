@@ -5,6 +5,8 @@ package server
 import (
 	"context"
 	"errors"
+	"slices"
+	"strings"
 	"sync"
 
 	"github.com/rkv-io/rkv/internal/session"
@@ -55,21 +57,9 @@ var errPeersClosed = errors.New("server: closing")
 // peer run in parallel, up to maxPeerSessions; call is safe for
 // concurrent use.
 func (p *peers) call(ctx context.Context, id, addr string, req proto.Message) (proto.Message, error) {
-	p.mu.Lock()
-	if p.closed {
-		p.mu.Unlock()
-		return nil, errPeersClosed
-	}
-	pc := p.conns[id]
-	if pc == nil {
-		pc = &peerConns{slots: make(chan struct{}, maxPeerSessions)}
-		p.conns[id] = pc
-	}
-	p.mu.Unlock()
-	select {
-	case pc.slots <- struct{}{}:
-	case <-ctx.Done():
-		return nil, ctx.Err()
+	pc, err := p.slot(ctx, id)
+	if err != nil {
+		return nil, err
 	}
 	defer func() { <-pc.slots }()
 	c := pc.take(addr)
@@ -91,6 +81,108 @@ func (p *peers) call(ctx context.Context, id, addr string, req proto.Message) (p
 		}
 		return r, err
 	}
+}
+
+// slot takes one of the call slots of the server id, waiting while all
+// are taken; the caller gives it back (<-pc.slots).
+func (p *peers) slot(ctx context.Context, id string) (*peerConns, error) {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil, errPeersClosed
+	}
+	pc := p.conns[id]
+	if pc == nil {
+		pc = &peerConns{slots: make(chan struct{}, maxPeerSessions)}
+		p.conns[id] = pc
+	}
+	p.mu.Unlock()
+	select {
+	case pc.slots <- struct{}{}:
+		return pc, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// peerRequest is one request of a callEach: req for the server ID at its
+// control address Addr.
+type peerRequest struct {
+	ID, Addr string
+	Req      proto.Message
+}
+
+// callEach sends each request as call does, but every one before it
+// waits for any reply, all from the calling goroutine: a primary's
+// forward to its backups costs one wait, not a goroutine and a wait per
+// backup. It returns each request's error, in order (the replies, which
+// a forward does not need, are dropped); safe for concurrent use.
+func (p *peers) callEach(ctx context.Context, reqs []peerRequest) []error {
+	errs := make([]error, len(reqs))
+	if p.cfg.QPCalls || len(reqs) == 1 {
+		// A call on a QP waits on the session's own CQ: one goroutine
+		// each.
+		var wg sync.WaitGroup
+		for i := range reqs[1:] {
+			r := &reqs[i+1]
+			wg.Go(func() { _, errs[i+1] = p.call(ctx, r.ID, r.Addr, r.Req) })
+		}
+		_, errs[0] = p.call(ctx, reqs[0].ID, reqs[0].Addr, reqs[0].Req)
+		wg.Wait()
+		return errs
+	}
+	type sent struct {
+		pc      *peerConns
+		c       *session.Conn
+		reused  bool
+		pending session.Pending
+		ok      bool
+	}
+	out := make([]sent, len(reqs))
+	// Slots are taken in the order of the peers' IDs: two callers taking
+	// them in other orders could each hold the last slot the other waits
+	// for.
+	order := make([]int, len(reqs))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortFunc(order, func(a, b int) int { return strings.Compare(reqs[a].ID, reqs[b].ID) })
+	for _, i := range order {
+		r, o := &reqs[i], &out[i]
+		if o.pc, errs[i] = p.slot(ctx, r.ID); errs[i] != nil {
+			continue
+		}
+		if o.c = o.pc.take(r.Addr); o.c != nil {
+			o.reused = true
+		} else if o.c, errs[i] = session.Dial(ctx, r.Addr, r.ID, p.cfg); errs[i] != nil {
+			continue
+		}
+		o.pending, errs[i] = o.c.Send(ctx, r.Req)
+		o.ok = errs[i] == nil
+	}
+	for i := range out {
+		if out[i].ok {
+			_, errs[i] = out[i].pending.Reply()
+		}
+	}
+	for i := range out {
+		o := &out[i]
+		if o.pc == nil {
+			continue
+		}
+		// As in call: a kept session that broke is dialed again once.
+		again := o.reused && errors.Is(errs[i], session.ErrBroken) && ctx.Err() == nil
+		if again {
+			o.c.Close()
+			o.c = nil
+		}
+		p.put(o.pc, o.c)
+		<-o.pc.slots
+		if again {
+			_, errs[i] = p.call(ctx, reqs[i].ID, reqs[i].Addr, reqs[i].Req)
+		}
+	}
+	return errs
 }
 
 // send sends req on c's write QP when it can go there, else as a control

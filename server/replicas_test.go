@@ -208,12 +208,17 @@ func sameReplicas(t *testing.T, c *testcluster.Cluster, m *clustermap.Map) int {
 }
 
 // waitRoles waits until every shard is owned, unfrozen, by its primary in
-// m and backed up by its other owner.
+// m and backed up by its other owners, m.Replicas() distinct servers.
 func waitRoles(t *testing.T, c *testcluster.Cluster, m *clustermap.Map) {
 	t.Helper()
 	for i := range proto.NumShards {
-		if info := m.Shard(proto.Shard(i)); len(info.Owners) != 2 || info.Owners[0] == info.Owners[1] {
-			t.Fatalf("shard %d owners %v, want two servers", i, info.Owners)
+		info := m.Shard(proto.Shard(i))
+		distinct := map[string]bool{}
+		for _, o := range info.Owners {
+			distinct[o] = true
+		}
+		if len(info.Owners) != m.Replicas() || len(distinct) != len(info.Owners) {
+			t.Fatalf("shard %d owners %v, want %d servers", i, info.Owners, m.Replicas())
 		}
 	}
 	waitReplicaStates(t, c, m)
@@ -262,46 +267,53 @@ func TestDeadBackupIsDroppedAndAddedBack(t *testing.T) {
 	readAll(t, cl, a, keys, "with the backup back")
 }
 
-// TestForwardsOnQPSurviveABackupRestart: with ForwardOnQP, a primary's
-// kept QP sessions to a backup that restarts on the same address are
-// broken; its forwards dial it again, still on a write QP, and every
-// write reaches both replicas.
-func TestForwardsOnQPSurviveABackupRestart(t *testing.T) {
+// TestForwardsSurviveABackupRestart: a primary's kept sessions to a
+// backup that restarts on the same address are broken; its forwards dial
+// it again, and every write reaches every replica. With ForwardOnQP (two
+// servers), on a write QP still; with control forwards to two backups
+// (three servers), sent together on the kept sessions, where the broken
+// one is dialed again alone.
+func TestForwardsSurviveABackupRestart(t *testing.T) {
 	if testing.Short() {
-		t.Skip("two servers, a restart and 1024 shard copies")
+		t.Skip("a restart and 1024 shard copies per backup")
 	}
-	c, cl, leader := replicated(t, 2, 2, func(cfg *server.Config) {
-		cfg.ForwardOnQP, cfg.BackupTimeout = true, 500*time.Millisecond
-	})
-	waitRoles(t, c, c.Map())
-	a := newAcked()
-	keys := putKeys(t, cl, a, 200)
-	other := "s1"
-	if leader.Name() == "s1" {
-		other = "s2"
+	for _, onQP := range []bool{true, false} {
+		t.Run(map[bool]string{true: "qp", false: "control"}[onQP], func(t *testing.T) {
+			n := map[bool]int{true: 2, false: 3}[onQP]
+			c, cl, leader := replicated(t, n, n, func(cfg *server.Config) {
+				cfg.ForwardOnQP, cfg.BackupTimeout = onQP, 500*time.Millisecond
+			})
+			waitRoles(t, c, c.Map())
+			a := newAcked()
+			keys := putKeys(t, cl, a, 200)
+			other := "s1"
+			if leader.Name() == "s1" {
+				other = "s2"
+			}
+			if server.IdleForwardSessions(leader)[other] == 0 {
+				t.Fatalf("%s keeps no forward session to %s after 200 puts", leader.Name(), other)
+			}
+			c.Stop(other)
+			back := c.Restart(other)
+			c.WaitSettled(60 * time.Second)
+			m := c.Map()
+			waitRoles(t, c, m)
+			before := back.Stats().ForwardsOnQP
+			for _, k := range keys {
+				put(t, cl, a, k)
+			}
+			if t.Failed() {
+				return
+			}
+			if n := sameReplicas(t, c, m); n != len(keys) {
+				t.Fatalf("%d keys on the replicas after the restart, want %d", n, len(keys))
+			}
+			if got := back.Stats().ForwardsOnQP - before; onQP && got < uint64(len(keys))/4 {
+				t.Fatalf("%s took %d forwards on a write QP after its restart, for %d puts", other, got, len(keys))
+			}
+			readAll(t, cl, a, keys, "after the backup's restart")
+		})
 	}
-	if server.IdleForwardSessions(leader)[other] == 0 {
-		t.Fatalf("%s keeps no forward session to %s after 200 puts", leader.Name(), other)
-	}
-	c.Stop(other)
-	back := c.Restart(other)
-	c.WaitSettled(60 * time.Second)
-	m := c.Map()
-	waitRoles(t, c, m)
-	before := back.Stats().ForwardsOnQP
-	for _, k := range keys {
-		put(t, cl, a, k)
-	}
-	if t.Failed() {
-		return
-	}
-	if n := sameReplicas(t, c, m); n != len(keys) {
-		t.Fatalf("%d keys on the replicas after the restart, want %d", n, len(keys))
-	}
-	if got := back.Stats().ForwardsOnQP - before; got < uint64(len(keys))/4 {
-		t.Fatalf("%s took %d forwards on a write QP after its restart, for %d puts", other, got, len(keys))
-	}
-	readAll(t, cl, a, keys, "after the backup's restart")
 }
 
 // A commit whose map is ahead of the primary's (its client learned first

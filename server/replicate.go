@@ -8,10 +8,8 @@ import (
 	"fmt"
 	"runtime"
 	"slices"
-	"sync"
 	"time"
 
-	"github.com/rkv-io/rkv/clustermap"
 	"github.com/rkv-io/rkv/proto"
 	"github.com/rkv-io/rkv/store"
 )
@@ -79,29 +77,26 @@ func (f *forwarder) Forward(ctx context.Context, w store.Forwarded) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, forwardTimeout)
 	defer cancel()
-	errs := make([]error, len(backups))
-	var wg sync.WaitGroup
-	for i := range backups[1:] {
-		wg.Go(func() { errs[i+1] = f.s.sendReplica(ctx, m, backups[i+1], reqs[i+1]) })
+	calls := make([]peerRequest, 0, len(backups))
+	var errs []error
+	for i, name := range backups {
+		srv, ok := m.Server(name)
+		mb, in := f.s.ml.View().Member(name)
+		if !ok || !in || !mb.IsServer() || mb.Meta.ServerID != srv.ID || mb.Meta.ControlAddr == "" {
+			errs = append(errs, fmt.Errorf("backup %s is not alive in the gossip view", name))
+			continue
+		}
+		calls = append(calls, peerRequest{ID: srv.ID, Addr: mb.Meta.ControlAddr, Req: reqs[i]})
 	}
-	errs[0] = f.s.sendReplica(ctx, m, backups[0], reqs[0])
-	wg.Wait()
+	if len(errs) == 0 {
+		for i, err := range f.s.forwards.callEach(ctx, calls) {
+			if err != nil {
+				errs = append(errs, fmt.Errorf("backup %s: %w", backups[i], err))
+			}
+		}
+	}
 	if err := errors.Join(errs...); err != nil {
 		return &proto.Error{Code: proto.CodeUnavailable, Message: err.Error()}
-	}
-	return nil
-}
-
-// sendReplica sends a forward to backup name, where the gossip view finds
-// it.
-func (s *Server) sendReplica(ctx context.Context, m *clustermap.Map, name string, req proto.Message) error {
-	srv, ok := m.Server(name)
-	mb, in := s.ml.View().Member(name)
-	if !ok || !in || !mb.IsServer() || mb.Meta.ServerID != srv.ID || mb.Meta.ControlAddr == "" {
-		return fmt.Errorf("backup %s is not alive in the gossip view", name)
-	}
-	if _, err := s.forwards.call(ctx, srv.ID, mb.Meta.ControlAddr, req); err != nil {
-		return fmt.Errorf("backup %s: %w", name, err)
 	}
 	return nil
 }

@@ -192,29 +192,53 @@ func refusal(addr string, err error) error {
 // closed. ctx bounds the call, its cancellation included (the error then
 // wraps ctx's, for errors.Is).
 func (c *Conn) Call(ctx context.Context, req proto.Message) (proto.Message, error) {
+	p, err := c.Send(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	return p.Reply()
+}
+
+// Pending is a request sent and not yet answered (Send); Reply waits for
+// the answer.
+type Pending struct {
+	c    *Conn
+	ctx  context.Context
+	req  proto.Message
+	id   uint64
+	stop func() bool
+}
+
+// Send sends req and returns without waiting for the reply, which the
+// Pending's Reply reads: a caller with requests for several servers sends
+// every one before it waits for any, and pays one wait instead of one per
+// server. Until Reply returns the Conn carries nothing else. ctx bounds
+// the request until its reply is read, as Call's does; an error is one
+// Call would return, and then there is no reply to wait for.
+func (c *Conn) Send(ctx context.Context, req proto.Message) (Pending, error) {
 	if c.broken {
-		return nil, fmt.Errorf("%w: %s", ErrBroken, c.addr)
+		return Pending{}, fmt.Errorf("%w: %s", ErrBroken, c.addr)
 	}
 	c.nextID++
-	id := c.nextID
+	p := Pending{c: c, ctx: ctx, req: req, id: c.nextID}
 	deadline, ok := ctx.Deadline()
 	if !ok {
 		deadline = time.Now().Add(30 * time.Second)
 	}
 	_ = c.NC.SetDeadline(deadline)
-	stop := context.AfterFunc(ctx, func() { _ = c.NC.SetDeadline(time.Unix(1, 0)) })
-	defer stop()
-	fail := func(format string, args ...any) (proto.Message, error) {
-		c.broken = true
-		err := fmt.Errorf(format, args...)
-		if ctx.Err() != nil {
-			err = fmt.Errorf("%w (%w)", err, ctx.Err())
-		}
-		return nil, fmt.Errorf("%w: %w", ErrBroken, err)
+	p.stop = context.AfterFunc(ctx, func() { _ = c.NC.SetDeadline(time.Unix(1, 0)) })
+	if err := proto.WriteFrame(c.NC, p.id, req); err != nil {
+		p.stop()
+		return Pending{}, p.fail("%v to %s: %w", req.Type(), c.addr, err)
 	}
-	if err := proto.WriteFrame(c.NC, id, req); err != nil {
-		return fail("%v to %s: %w", req.Type(), c.addr, err)
-	}
+	return p, nil
+}
+
+// Reply waits for the reply to the request Send sent, and returns what
+// Call would.
+func (p Pending) Reply() (proto.Message, error) {
+	c, req := p.c, p.req
+	defer p.stop()
 	var from io.Reader = c.NC
 	if c.replies != nil {
 		from = c.replies
@@ -222,23 +246,34 @@ func (c *Conn) Call(ctx context.Context, req proto.Message) (proto.Message, erro
 	rid, reply, b, err := proto.ReadFrame(from, c.rbuf)
 	c.rbuf = b
 	if err != nil {
-		return fail("%v to %s: reading the reply: %w", req.Type(), c.addr, err)
+		return nil, p.fail("%v to %s: reading the reply: %w", req.Type(), c.addr, err)
 	}
 	if e, ok := reply.(*proto.Error); ok && rid == 0 {
 		// The server refused the connection itself, saying why.
 		c.broken = true
 		return nil, fmt.Errorf("%w: %v to %s: %w", ErrBroken, req.Type(), c.addr, e)
 	}
-	if rid != id {
-		return fail("%v to %s: reply to request %d, want %d", req.Type(), c.addr, rid, id)
+	if rid != p.id {
+		return nil, p.fail("%v to %s: reply to request %d, want %d", req.Type(), c.addr, rid, p.id)
 	}
 	if e, ok := reply.(*proto.Error); ok {
 		return nil, e
 	}
 	if reply.Type() != req.Type().Reply() {
-		return fail("%v to %s answered with %v", req.Type(), c.addr, reply.Type())
+		return nil, p.fail("%v to %s answered with %v", req.Type(), c.addr, reply.Type())
 	}
 	return reply, nil
+}
+
+// fail marks the connection broken and returns the error, wrapping
+// ErrBroken and, when it ended, the request's context's error.
+func (p Pending) fail(format string, args ...any) error {
+	p.c.broken = true
+	err := fmt.Errorf(format, args...)
+	if p.ctx.Err() != nil {
+		err = fmt.Errorf("%w (%w)", err, p.ctx.Err())
+	}
+	return fmt.Errorf("%w: %w", ErrBroken, err)
 }
 
 // PeerGone reports whether the server has closed the connection (or it
