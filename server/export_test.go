@@ -90,3 +90,14 @@ func LeadingSince(s *Server) time.Time {
 	defer s.grants.mu.Unlock()
 	return s.grants.since
 }
+
+// DropReplies makes s close a connection instead of sending the reply to
+// a request drop says so of, after serving it (nil: stop), as a crash of
+// the connection would.
+func DropReplies(s *Server, drop func(proto.Message) bool) {
+	if drop == nil {
+		s.dropReply.Store(nil)
+		return
+	}
+	s.dropReply.Store(&drop)
+}

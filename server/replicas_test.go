@@ -638,6 +638,61 @@ func putKeys(t *testing.T, cl *client.Client, a *acked, n int) []string {
 	return keys
 }
 
+// TestForwardsLostAtABackup: a backup applies forwards whose answers are
+// lost (the connection closed instead), often twice in a row, so that the
+// primary's forward fails, it applies nothing, and the client writes the
+// record again; four writers of two clients, each key written once, so
+// that a replica left behind stays behind.
+// Every acknowledged write is read back, and the replicas agree on every
+// key's version: a backup that applied a failed attempt takes the retry's
+// record, as the primary does.
+func TestForwardsLostAtABackup(t *testing.T) {
+	if testing.Short() {
+		t.Skip("three servers and 2048 shard copies")
+	}
+	c, cl, leader := replicated(t, 3, 3, func(*server.Config) {})
+	waitRoles(t, c, c.Map())
+	other := c.Client(t, nil)
+	victim := c.Server("s1")
+	if victim == leader {
+		victim = c.Server("s2")
+	}
+	var forwards atomic.Int64
+	server.DropReplies(victim, func(m proto.Message) bool {
+		if _, ok := m.(*proto.ReplicaCommit); !ok {
+			return false
+		}
+		return forwards.Add(1)%8 < 2
+	})
+	defer server.DropReplies(victim, nil)
+	a := newAcked()
+	keys := make([]string, 240)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("lost-%03d", i)
+	}
+	var wg sync.WaitGroup
+	for w := range 4 {
+		writer := []*client.Client{cl, other}[w%2]
+		wg.Go(func() {
+			for i := w; i < len(keys); i += 4 {
+				put(t, writer, a, keys[i])
+			}
+		})
+	}
+	wg.Wait()
+	server.DropReplies(victim, nil)
+	if t.Failed() {
+		return
+	}
+	if forwards.Load() < 40 {
+		t.Fatalf("%s saw %d forwards, want most of the 240 writes", victim.Name(), forwards.Load())
+	}
+	readAll(t, cl, a, keys, "after the lost answers")
+	if n := sameReplicas(t, c, c.Map()); n != len(keys) {
+		t.Fatalf("%d keys on the replicas, want %d", n, len(keys))
+	}
+}
+
 // TestForwardsToABackupRunTogether: a primary forwards concurrent writes
 // to a backup over several sessions at once, not one round trip after
 // another on a single session (where a backup applied one write per
