@@ -219,8 +219,8 @@ func (s *Store) prepareCommit(id uint64, off, length int64, w proto.Write, repli
 
 // admissibleLocked checks that c's shard takes writes and judges it by its
 // session: an error, a retry to answer, or a zero verdict (admit it).
-// replica is the version a backup's primary applies c at (0 for anything
-// else).
+// replica is the version a backup's primary applies c at (0 for a
+// delete, and for anything but a backup's write).
 func (s *Store) admissibleLocked(c *pendingCommit, replica uint64) (sessionVerdict, error) {
 	info := &s.shards[c.shard]
 	switch {
@@ -233,7 +233,7 @@ func (s *Store) admissibleLocked(c *pendingCommit, replica uint64) (sessionVerdi
 		// A retry of a write already applied is answered even while the
 		// shard is frozen: it changes nothing.
 		v, err := s.sess.check(c.shard, c.write)
-		if err == nil && replica != 0 {
+		if err == nil && c.replica {
 			v, err = mirrorPrimary(c, v, replica)
 		}
 		if err != nil || v.dup != nil || v.wait != nil {
@@ -247,18 +247,21 @@ func (s *Store) admissibleLocked(c *pendingCommit, replica uint64) (sessionVerdi
 }
 
 // mirrorPrimary judges a backup's retry of a write by what its primary
-// applies: the record of version. An attempt of the same write that this
-// backup applied under another record (its forward failed at another
-// backup, so the primary applied nothing, and the client wrote the record
-// again) is replaced, not answered: answered, it would leave this backup
-// at the old record while the primary and the others go on at the new
-// one, and a write of another session applied between the two attempts
-// would stay here in the key's place.
+// applies: the record of version, or a delete. An attempt of the same
+// write that this backup applied under another record (its forward failed
+// at another backup, so the primary applied nothing, and the client wrote
+// the record again) is replaced, not answered: answered, it would leave
+// this backup at the old record while the primary and the others go on at
+// the new one, and a write of another session applied between the two
+// attempts would stay here in the key's place. For the same reason a
+// delete applied before is applied again: deleting twice changes nothing
+// else, as the primary's turn for the key keeps other writes of it from
+// coming between a forward and its resend.
 func mirrorPrimary(c *pendingCommit, v sessionVerdict, version uint64) (sessionVerdict, error) {
 	switch {
-	case v.dup != nil && v.dup.version != version:
+	case v.dup != nil && (c.delete || v.dup.version != version):
 		return sessionVerdict{}, nil
-	case v.wait != nil && v.wait.entry.version != version:
+	case v.wait != nil && !c.delete && v.wait.entry.version != version:
 		return sessionVerdict{}, fmt.Errorf("%w: session %#x seq %d in %v: an earlier attempt at version %d is being applied here; retry",
 			ErrShardMoving, c.write.Session, c.write.Seq, c.shard, v.wait.entry.version)
 	}

@@ -202,6 +202,31 @@ func TestBackupReplacesAnEarlierAttempt(t *testing.T) {
 	}
 }
 
+// A delete applied on a backup whose forward failed elsewhere is applied
+// again when its retry comes, even though another session wrote the key
+// in between: the primary deletes it then, so the backup must too.
+func TestBackupDeletesAgainOnARetry(t *testing.T) {
+	backup := newBackup(t, smallOptions())
+	bw := &replicaWriter{lw: leaseWriter{c: newClient(t, backup), ask: 64 << 10}}
+	key := []byte("k")
+	if _, err := bw.apply(key, []byte("v"), 10); err != nil {
+		t.Fatal(err)
+	}
+	w := proto.Write{Session: 0x61, Seq: 3}
+	if err := backup.s.DeleteReplica(context.Background(), key, w); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bw.applyAs(key, []byte("other"), 11, proto.Write{Session: 0x62, Seq: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if err := backup.s.DeleteReplica(context.Background(), key, w); err != nil {
+		t.Fatalf("the delete's retry: %v", err)
+	}
+	if v, ok := entriesOf(t, backup.s)[string(key)]; ok {
+		t.Fatalf("the key is still on the backup at version %d after the delete's retry, which its primary applies", v)
+	}
+}
+
 // What a backup refuses: a client's commit (it is no owner), a replica's
 // write of another version than its record's, or to a shard it does not
 // back up; and a primary becomes a backup only frozen, after which its
