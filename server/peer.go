@@ -119,6 +119,9 @@ type peerRequest struct {
 // a forward does not need, are dropped); safe for concurrent use.
 func (p *peers) callEach(ctx context.Context, reqs []peerRequest) []error {
 	errs := make([]error, len(reqs))
+	if len(reqs) == 0 {
+		return errs
+	}
 	if p.cfg.QPCalls || len(reqs) == 1 {
 		// A call on a QP waits on the session's own CQ: one goroutine
 		// each.
