@@ -76,7 +76,7 @@ func newCollector(srv *server.Server) *collector {
 		indexGrowths:         d("index_growths_total", "Times the hash index grew while serving."),
 		sessions:             d("idempotency_sessions", "Idempotency entries held: the last write of each (shard, writer session), for answering retries."),
 		sessionsEvictedEarly: d("idempotency_sessions_evicted_early_total", "Idempotency entries dropped before their TTL because the table was full: a retry of their write would apply twice. If it grows, raise --max-sessions."),
-		handled:              d("control_requests_total", "Control RPC requests handled, by type.", "type"),
+		handled:              d("control_requests_total", "Control RPC requests handled, by type (a backup's forwarded commits and deletes among them).", "type"),
 		commitsOnQP:          d("qp_commits_total", "Commits and commit batches that came on a session's write QP after their records' WRITE (a PUT in one round trip), not as control RPCs; control_requests_total counts them too."),
 		forwardsOnQP:         d("qp_forwards_total", "Replica commits and deletes a primary forwarded on this server's write QP (a SEND each way), not as control RPCs; control_requests_total counts them too."),
 		refused:              d("control_errors_total", "Control RPC requests answered with an error, by its code (Hellos refused included).", "code"),
@@ -161,7 +161,8 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.sessionsEvictedEarly, float64(st.SessionsEvictedEarly))
 
 	ss := c.srv.Stats()
-	for _, t := range []proto.MsgType{proto.MsgHello, proto.MsgGrantLease, proto.MsgCommit, proto.MsgCommitBatch, proto.MsgDelete, proto.MsgScan, proto.MsgEndLease, proto.MsgStats} {
+	for _, t := range []proto.MsgType{proto.MsgHello, proto.MsgGrantLease, proto.MsgCommit, proto.MsgCommitBatch, proto.MsgDelete, proto.MsgScan, proto.MsgEndLease, proto.MsgStats,
+		proto.MsgReplicaCommit, proto.MsgReplicaDelete} {
 		counter(c.handled, float64(ss.Handled[t]), t.String())
 	}
 	for code := proto.ErrorCode(1); int(code) < proto.NumErrorCodes; code++ {
