@@ -101,3 +101,10 @@ func DropReplies(s *Server, drop func(proto.Message) bool) {
 	}
 	s.dropReply.Store(&drop)
 }
+
+// AckBeforeBackups makes s, as a primary, acknowledge a write without
+// waiting for its backups (the forwards still go, in the background), or
+// wait again: for benchmarks that measure what replication costs apart
+// from the waiting. A cluster run so loses writes a failover would have
+// kept.
+func AckBeforeBackups(s *Server, on bool) { s.ackBeforeBackups.Store(on) }

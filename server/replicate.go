@@ -88,6 +88,14 @@ func (f *forwarder) Forward(ctx context.Context, w store.Forwarded) error {
 		}
 		calls = append(calls, peerRequest{ID: srv.ID, Addr: mb.Meta.ControlAddr, Req: reqs[i]})
 	}
+	if len(errs) == 0 && f.s.ackBeforeBackups.Load() {
+		go func() {
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), forwardTimeout)
+			defer cancel()
+			f.s.forwards.callEach(ctx, calls)
+		}()
+		return nil
+	}
 	if len(errs) == 0 {
 		for i, err := range f.s.forwards.callEach(ctx, calls) {
 			if err != nil {

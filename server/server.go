@@ -320,6 +320,9 @@ type Server struct {
 	// dropReply, set by tests, closes a connection instead of sending the
 	// reply to a request it reports true for.
 	dropReply atomic.Pointer[func(proto.Message) bool]
+	// ackBeforeBackups, set by benchmarks (AckBeforeBackups), has a
+	// primary's forwards go in the background, not waited for.
+	ackBeforeBackups atomic.Bool
 	// commitSlot, set by tests, is the CommitSlot new sessions are
 	// offered instead of proto.CommitSlotSize.
 	commitSlot atomic.Uint32
