@@ -10,6 +10,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/rkv-io/rkv/clustermap"
 	"github.com/rkv-io/rkv/proto"
 	"github.com/rkv-io/rkv/store"
 )
@@ -122,18 +123,19 @@ const backupWait = 5 * time.Second
 // primary named from, waiting for its map to reach epoch and its store to
 // hold the shard as a backup.
 func (s *Server) forwardedFrom(ctx context.Context, from string, sh proto.Shard, epoch uint64) *proto.Error {
+	// Nearly always the map and the store are there already: answered
+	// without the timer a wait takes.
+	if m := s.Map(); m.Epoch() >= epoch {
+		if e, settled := s.backsUp(m, from, sh); settled {
+			return e
+		}
+	}
 	ctx, cancel := context.WithTimeout(ctx, backupWait)
 	defer cancel()
 	m, err := s.waitEpoch(ctx, epoch)
 	for err == nil {
-		info := m.Shard(sh)
-		switch {
-		case info.Owner() != from:
-			return &proto.Error{Code: proto.CodeNotOwner, Message: fmt.Sprintf("a forward from %s of %v, which is %s's at map epoch %d here", from, sh, info.Owner(), m.Epoch())}
-		case !slices.Contains(info.Owners[1:], s.cfg.Name):
-			return &proto.Error{Code: proto.CodeNotOwner, Message: fmt.Sprintf("a forward of %v, which %s does not back up at map epoch %d", sh, s.cfg.Name, m.Epoch())}
-		case s.st.ShardState(sh).State == store.ShardBackup:
-			return nil
+		if e, settled := s.backsUp(m, from, sh); settled {
+			return e
 		}
 		select { // reconcile is making it a backup
 		case <-ctx.Done():
@@ -143,6 +145,20 @@ func (s *Server) forwardedFrom(ctx context.Context, from string, sh proto.Shard,
 		}
 	}
 	return &proto.Error{Code: proto.CodeUnavailable, Message: fmt.Sprintf("a forward of %v from %s: %v", sh, from, err)}
+}
+
+// backsUp says whether, in map m, this server backs up shard sh for the
+// primary named from: a refusal, or nil once its store holds the shard as
+// a backup; settled is false while the store is still being made one.
+func (s *Server) backsUp(m *clustermap.Map, from string, sh proto.Shard) (_ *proto.Error, settled bool) {
+	info := m.Shard(sh)
+	switch {
+	case info.Owner() != from:
+		return &proto.Error{Code: proto.CodeNotOwner, Message: fmt.Sprintf("a forward from %s of %v, which is %s's at map epoch %d here", from, sh, info.Owner(), m.Epoch())}, true
+	case !slices.Contains(info.Owners[1:], s.cfg.Name):
+		return &proto.Error{Code: proto.CodeNotOwner, Message: fmt.Sprintf("a forward of %v, which %s does not back up at map epoch %d", sh, s.cfg.Name, m.Epoch())}, true
+	}
+	return nil, s.st.ShardState(sh).State == store.ShardBackup
 }
 
 // replicaCommit applies a commit its primary forwarded.
