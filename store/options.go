@@ -150,6 +150,13 @@ type Options struct {
 	// Logger receives the store's logs, Pebble's included. Default
 	// slog.Default().
 	Logger *slog.Logger
+	// Locked, if not nil, is called by Open, on its goroutine, once it
+	// holds the data directory's lock and before it opens anything in
+	// it: a caller that keeps more in the directory (the server's map
+	// replica) may open that from then on, alongside the rest of Open,
+	// knowing no other store uses the directory. Not called when Open
+	// fails before.
+	Locked func()
 }
 
 // defaultRegistrationUnit is RegistrationUnit's default: registering one

@@ -185,6 +185,9 @@ func (s *Store) open(ctx context.Context) error {
 	if err := s.lockDir(); err != nil {
 		return err
 	}
+	if opts.Locked != nil {
+		opts.Locked()
+	}
 	var err error
 	if s.db, err = pebble.Open(filepath.Join(opts.Dir, "index"), &pebble.Options{Logger: s.pebbleLogger()}); err != nil {
 		return fmt.Errorf("store: opening the Pebble index in %s: %w", opts.Dir, err)
