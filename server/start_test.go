@@ -28,9 +28,9 @@ func startConfig(t *testing.T, dir string) Config {
 }
 
 // TestStartDirInUse starts a second server on a running one's data
-// directory: it fails with the store's reason, although its map replica
-// opened at the same time (and failed on the directory too), and the
-// running server goes on serving.
+// directory: it fails with the store's reason, its map replica never
+// opened (it opens once the store holds the directory, which it does
+// not), and the running server goes on serving.
 func TestStartDirInUse(t *testing.T) {
 	s := startServer(t, nil)
 	cfg := startConfig(t, s.Store().Options().Dir)

@@ -12,6 +12,8 @@ import (
 	"sync"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/rkv-io/rkv/proto"
 )
 
@@ -80,6 +82,29 @@ func TestOpenFailuresSayWhatToDo(t *testing.T) {
 		bigger.ArenaSize *= 2
 		wantErr(t, openErr(t, sv, bigger), nil, "ArenaSize is 8388608", "made with ArenaSize 4194304", "--arena-size 4194304")
 		sv.open() // with the size it was made with
+	})
+	t.Run("no room for the arenas", func(t *testing.T) {
+		sv := newServer(t, smallOptions())
+		opts := smallOptions()
+		opts.Dir = t.TempDir()
+		var fs unix.Statfs_t
+		if err := unix.Statfs(opts.Dir, &fs); err != nil {
+			t.Fatal(err)
+		}
+		// Arenas of 512 GiB, one more than the disk has room for.
+		opts.ArenaSize = 1 << 39
+		opts.RegistrationUnit = opts.ArenaSize
+		opts.ArenaCount = int(int64(fs.Bavail)*fs.Bsize/opts.ArenaSize) + 1
+		wantErr(t, openErr(t, sv, opts), nil, "for its new arena files (1 of 549755813888 bytes)", "MiB free", "--arena-count", "--arena-size")
+		if left, _ := filepath.Glob(filepath.Join(opts.Dir, "arena-*")); len(left) != 0 {
+			t.Fatalf("a start refused for want of room left arena files: %v", left)
+		}
+		opts.ArenaSize, opts.RegistrationUnit, opts.ArenaCount = smallOptions().ArenaSize, 0, 1
+		if err := sv.s.Close(); err != nil {
+			t.Fatal(err)
+		}
+		sv.opts = opts
+		sv.open() // the directory, refused, opens once the arenas fit
 	})
 	for _, crash := range []bool{false, true} {
 		name := "fewer arenas than hold records"

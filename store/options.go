@@ -155,7 +155,7 @@ type Options struct {
 	// it: a caller that keeps more in the directory (the server's map
 	// replica) may open that from then on, alongside the rest of Open,
 	// knowing no other store uses the directory. Not called when Open
-	// fails before.
+	// fails before. (server.New sets its own.)
 	Locked func()
 }
 

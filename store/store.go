@@ -201,10 +201,20 @@ func (s *Store) open(ctx context.Context) error {
 	if err := s.loadGeneration(); err != nil {
 		return err
 	}
+	count := s.arenasOnDisk()
+	if err := checkArenaSpace(opts.Dir, count, opts.ArenaSize); err != nil {
+		return err
+	}
 	var arenas []*arena
-	for i := range s.arenasOnDisk() {
+	for i := range count {
+		_, statErr := os.Stat(arenaPath(opts.Dir, i))
 		a, err := openArena(opts.Dir, i, opts.ArenaSize, opts.RegistrationUnit)
 		if err != nil {
+			if errors.Is(statErr, os.ErrNotExist) {
+				// Created and not filled (the disk filled up under it):
+				// it holds nothing, and its blocks are the disk's again.
+				_ = os.Remove(arenaPath(opts.Dir, i))
+			}
 			s.arenas.Store(&arenas) // for closeResources
 			return err
 		}
@@ -276,6 +286,33 @@ func (s *Store) open(ctx context.Context) error {
 	s.wg.Add(1)
 	go s.indexGrowLoop()
 	s.maybeGrowIndex(s.index.LoadFactor())
+	return nil
+}
+
+// checkArenaSpace refuses to create the arena files of a store of count
+// arenas of size bytes in dir, those not there yet, when the file system
+// has less room for them: the files are reserved whole (openArena), and a
+// start that filled the disk on the way would leave it full.
+func checkArenaSpace(dir string, count int, size int64) error {
+	missing := 0
+	for i := range count {
+		if st, err := os.Stat(arenaPath(dir, i)); err != nil || st.Size() == 0 {
+			missing++
+		}
+	}
+	if missing == 0 {
+		return nil
+	}
+	var fs unix.Statfs_t
+	if err := unix.Statfs(dir, &fs); err != nil {
+		return nil // openArena's reservation says what fails, if anything does
+	}
+	need, free := int64(missing)*size, int64(fs.Bavail)*fs.Bsize
+	if need > free {
+		return fmt.Errorf("store: %s needs %d MiB for its new arena files (%d of %d bytes) and its file system has %d MiB free: "+
+			"free some space, or start with fewer or smaller arenas (rkv-server --arena-count, --arena-size)",
+			dir, need>>20, missing, size, free>>20)
+	}
 	return nil
 }
 
