@@ -74,13 +74,21 @@ func openArena(dir string, id int, size, unit int64) (*arena, error) {
 		return nil, fmt.Errorf("store: arena %s is %d bytes but ArenaSize is %d: the data directory was made with ArenaSize %d. "+
 			"Start with that size again (rkv-server --arena-size %d), or move the directory away to start empty", path, st.Size(), size, st.Size(), st.Size())
 	}
-	if err := unix.Fallocate(int(f.Fd()), 0, 0, size); err != nil {
+	// A new file that fails here holds nothing: removed, it gives back
+	// what was reserved of it (a disk that filled up under it).
+	discard := func() {
 		f.Close()
+		if st.Size() == 0 {
+			_ = os.Remove(path)
+		}
+	}
+	if err := unix.Fallocate(int(f.Fd()), 0, 0, size); err != nil {
+		discard()
 		return nil, fmt.Errorf("store: reserving %d bytes for arena %s: %w", size, path, err)
 	}
 	mem, err := rdma.MapFile(f, 0, int(size))
 	if err != nil {
-		f.Close()
+		discard()
 		return nil, fmt.Errorf("store: arena %d: %w", id, err)
 	}
 	a := &arena{id: uint16(id), path: path, file: f, mem: mem, units: make([]arenaUnit, (size+unit-1)/unit)}

@@ -207,14 +207,8 @@ func (s *Store) open(ctx context.Context) error {
 	}
 	var arenas []*arena
 	for i := range count {
-		_, statErr := os.Stat(arenaPath(opts.Dir, i))
 		a, err := openArena(opts.Dir, i, opts.ArenaSize, opts.RegistrationUnit)
 		if err != nil {
-			if errors.Is(statErr, os.ErrNotExist) {
-				// Created and not filled (the disk filled up under it):
-				// it holds nothing, and its blocks are the disk's again.
-				_ = os.Remove(arenaPath(opts.Dir, i))
-			}
 			s.arenas.Store(&arenas) // for closeResources
 			return err
 		}
