@@ -46,15 +46,7 @@ func testDevice(t testing.TB) rdma.Device {
 // configuration first. The caller closes it.
 func newTestServer(t *testing.T, mod func(*Config)) *Server {
 	t.Helper()
-	cfg := Config{
-		Name:       "s1",
-		Device:     testDevice(t),
-		Store:      store.Options{Dir: t.TempDir(), ArenaSize: 4 << 20, ArenaCount: 2, IndexSlots: 1 << 12, LeaseSize: 256 << 10},
-		Membership: membership.Config{Tuning: fastGossip},
-		Bootstrap:  true,
-		Raft:       fastRaft,
-		Logger:     testLogger(),
-	}
+	cfg := testConfig(t, t.TempDir())
 	if mod != nil {
 		mod(&cfg)
 	}
@@ -64,6 +56,20 @@ func newTestServer(t *testing.T, mod func(*Config)) *Server {
 	}
 	waitServing(t, s, proto.NumShards)
 	return s
+}
+
+// testConfig is the configuration of a small server on loopback, a
+// cluster of its own, with its data in dir.
+func testConfig(t *testing.T, dir string) Config {
+	return Config{
+		Name:       "s1",
+		Device:     testDevice(t),
+		Store:      store.Options{Dir: dir, ArenaSize: 4 << 20, ArenaCount: 2, IndexSlots: 1 << 12, LeaseSize: 256 << 10},
+		Membership: membership.Config{Tuning: fastGossip},
+		Bootstrap:  true,
+		Raft:       fastRaft,
+		Logger:     testLogger(),
+	}
 }
 
 var fastRaft = replica.Tuning{HeartbeatTimeout: 200 * time.Millisecond, ElectionTimeout: 200 * time.Millisecond,

@@ -9,23 +9,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/rkv-io/rkv/membership"
 	"github.com/rkv-io/rkv/proto"
-	"github.com/rkv-io/rkv/store"
 )
-
-// startConfig is newTestServer's configuration, on dir.
-func startConfig(t *testing.T, dir string) Config {
-	return Config{
-		Name:       "s1",
-		Device:     testDevice(t),
-		Store:      store.Options{Dir: dir, ArenaSize: 4 << 20, ArenaCount: 2, IndexSlots: 1 << 12, LeaseSize: 256 << 10},
-		Membership: membership.Config{Tuning: fastGossip},
-		Bootstrap:  true,
-		Raft:       fastRaft,
-		Logger:     testLogger(),
-	}
-}
 
 // TestStartDirInUse starts a second server on a running one's data
 // directory: it fails with the store's reason, its map replica never
@@ -33,7 +18,7 @@ func startConfig(t *testing.T, dir string) Config {
 // not), and the running server goes on serving.
 func TestStartDirInUse(t *testing.T) {
 	s := startServer(t, nil)
-	cfg := startConfig(t, s.Store().Options().Dir)
+	cfg := testConfig(t, s.Store().Options().Dir)
 	second, err := New(context.Background(), cfg)
 	if err == nil {
 		second.Close()
@@ -58,7 +43,7 @@ func TestStartReplicaFailsStoreReleased(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "raft"), []byte("not a directory"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	s, err := New(context.Background(), startConfig(t, dir))
+	s, err := New(context.Background(), testConfig(t, dir))
 	if err == nil {
 		s.Close()
 		t.Fatal("a server started with a file where its Raft directory goes")
@@ -69,7 +54,7 @@ func TestStartReplicaFailsStoreReleased(t *testing.T) {
 	if err := os.Remove(filepath.Join(dir, "raft")); err != nil {
 		t.Fatal(err)
 	}
-	s, err = New(context.Background(), startConfig(t, dir))
+	s, err = New(context.Background(), testConfig(t, dir))
 	if err != nil {
 		t.Fatalf("the start after the failed one: %v", err)
 	}
