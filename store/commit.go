@@ -331,9 +331,11 @@ func (s *Store) prepareDelete(key []byte, w proto.Write, replica bool) (*pending
 	return c, v, err
 }
 
-// abandon undoes the admission of c, which will not be applied.
-func (s *Store) abandon(c *pendingCommit) {
+// abandon undoes the admission of c, which will not be applied: it
+// failed with err, which is what a retry waiting for it is told.
+func (s *Store) abandon(c *pendingCommit, err error) {
 	s.mu.Lock()
+	c.result = err
 	s.finishLocked(c, false, 0)
 	if c.arena != nil {
 		s.settleLocked(c.entry.loc, false) // never committed

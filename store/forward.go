@@ -110,12 +110,12 @@ func (s *Store) forward(ctx context.Context, c *pendingCommit, f Forwarder) erro
 	}
 	release, err := s.turns.take(ctx, c.key)
 	if err != nil {
-		s.abandon(c)
+		s.abandon(c, err)
 		return err
 	}
 	defer release()
 	if err := f.Forward(ctx, Forwarded{Shard: c.shard, Key: c.key, Version: c.entry.version, Delete: c.delete}); err != nil {
-		s.abandon(c)
+		s.abandon(c, err)
 		return err
 	}
 	// Applied here whatever ctx says now: every backup has it.

@@ -176,3 +176,49 @@ func TestCommitBatch(t *testing.T) {
 		t.Fatalf("the retried batch applied %d commits, want at most record 7's", got)
 	}
 }
+
+// A retry that comes while its first attempt is being forwarded waits for
+// that attempt and gets its outcome: when the forward fails, the failure,
+// not the attempt's version as though it had been applied.
+func TestRetryWaitingForAFailedForwardFails(t *testing.T) {
+	sv := newServer(t, smallOptions())
+	waitArenas(t, sv.s, 1)
+	c := newClient(t, sv)
+	ctx := context.Background()
+	f := &fakeForwarder{block: make(chan struct{}), fail: errors.New("a backup is down"), calls: make(chan struct{}, 2)}
+	wr := proto.Write{Session: 7, Seq: 1}
+	w1, w2 := c.newWriter(), c.newWriter()
+	off1, n1 := w1.write([]byte("k"), []byte("v"))
+	off2, n2 := w2.write([]byte("k"), []byte("v"))
+	first, retry := make(chan error, 1), make(chan error, 1)
+	go func() {
+		_, err := sv.s.CommitForwarded(ctx, w1.lease.ID, off1, n1, wr, f)
+		first <- err
+	}()
+	<-f.calls
+	go func() {
+		cm, err := sv.s.CommitForwarded(ctx, w2.lease.ID, off2, n2, wr, f)
+		if err == nil {
+			err = fmt.Errorf("succeeded: %+v", cm)
+		}
+		retry <- err
+	}()
+	select {
+	case err := <-retry:
+		t.Fatalf("the retry returned (%v) while its first attempt was being forwarded", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(f.block)
+	if err := <-first; !errors.Is(err, f.fail) {
+		t.Fatalf("the first attempt: %v, want the forward's failure", err)
+	}
+	if err := <-retry; !errors.Is(err, f.fail) {
+		t.Fatalf("the retry: %v, want the first attempt's failure", err)
+	}
+	if len(f.sent) != 1 {
+		t.Fatalf("%d forwards, want 1: the retry waited for the first attempt", len(f.sent))
+	}
+	if _, found, _ := c.get([]byte("k")); found {
+		t.Fatal("k found: nothing was applied")
+	}
+}
