@@ -13,15 +13,15 @@ import (
 // TestSteadyStateAllocs counts the allocations of a warm GetAppend and PUT,
 // client, server and soft provider together (AllocsPerRun counts every
 // goroutine's), under a context without a deadline and under one that can
-// be cancelled. A GetAppend allocates nothing. A PUT's budget is 3: the
-// store's pending commit on the server (2: the struct and its done
-// channel; a key of up to 32 bytes is copied into the struct), and room
-// for the read error (net.OpError) of an inline Wait that a completion
-// pushed by the other link interrupts: the client reading for its SEND's
-// ACK when the reply comes first, one commit in session.SignalEvery. (The
-// other commits and all replies are unsignaled, and their Waits do not
-// read for held ACKs: a PUT allocated 4 to 5 times while every one did.)
-// A MultiGet's budget is below.
+// be cancelled. Neither allocates: the store's pending commits are pooled
+// (2 allocations a PUT when each was new). AllocsPerRun divides in
+// integers, so what is left of less than one a PUT passes: the read error
+// (net.OpError) of an inline Wait that a completion pushed by the other
+// link interrupts, the client reading for its SEND's ACK when the reply
+// comes first, one commit in session.SignalEvery. (The other commits and
+// all replies are unsignaled, and their Waits do not read for held ACKs: a
+// PUT allocated 4 to 5 times while every one did.) A MultiGet's budget is
+// below.
 func TestSteadyStateAllocs(t *testing.T) {
 	if race.Enabled {
 		t.Skip("allocations are counted without the race detector: make test-allocs")
@@ -53,10 +53,8 @@ func TestSteadyStateAllocs(t *testing.T) {
 		if n := leastAllocs(get); n != 0 {
 			t.Errorf("%s: a GetAppend allocates %.1f times", ctx.name, n)
 		}
-		n := leastAllocs(put)
-		t.Logf("%s: a PUT allocates %.1f times", ctx.name, n)
-		if n > 3 {
-			t.Errorf("%s: a PUT allocates %.1f times, client and server together; the budget is 3", ctx.name, n)
+		if n := leastAllocs(put); n != 0 {
+			t.Errorf("%s: a PUT allocates %.1f times, client and server together", ctx.name, n)
 		}
 	}
 	// A MultiGet of cached keys allocates its values (16) and its own

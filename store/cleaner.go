@@ -365,7 +365,7 @@ func (s *Store) relocate(moves []relocation) error {
 		}
 		bytes += int64(m.to.Length)
 	}
-	c := &pendingCommit{reloc: job, done: make(chan struct{})}
+	c := newJob(0, nil, job)
 	select {
 	default:
 		s.enqueue(c)
@@ -420,7 +420,7 @@ func (s *Store) applyRelocate(c *pendingCommit) {
 			}
 		}
 		s.mu.Unlock()
-		close(c.done)
+		c.signal()
 		s.inflight.Done()
 	}()
 	// Only records of shards that take writes (a frozen shard's records
@@ -461,7 +461,7 @@ func (s *Store) applyRelocate(c *pendingCommit) {
 		m.moved = true
 		errs = append(errs, b.Set(shardDataKey(m.shard, m.key), entry{loc: m.to, version: m.version}.encode(), nil))
 		if s.journaled() {
-			errs = append(errs, b.Set(journalKey(seq), journalEntry(m.to, m.rec), nil))
+			errs = append(errs, setJournalEntry(b, seq, m.to, m.rec))
 			seq++
 			journaled += int64(len(m.rec))
 		}

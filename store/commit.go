@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -24,6 +25,9 @@ type Committed struct {
 	Version  uint64
 }
 
+// pendingCommit is one write on its way through the writer, or an Ingest
+// or cleaner batch. A commit's or delete's is pooled (newPending,
+// recycle): a PUT's path on the server allocates nothing of its own.
 type pendingCommit struct {
 	key    []byte // a copy: keyBuf's when the key fits it
 	keyBuf [shortKey]byte
@@ -32,9 +36,21 @@ type pendingCommit struct {
 	delete bool
 	entry  entry
 	arena  *arena // where the record lies; nil for a delete
-	rec    []byte // the verified record, to journal
+	rec    []byte // the verified record, to journal: recBuf's when pooled
+	recBuf []byte
 	result error
-	done   chan struct{}
+	// done takes one token when the writer is through with the commit
+	// (signal); its owner alone takes it (await). A retry of the same
+	// write waits on a retryWait of its own instead (retries).
+	done chan struct{}
+	// Set by the owner: queued, the commit was handed to the writer;
+	// awaited, the owner took done's token since. A commit queued and
+	// not awaited (its owner's ctx ended first) is left to the garbage
+	// collector: the writer may still signal it.
+	queued, awaited bool
+	// retries wait for this write's outcome: its session's retries that
+	// came while it was in flight. Guarded by Store.mu.
+	retries []*retryWait
 	// job is set for an Ingest call's batch instead of a commit, reloc
 	// for a batch of the cleaner's.
 	job   *ingestJob
@@ -51,16 +67,74 @@ type pendingCommit struct {
 // longer than that costs its commit no allocation of its own.
 const shortKey = 32
 
+// keptRecord is the largest record copy (journaled) a pooled pending
+// commit keeps for its next use; a larger one goes with the commit.
+const keptRecord = 64 << 10
+
+var pendingPool = sync.Pool{New: func() any { return &pendingCommit{done: make(chan struct{}, 1)} }}
+
 // newPending returns a pending commit or delete of key, which it copies:
-// a commit's key lies in a lease the client can still write to.
+// a commit's key lies in a lease the client can still write to. Its owner
+// hands it back with recycle.
 func newPending(key []byte, w proto.Write, replica bool) *pendingCommit {
-	c := &pendingCommit{shard: proto.ShardOf(key), write: w, replica: replica, done: make(chan struct{})}
+	return pendingPool.Get().(*pendingCommit).init(key, w, replica)
+}
+
+// init makes c, fresh from the pool, a write of key.
+func (c *pendingCommit) init(key []byte, w proto.Write, replica bool) *pendingCommit {
+	c.shard, c.write, c.replica = proto.ShardOf(key), w, replica
 	if len(key) <= len(c.keyBuf) {
 		c.key = append(c.keyBuf[:0], key...)
 	} else {
 		c.key = append([]byte(nil), key...)
 	}
 	return c
+}
+
+// newJob returns the pending item of an Ingest or cleaner batch: not
+// pooled, and signalled like a commit.
+func newJob(sh proto.Shard, job *ingestJob, reloc *relocateJob) *pendingCommit {
+	return &pendingCommit{shard: sh, job: job, reloc: reloc, done: make(chan struct{}, 1)}
+}
+
+// recycle hands c, a commit or delete from newPending, back to the pool
+// once nothing refers to it: its owner is done with it, and the writer
+// too, unless it was never queued or the owner took its token. Retries
+// read their outcome from a retryWait, never from c.
+func recycle(c *pendingCommit) {
+	if c == nil || c.queued && !c.awaited || len(c.done) != 0 {
+		return
+	}
+	rec := c.recBuf
+	if cap(rec) > keptRecord {
+		rec = nil
+	}
+	*c = pendingCommit{done: c.done, recBuf: rec[:0]}
+	pendingPool.Put(c)
+}
+
+// signal tells c's owner that the writer is through with c: the writer's
+// last touch of it.
+func (c *pendingCommit) signal() { c.done <- struct{}{} }
+
+// retryWait is what a retry of a write in flight waits on: the first
+// attempt's outcome, filled in and closed when it finishes
+// (finishLocked). The attempt itself goes back to the pool with its
+// owner, so the retry reads nothing of it afterwards.
+type retryWait struct {
+	done    chan struct{}
+	version uint64 // the attempt's record version (0 for a delete), known when it was admitted
+	result  error
+	delete  bool
+	entry   entry
+}
+
+// waitLocked returns a retryWait for c's outcome. The caller holds
+// Store.mu, as finishLocked does.
+func (c *pendingCommit) waitLocked() *retryWait {
+	w := &retryWait{done: make(chan struct{}), version: c.entry.version}
+	c.retries = append(c.retries, w)
+	return w
 }
 
 // Commit commits the record a client wrote at offset off of lease id's
@@ -102,6 +176,7 @@ func (s *Store) commit(ctx context.Context, id uint64, off, length int64, w prot
 		s.stats.commitsRejected.Add(1)
 		return Committed{}, err
 	}
+	defer recycle(c)
 	return s.completeCommit(ctx, c, v, f)
 }
 
@@ -120,17 +195,17 @@ func (s *Store) completeCommit(ctx context.Context, c *pendingCommit, v sessionV
 // answer answers a retry from its session's entry, or waits for the write
 // in flight.
 func (s *Store) answer(ctx context.Context, key []byte, v sessionVerdict) (Committed, error) {
-	if p := v.wait; p != nil {
+	if w := v.wait; w != nil {
 		select {
-		case <-p.done:
+		case <-w.done:
 		case <-ctx.Done():
 			return Committed{}, ctx.Err()
 		}
 		s.stats.duplicates.Add(1)
-		if p.result != nil || p.delete {
-			return Committed{}, p.result
+		if w.result != nil || w.delete {
+			return Committed{}, w.result
 		}
-		return Committed{Location: p.entry.loc, Version: p.entry.version}, nil
+		return Committed{Location: w.entry.loc, Version: w.entry.version}, nil
 	}
 	s.stats.duplicates.Add(1)
 	out := Committed{Version: v.dup.version}
@@ -144,7 +219,7 @@ func (s *Store) answer(ctx context.Context, key []byte, v sessionVerdict) (Commi
 
 // prepareCommit checks and admits a commit; replica, when not 0, makes it
 // an ApplyReplica of that version.
-func (s *Store) prepareCommit(id uint64, off, length int64, w proto.Write, replica uint64) (*pendingCommit, sessionVerdict, error) {
+func (s *Store) prepareCommit(id uint64, off, length int64, w proto.Write, replica uint64) (_ *pendingCommit, _ sessionVerdict, err error) {
 	var none sessionVerdict
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -165,10 +240,17 @@ func (s *Store) prepareCommit(id uint64, off, length int64, w proto.Write, repli
 	at := l.region.off + off
 	rec := a.mem.Bytes()[at : at+length]
 	state := recordState(rec)
+	c := pendingPool.Get().(*pendingCommit)
+	defer func() {
+		if err != nil {
+			recycle(c) // never admitted
+		}
+	}()
 	if s.journaled() {
 		// Verify and journal one snapshot: the client can still write to
 		// its lease. The journal holds it as committed: live.
-		rec = append([]byte(nil), rec...)
+		c.recBuf = append(c.recBuf[:0], rec...)
+		rec = c.recBuf
 		putState(rec, proto.RecordLive)
 	}
 	r, err := proto.ParseRecord(rec)
@@ -182,9 +264,11 @@ func (s *Store) prepareCommit(id uint64, off, length int64, w proto.Write, repli
 	case r.Tombstone():
 		return nil, none, fmt.Errorf("%w: deletes are committed with Delete, not as records", ErrRecord)
 	}
-	c := newPending(r.Key, w, replica != 0)
-	if v, err := s.admissibleLocked(c, replica); err != nil || v.dup != nil || v.wait != nil {
-		return c, v, err
+	c.init(r.Key, w, replica != 0)
+	if v, err := s.admissibleLocked(c, replica); err != nil {
+		return nil, none, err
+	} else if v.dup != nil || v.wait != nil {
+		return c, v, nil
 	}
 	switch {
 	case off < l.next:
@@ -261,9 +345,9 @@ func mirrorPrimary(c *pendingCommit, v sessionVerdict, version uint64) (sessionV
 	switch {
 	case v.dup != nil && (c.delete || v.dup.version != version):
 		return sessionVerdict{}, nil
-	case v.wait != nil && !c.delete && v.wait.entry.version != version:
+	case v.wait != nil && !c.delete && v.wait.version != version:
 		return sessionVerdict{}, fmt.Errorf("%w: session %#x seq %d in %v: an earlier attempt at version %d is being applied here; retry",
-			ErrShardMoving, c.write.Session, c.write.Seq, c.shard, v.wait.entry.version)
+			ErrShardMoving, c.write.Session, c.write.Seq, c.shard, v.wait.version)
 	}
 	return v, nil
 }
@@ -278,13 +362,20 @@ func (s *Store) admitLocked(c *pendingCommit) {
 	s.inflight.Add(1)
 }
 
-// finishLocked undoes admitLocked once c is applied or failed; the caller
-// then closes c.done and calls s.inflight.Done.
+// finishLocked undoes admitLocked once c is applied or failed (c.result
+// says which), and answers the retries waiting for it; the caller then
+// signals c, if it was queued, and calls s.inflight.Done.
 func (s *Store) finishLocked(c *pendingCommit, applied bool, now int64) {
 	s.shards[c.shard].applied()
 	if c.write.Session != 0 {
 		s.sess.finish(c, applied, now)
 	}
+	for _, w := range c.retries {
+		w.result, w.delete, w.entry = c.result, c.delete, c.entry
+		close(w.done)
+	}
+	clear(c.retries)
+	c.retries = c.retries[:0]
 }
 
 // Delete removes key. Deleting an absent key is not an error. The key's
@@ -298,6 +389,7 @@ func (s *Store) Delete(ctx context.Context, key []byte, w proto.Write) error {
 // delete is Delete, DeleteForwarded with f, or DeleteReplica.
 func (s *Store) delete(ctx context.Context, key []byte, w proto.Write, replica bool, f Forwarder) error {
 	c, v, err := s.prepareDelete(key, w, replica)
+	defer recycle(c)
 	switch {
 	case err != nil:
 		return err
@@ -325,14 +417,18 @@ func (s *Store) prepareDelete(key []byte, w proto.Write, replica bool) (*pending
 		return nil, sessionVerdict{}, err
 	}
 	v, err := s.admissibleLocked(c, 0)
-	if err == nil && v.dup == nil && v.wait == nil {
+	if err != nil {
+		recycle(c)
+		return nil, sessionVerdict{}, err
+	}
+	if v.dup == nil && v.wait == nil {
 		s.admitLocked(c)
 	}
-	return c, v, err
+	return c, v, nil
 }
 
-// abandon undoes the admission of c, which will not be applied: it
-// failed with err, which is what a retry waiting for it is told.
+// abandon undoes the admission of c, which will not be queued: it failed
+// with err, which is what a retry waiting for it is told.
 func (s *Store) abandon(c *pendingCommit, err error) {
 	s.mu.Lock()
 	c.result = err
@@ -341,7 +437,6 @@ func (s *Store) abandon(c *pendingCommit, err error) {
 		s.settleLocked(c.entry.loc, false) // never committed
 	}
 	s.mu.Unlock()
-	close(c.done)
 	s.inflight.Done()
 }
 
@@ -356,8 +451,9 @@ func (s *Store) submit(ctx context.Context, c *pendingCommit) error {
 }
 
 // enqueue queues admitted c (or an Ingest or relocation batch) for the
-// writer.
+// writer, which signals it once through with it.
 func (s *Store) enqueue(c *pendingCommit) {
+	c.queued = true
 	s.qmu.Lock()
 	s.queue = append(s.queue, c)
 	s.qmu.Unlock()
@@ -432,21 +528,16 @@ func (s *Store) applyQueued() {
 func (s *Store) await(ctx context.Context, c *pendingCommit) error {
 	select {
 	case <-c.done:
+		c.awaited = true
 		return c.result
 	case <-ctx.Done():
 		return ctx.Err()
 	}
 }
 
-// finished reports whether c was applied (or failed).
-func (c *pendingCommit) finished() bool {
-	select {
-	case <-c.done:
-		return true
-	default:
-		return false
-	}
-}
+// finished reports whether the writer signalled c (applied or failed it),
+// leaving the token for await.
+func (c *pendingCommit) finished() bool { return len(c.done) > 0 }
 
 // commitLoop applies what committers leave queued (lead): everything that
 // queued while a writer was applying, in batches, one sync and one Pebble
@@ -517,7 +608,7 @@ func (s *Store) apply(batch []*pendingCommit) {
 		s.sess.evict(time.Now())
 		s.mu.Unlock()
 		for _, c := range batch {
-			close(c.done)
+			c.signal()
 			s.inflight.Done()
 		}
 	}
@@ -570,7 +661,7 @@ func (s *Store) apply(batch []*pendingCommit) {
 		default:
 			err = b.Set(shardDataKey(c.shard, c.key), c.entry.encode(), nil)
 			if err == nil && s.journaled() {
-				err = b.Set(journalKey(seq), journalEntry(c.entry.loc, c.rec), nil)
+				err = setJournalEntry(b, seq, c.entry.loc, c.rec)
 				seq++
 				journaled += int64(len(c.rec))
 			}

@@ -29,7 +29,7 @@ func FuzzDecodeJournalEntry(f *testing.F) {
 	if _, err := proto.EncodeRecord(rec, 7, 0, []byte("key"), []byte("value")); err != nil {
 		f.Fatal(err)
 	}
-	f.Add(journalEntry(proto.Location{Arena: 1, Offset: 4096, Length: uint32(len(rec))}, rec))
+	f.Add(appendJournalEntry(nil, proto.Location{Arena: 1, Offset: 4096, Length: uint32(len(rec))}, rec))
 	f.Add([]byte{1, 0, 0})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		id, off, r, err := decodeJournalEntry(b)
@@ -39,7 +39,7 @@ func FuzzDecodeJournalEntry(f *testing.F) {
 		if len(r) < proto.RecordHeaderSize {
 			t.Fatalf("journal entry %x decodes to a %d-byte record, shorter than a header", b, len(r))
 		}
-		if again := journalEntry(proto.Location{Arena: id, Offset: off}, r); !bytes.Equal(again, b) {
+		if again := appendJournalEntry(nil, proto.Location{Arena: id, Offset: off}, r); !bytes.Equal(again, b) {
 			t.Fatalf("journal entry %x decodes to arena %d offset %d, which encodes to %x", b, id, off, again)
 		}
 	})

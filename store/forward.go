@@ -74,7 +74,10 @@ func (s *Store) CommitBatch(ctx context.Context, id uint64, batch []BatchCommit)
 		case v.dup != nil || v.wait != nil || b.Forwarder != nil && b.Forwarder.Forwards(c.shard):
 			// Answered from its session, or forwarded first: each waits
 			// on a goroutine of its own.
-			wg.Go(func() { out[i], errs[i] = s.completeCommit(ctx, c, v, b.Forwarder) })
+			wg.Go(func() {
+				out[i], errs[i] = s.completeCommit(ctx, c, v, b.Forwarder)
+				recycle(c)
+			})
 		default:
 			// Straight to the queue, whose writer takes what is queued
 			// together; applied and waited for below.
@@ -92,6 +95,7 @@ func (s *Store) CommitBatch(ctx context.Context, id uint64, batch []BatchCommit)
 		if errs[i] = s.await(ctx, c); errs[i] == nil {
 			out[i] = Committed{Location: c.entry.loc, Version: c.entry.version}
 		}
+		recycle(c)
 	}
 	wg.Wait()
 	return out, errs

@@ -222,3 +222,65 @@ func TestRetryWaitingForAFailedForwardFails(t *testing.T) {
 		t.Fatal("k found: nothing was applied")
 	}
 }
+
+// A commit whose owner stopped waiting (its context ended while the
+// commit was queued) is still applied, and the pending commit it leaves
+// behind is not reused while the writer may still signal it: the commits
+// after it each get their own outcome, in the index and readable.
+func TestCommitsAfterAnAbandonedWaitGetTheirOwnResults(t *testing.T) {
+	sv := newServer(t, smallOptions())
+	waitArenas(t, sv.s, 2)
+	c := newClient(t, sv)
+	entered, release := make(chan struct{}), make(chan struct{})
+	var releaseOnce sync.Once
+	unblock := func() { releaseOnce.Do(func() { close(release) }) }
+	t.Cleanup(unblock)
+	held := false
+	sv.s.testHookApply = func() {
+		if !held {
+			held = true
+			entered <- struct{}{}
+			<-release
+		}
+	}
+	first := make(chan error, 1)
+	go func() {
+		_, err := c.newWriter().put([]byte("holder"), []byte("h"))
+		first <- err
+	}()
+	<-entered // the first commit holds the writer
+	w := c.newWriter()
+	off, n := w.write([]byte("impatient"), []byte("v"))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	if _, err := sv.s.Commit(ctx, w.lease.ID, off, n, proto.Write{}); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a commit queued behind a held writer, with a 20 ms deadline: %v", err)
+	}
+	unblock()
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Go(func() {
+			w := c.newWriter()
+			for i := range 50 {
+				key := fmt.Appendf(nil, "after-%d-%d", g, i)
+				cm, err := w.put(key, key)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if loc, ok, err := sv.s.index.Get(key); err != nil || !ok || loc != cm.Location {
+					t.Errorf("%s: committed at %+v, the index has %+v (found %v, %v)", key, cm.Location, loc, ok, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	mustValue(t, sv.s, []byte("impatient"), "v") // applied all the same
+	for g := range 4 {
+		mustValue(t, sv.s, fmt.Appendf(nil, "after-%d-49", g), fmt.Sprintf("after-%d-49", g))
+	}
+}

@@ -133,7 +133,7 @@ func (s *Store) Ingest(ctx context.Context, sh proto.Shard, records [][]byte, se
 	s.inflight.Add(1) // Close waits for it
 	s.mu.Unlock()
 	job := &ingestJob{shard: sh}
-	c := &pendingCommit{shard: sh, job: job, done: make(chan struct{})}
+	c := newJob(sh, job, nil)
 	queued := false
 	defer func() {
 		if !queued {
@@ -259,7 +259,7 @@ func (job *ingestJob) wasteLocked(s *Store) {
 func (s *Store) applyIngest(c *pendingCommit) {
 	job := c.job
 	defer func() {
-		close(c.done)
+		c.signal()
 		s.inflight.Done()
 	}()
 	b := s.db.NewBatch()
@@ -275,7 +275,7 @@ func (s *Store) applyIngest(c *pendingCommit) {
 	for _, p := range job.puts {
 		errs = append(errs, b.Set(dataKey(p.key), p.entry.encode(), nil))
 		if s.journaled() {
-			errs = append(errs, b.Set(journalKey(seq), journalEntry(p.entry.loc, p.rec), nil))
+			errs = append(errs, setJournalEntry(b, seq, p.entry.loc, p.rec))
 			seq++
 			journaled += int64(len(p.rec))
 		}

@@ -35,20 +35,33 @@ var (
 
 func journalKey(seq uint64) []byte { return binary.BigEndian.AppendUint64([]byte{'j'}, seq) }
 
-// journalEntry is a record's journal value: format, arena, offset, bytes.
-func journalEntry(loc proto.Location, rec []byte) []byte {
-	b := make([]byte, 0, 11+len(rec))
+// journalHeaderSize is what a journal value holds before its record.
+const journalHeaderSize = 11
+
+// appendJournalEntry appends a record's journal value to b: format,
+// arena, offset, the record's bytes.
+func appendJournalEntry(b []byte, loc proto.Location, rec []byte) []byte {
 	b = append(b, 1)
 	b = binary.LittleEndian.AppendUint16(b, loc.Arena)
 	b = binary.LittleEndian.AppendUint64(b, loc.Offset)
 	return append(b, rec...)
 }
 
+// setJournalEntry adds to b the journal entry seq of rec, written at loc,
+// encoded in place: b.Set would copy an encoding made on the heap first,
+// an allocation of the record's size per commit.
+func setJournalEntry(b *pebble.Batch, seq uint64, loc proto.Location, rec []byte) error {
+	op := b.SetDeferred(1+8, journalHeaderSize+len(rec))
+	binary.BigEndian.AppendUint64(append(op.Key[:0], 'j'), seq)
+	appendJournalEntry(op.Value[:0], loc, rec)
+	return op.Finish()
+}
+
 func decodeJournalEntry(b []byte) (arena uint16, off uint64, rec []byte, err error) {
-	if len(b) < 11+proto.RecordHeaderSize || b[0] != 1 {
+	if len(b) < journalHeaderSize+proto.RecordHeaderSize || b[0] != 1 {
 		return 0, 0, nil, fmt.Errorf("store: journal entry of %d bytes, format %v: corrupt or from a newer version", len(b), b[:min(1, len(b))])
 	}
-	return binary.LittleEndian.Uint16(b[1:]), binary.LittleEndian.Uint64(b[3:]), b[11:], nil
+	return binary.LittleEndian.Uint16(b[1:]), binary.LittleEndian.Uint64(b[3:]), b[journalHeaderSize:], nil
 }
 
 // journaled reports whether commits go through the journal.

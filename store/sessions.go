@@ -98,7 +98,7 @@ func (h *sessionHeap) Pop() any {
 // sessionVerdict is what the table says of an incoming write.
 type sessionVerdict struct {
 	dup  *sessionRecord // applied before: answer with this
-	wait *pendingCommit // in flight: wait for it and answer with its result
+	wait *retryWait     // in flight: wait for it and answer with its result
 }
 
 // check judges write w to shard sh. An error wraps ErrSuperseded; a zero
@@ -109,7 +109,7 @@ func (t *sessionTable) check(sh proto.Shard, w proto.Write) (sessionVerdict, err
 		return sessionVerdict{}, nil
 	}
 	if ss.pending != nil && ss.pending.write.Seq == w.Seq {
-		return sessionVerdict{wait: ss.pending}, nil
+		return sessionVerdict{wait: ss.pending.waitLocked()}, nil
 	}
 	if ss.applied && ss.seq == w.Seq {
 		r := ss.sessionRecord
