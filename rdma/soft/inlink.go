@@ -77,7 +77,7 @@ func (d *device) handshake(c *net.TCPConn) {
 	l := &inLink{dev: d, conn: c, br: bufio.NewReaderSize(c, readBufSize), done: make(chan struct{}),
 		out: make([]byte, 0, answerBatch), gen: 1, qps: map[uint32]*qp{}, base: base}
 	l.view.Store(&map[uint32]*qp{})
-	l.w.init(c, func(error) { _ = c.Close() }, d.spawn)
+	l.w.init(c, func(error) { _ = c.Close() }, &d.wg)
 	d.mu.Lock()
 	d.ins[l] = struct{}{}
 	d.mu.Unlock()

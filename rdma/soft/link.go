@@ -47,8 +47,11 @@ type linkWriter struct {
 	// onError runs once, after the first failed write, on the goroutine
 	// that saw it: it closes the link.
 	onError func(error)
-	// spawn runs f on a goroutine the link's owner waits for.
-	spawn func(f func())
+	// async writes what post left pending, on a goroutine of its own
+	// that the link's owner waits for (wg): made once, so that a post
+	// allocates nothing.
+	async func()
+	wg    *sync.WaitGroup
 	// timeout (ns) bounds how long one write may block, that is how long
 	// the peer may read nothing while we have bytes for it; 0 means no
 	// bound. The device's watchdog enforces it (stuck): a deadline would
@@ -77,8 +80,13 @@ type linkWriter struct {
 	seenAt     int64
 }
 
-func (w *linkWriter) init(c *net.TCPConn, onError func(error), spawn func(func())) {
-	w.conn, w.onError, w.spawn = c, onError, spawn
+// init readies w to write to c; wg counts the goroutines post starts.
+func (w *linkWriter) init(c *net.TCPConn, onError func(error), wg *sync.WaitGroup) {
+	w.conn, w.onError, w.wg = c, onError, wg
+	w.async = func() {
+		defer w.wg.Done()
+		_ = w.drain(nil)
+	}
 	w.turn.L = &w.mu
 }
 
@@ -187,7 +195,8 @@ func (w *linkWriter) post(b []byte) {
 	}
 	w.flushing = true
 	w.mu.Unlock()
-	w.spawn(func() { _ = w.drain(nil) })
+	w.wg.Add(1)
+	go w.async()
 }
 
 // drain writes what is pending until nothing is, then gives the role up;

@@ -666,7 +666,7 @@ func TestLinkWriterKeepsOrder(t *testing.T) {
 	defer server.Close()
 	var spawned sync.WaitGroup
 	var w linkWriter
-	w.init(c.(*net.TCPConn), func(error) { c.Close() }, func(f func()) { spawned.Go(f) })
+	w.init(c.(*net.TCPConn), func(error) { c.Close() }, &spawned)
 
 	const writers, frames = 8, 400
 	// A frame: writer u8 | sequence u32 | payload length u32 | payload,

@@ -184,7 +184,7 @@ func (l *outLink) dial(timeout time.Duration) {
 	}
 	if err == nil {
 		l.conn = c
-		l.w.init(c, l.broken, l.dev.spawn)
+		l.w.init(c, l.broken, &l.dev.wg)
 		l.br.Reset(c)
 		l.progress.Store(now())
 	} else {
