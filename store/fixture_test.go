@@ -431,3 +431,23 @@ func segmentTable(s *Store) string {
 	}
 	return b.String()
 }
+
+// holdFirstApply stops s's writer in the next batch it applies: entered
+// receives once it has stopped there, and unblock lets it go on (called
+// at the test's cleanup too, so that a failing test does not leave the
+// commit loop held).
+func holdFirstApply(t testing.TB, s *Store) (entered <-chan struct{}, unblock func()) {
+	in, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	unblock = func() { once.Do(func() { close(release) }) }
+	t.Cleanup(unblock)
+	held := false // the writer's alone
+	s.testHookApply = func() {
+		if !held {
+			held = true
+			in <- struct{}{}
+			<-release
+		}
+	}
+	return in, unblock
+}

@@ -231,18 +231,7 @@ func TestCommitsAfterAnAbandonedWaitGetTheirOwnResults(t *testing.T) {
 	sv := newServer(t, smallOptions())
 	waitArenas(t, sv.s, 2)
 	c := newClient(t, sv)
-	entered, release := make(chan struct{}), make(chan struct{})
-	var releaseOnce sync.Once
-	unblock := func() { releaseOnce.Do(func() { close(release) }) }
-	t.Cleanup(unblock)
-	held := false
-	sv.s.testHookApply = func() {
-		if !held {
-			held = true
-			entered <- struct{}{}
-			<-release
-		}
-	}
+	entered, unblock := holdFirstApply(t, sv.s)
 	first := make(chan error, 1)
 	go func() {
 		_, err := c.newWriter().put([]byte("holder"), []byte("h"))

@@ -3,7 +3,6 @@ package store
 import (
 	"context"
 	"errors"
-	"sync"
 	"testing"
 	"time"
 
@@ -137,18 +136,7 @@ func TestConcurrentRetryWaitsForTheFirst(t *testing.T) {
 	sv := newServer(t, smallOptions())
 	waitArenas(t, sv.s, 2)
 	c := newClient(t, sv)
-	entered, release := make(chan struct{}), make(chan struct{})
-	var releaseOnce sync.Once
-	unblock := func() { releaseOnce.Do(func() { close(release) }) }
-	t.Cleanup(unblock) // a failing test must not leave the commit loop held
-	held := false
-	sv.s.testHookApply = func() {
-		if !held {
-			held = true
-			entered <- struct{}{}
-			<-release
-		}
-	}
+	entered, unblock := holdFirstApply(t, sv.s)
 	type result struct {
 		cm  Committed
 		err error
