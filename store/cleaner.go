@@ -258,13 +258,17 @@ func (s *Store) pickVictim() *segment {
 	return sg
 }
 
-// cleanable reports whether waiting can bring free space: a segment is in
-// its grace period or being cleaned, an arena is being added, or a segment
-// can be cleaned.
-func (s *Store) cleanable() bool {
+// cleanable reports whether waiting can bring free space to a writer
+// that found the store full with arenas arenas: an arena was added since,
+// or is being added, a segment is in its grace period or being cleaned,
+// or a segment can be cleaned. One look under the lock: an arena added
+// between a look at the arenas and one at the growth would be missed
+// (TestArenasAddedWhileServing failed so about once in 40 runs, two at
+// once).
+func (s *Store) cleanable(arenas int) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return len(s.freeing) > 0 || s.growing || s.victimLocked(true) != nil || s.cleaningLocked()
+	return len(s.arenaList()) != arenas || s.growing || len(s.freeing) > 0 || s.victimLocked(true) != nil || s.cleaningLocked()
 }
 
 // clean moves the live records out of sg, which pickVictim marked.

@@ -160,7 +160,7 @@ func (s *Store) takeRegion(ctx context.Context, need, want int64) (region, error
 			if len(s.arenaList()) != arenas {
 				continue // an arena was added since (the carve may have started it): carve again
 			}
-			if now.Sub(stalledSince) > s.fullWait || now.Sub(fullSince) > s.fullWaitMost || !s.cleanable() {
+			if now.Sub(stalledSince) > s.fullWait || now.Sub(fullSince) > s.fullWaitMost || !s.cleanable(arenas) {
 				s.stats.leasesRefused.Add(1)
 				return region{}, err
 			}
