@@ -710,11 +710,13 @@ func (c *pendingCommit) sessionRecord(now int64) sessionRecord {
 	return r
 }
 
-// commitBatch commits b under the sync policy.
+// commitBatch commits b under the sync policy. Under SyncNone, Pebble's
+// sync of the WAL only writes it out (flushOnlyWAL): the commit must reach
+// the kernel before it is acknowledged.
 func (s *Store) commitBatch(b *pebble.Batch) error {
-	opts := pebble.NoSync
-	if s.opts.Sync == SyncAlways {
-		opts = pebble.Sync
+	opts := pebble.Sync
+	if s.opts.Sync == SyncBatch {
+		opts = pebble.NoSync
 	}
 	if err := b.Commit(opts); err != nil {
 		return fmt.Errorf("store: writing the index: %w", err)

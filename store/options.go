@@ -24,8 +24,10 @@ const (
 	// SyncBatch acknowledges at once and syncs every SyncWindow: a crash
 	// may lose the last window of acknowledged writes.
 	SyncBatch
-	// SyncNone never syncs explicitly: the kernel writes back when it
-	// likes. A process crash loses nothing; a machine crash may.
+	// SyncNone never syncs explicitly: each commit is written to the
+	// kernel before it is acknowledged, and the kernel writes back when it
+	// likes. A process crash loses nothing; a machine crash may lose
+	// acknowledged writes.
 	SyncNone
 )
 

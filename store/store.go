@@ -189,7 +189,12 @@ func (s *Store) open(ctx context.Context) error {
 		opts.Locked()
 	}
 	var err error
-	if s.db, err = pebble.Open(filepath.Join(opts.Dir, "index"), &pebble.Options{Logger: s.pebbleLogger()}); err != nil {
+	popts := &pebble.Options{Logger: s.pebbleLogger()}
+	if opts.Sync == SyncNone {
+		popts.WithFSDefaults()
+		popts.FS = flushOnlyWAL{popts.FS}
+	}
+	if s.db, err = pebble.Open(filepath.Join(opts.Dir, "index"), popts); err != nil {
 		return fmt.Errorf("store: opening the Pebble index in %s: %w", opts.Dir, err)
 	}
 	if err := s.brokenErr(); err != nil {
