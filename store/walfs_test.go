@@ -2,6 +2,7 @@ package store
 
 import (
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -94,7 +95,9 @@ func TestFlushOnlyWALSkipsTheWALsSyncsOnly(t *testing.T) {
 	if len(wals) == 0 {
 		t.Fatalf("no file Pebble made is a WAL by isWAL: %v", names)
 	}
-	if !hasPrefixIn(synced, "index/MANIFEST-") || !hasSuffixIn(synced, ".sst") {
+	manifest := slices.ContainsFunc(synced, func(n string) bool { return strings.HasPrefix(n, "index/MANIFEST-") })
+	table := slices.ContainsFunc(synced, func(n string) bool { return strings.HasSuffix(n, ".sst") })
+	if !manifest || !table {
 		t.Errorf("synced %v: want the MANIFEST and the table synced as usual", synced)
 	}
 
@@ -107,22 +110,4 @@ func mustList(t *testing.T, fs vfs.FS, dir string) []string {
 		t.Fatal(err)
 	}
 	return names
-}
-
-func hasPrefixIn(names []string, prefix string) bool {
-	for _, n := range names {
-		if strings.HasPrefix(n, prefix) {
-			return true
-		}
-	}
-	return false
-}
-
-func hasSuffixIn(names []string, suffix string) bool {
-	for _, n := range names {
-		if strings.HasSuffix(n, suffix) {
-			return true
-		}
-	}
-	return false
 }
