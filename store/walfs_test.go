@@ -21,12 +21,18 @@ type syncCounter struct {
 
 func (c *syncCounter) Create(name string, category vfs.DiskWriteCategory) (vfs.File, error) {
 	f, err := c.FS.Create(name, category)
-	return &countedFile{File: f, c: c, name: name}, err
+	if err != nil {
+		return nil, err
+	}
+	return &countedFile{File: f, c: c, name: name}, nil
 }
 
 func (c *syncCounter) ReuseForWrite(oldname, newname string, category vfs.DiskWriteCategory) (vfs.File, error) {
 	f, err := c.FS.ReuseForWrite(oldname, newname, category)
-	return &countedFile{File: f, c: c, name: newname}, err
+	if err != nil {
+		return nil, err
+	}
+	return &countedFile{File: f, c: c, name: newname}, nil
 }
 
 func (c *syncCounter) count(name string) {
