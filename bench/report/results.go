@@ -40,6 +40,11 @@ type Point struct {
 	// otherwise rkv runs sync=none and Redis appendonly no. The echo is
 	// never durable.
 	Durable bool `json:"durable"`
+	// CrashSafe, beside a Durable false, is a PUT that survives a crash of
+	// the server's process but not of the machine: Redis's appendonly yes
+	// with appendfsync no, against rkv's sync=none, which is that already
+	// (its point measures the same configuration as the one without).
+	CrashSafe bool `json:"crash_safe,omitempty"`
 	// Servers is the system's server processes, the keys spread over
 	// them (rkv by its cluster map, Redis by the client's hash: see
 	// comparison 4). 0 is the session's standard: Config.RKVServers
@@ -49,8 +54,11 @@ type Point struct {
 
 func (p Point) String() string {
 	d := ""
-	if p.Durable {
+	switch {
+	case p.Durable:
 		d = " durable"
+	case p.CrashSafe:
+		d = " crash-safe"
 	}
 	if p.Servers > 0 {
 		d += fmt.Sprintf(" on %d", p.Servers)

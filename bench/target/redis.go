@@ -29,14 +29,43 @@ type RedisOptions struct {
 	// Dir is the server's directory: its config, log and append-only
 	// file. Required; created if missing.
 	Dir string
-	// Durable selects the persistence: true is "appendonly yes" with
-	// "appendfsync always" (a write is fsynced before it is
-	// acknowledged); false is "appendonly no" with no RDB snapshots
-	// ("save ''"): nothing touches the disk.
-	Durable bool
+	// Persistence is what the server keeps of its writes. Default
+	// RedisMemoryOnly.
+	Persistence RedisPersistence
 	// StartTimeout bounds the wait for the server to answer PING.
 	// Default 10s.
 	StartTimeout time.Duration
+}
+
+// RedisPersistence is what a redis-server keeps of its writes; every
+// level also turns RDB snapshots off ("save ”"), so that only the
+// append-only file, if any, touches the disk.
+type RedisPersistence int
+
+const (
+	// RedisMemoryOnly is "appendonly no": nothing touches the disk, and
+	// a crash of the process loses every write.
+	RedisMemoryOnly RedisPersistence = iota
+	// RedisAOFNoFsync is "appendonly yes" with "appendfsync no": Redis
+	// writes each write to its append-only file before it replies, and
+	// leaves the write-back to the kernel, so a crash of the process
+	// loses nothing and one of the machine may (as rkv's --sync none).
+	RedisAOFNoFsync
+	// RedisAOFAlways is "appendonly yes" with "appendfsync always": each
+	// write is fsynced before it is acknowledged (as rkv's --sync always).
+	RedisAOFAlways
+)
+
+func (p RedisPersistence) String() string {
+	switch p {
+	case RedisMemoryOnly:
+		return "appendonly no"
+	case RedisAOFNoFsync:
+		return "appendonly yes, appendfsync no"
+	case RedisAOFAlways:
+		return "appendonly yes, appendfsync always"
+	}
+	return fmt.Sprintf("RedisPersistence(%d)", int(p))
 }
 
 // Redis is a running redis-server.
@@ -70,7 +99,11 @@ func StartRedis(ctx context.Context, opts RedisOptions) (*Redis, error) {
 		return nil, err
 	}
 	conf := filepath.Join(opts.Dir, "redis.conf")
-	if err := os.WriteFile(conf, []byte(RedisConfig(port, opts.Dir, opts.Durable)), 0o644); err != nil {
+	cfg, err := RedisConfig(port, opts.Dir, opts.Persistence)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(conf, []byte(cfg), 0o644); err != nil {
 		return nil, fmt.Errorf("redis: writing its config: %w", err)
 	}
 	p, err := StartProcess(fmt.Sprintf("redis-server :%d", port), filepath.Join(opts.Dir, "redis.log"), bin, conf)
@@ -100,16 +133,21 @@ func StartRedis(ctx context.Context, opts RedisOptions) (*Redis, error) {
 }
 
 // RedisConfig is the redis.conf StartRedis writes: loopback only, one
-// database, the persistence Durable selects, and nothing else changed.
-func RedisConfig(port int, dir string, durable bool) string {
+// database, persistence p, and nothing else changed.
+func RedisConfig(port int, dir string, p RedisPersistence) (string, error) {
 	var b strings.Builder
 	fmt.Fprintf(&b, "bind 127.0.0.1\nport %d\nprotected-mode no\ndaemonize no\ndir %s\nlogfile \"\"\ndatabases 1\nsave \"\"\n", port, dir)
-	if durable {
-		b.WriteString("appendonly yes\nappendfsync always\n")
-	} else {
+	switch p {
+	case RedisMemoryOnly:
 		b.WriteString("appendonly no\n")
+	case RedisAOFNoFsync:
+		b.WriteString("appendonly yes\nappendfsync no\n")
+	case RedisAOFAlways:
+		b.WriteString("appendonly yes\nappendfsync always\n")
+	default:
+		return "", fmt.Errorf("redis: unknown persistence %v", p)
 	}
-	return b.String()
+	return b.String(), nil
 }
 
 // Close stops the server (SIGTERM, then SIGKILL after 10s).

@@ -8,7 +8,9 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -103,11 +105,12 @@ func needRedis(t *testing.T) {
 
 func TestRedis(t *testing.T) {
 	needRedis(t)
-	for _, durable := range []bool{false, true} {
-		t.Run(fmt.Sprintf("durable=%v", durable), func(t *testing.T) {
+	for _, persist := range []RedisPersistence{RedisMemoryOnly, RedisAOFNoFsync, RedisAOFAlways} {
+		t.Run(persist.String(), func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
-			r, err := StartRedis(ctx, RedisOptions{Dir: t.TempDir(), Durable: durable})
+			dir := t.TempDir()
+			r, err := StartRedis(ctx, RedisOptions{Dir: dir, Persistence: persist})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -135,7 +138,7 @@ func TestRedis(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			want := map[bool]string{false: "aof_enabled:0", true: "aof_enabled:1"}[durable]
+			want := map[bool]string{false: "aof_enabled:0", true: "aof_enabled:1"}[persist != RedisMemoryOnly]
 			if !strings.Contains(info, want) {
 				t.Fatalf("INFO persistence lacks %q:\n%s", want, info)
 			}
@@ -143,14 +146,32 @@ func TestRedis(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if durable && fsync["appendfsync"] != "always" {
-				t.Fatalf("appendfsync = %q, want always", fsync["appendfsync"])
+			wantFsync := map[RedisPersistence]string{RedisAOFNoFsync: "no", RedisAOFAlways: "always"}[persist]
+			if wantFsync != "" && fsync["appendfsync"] != wantFsync {
+				t.Fatalf("appendfsync = %q, want %s", fsync["appendfsync"], wantFsync)
 			}
 			save, err := tg.shards[0].ConfigGet(ctx, "save").Result()
 			if err != nil || save["save"] != "" {
 				t.Fatalf("save = %q (%v), want none", save["save"], err)
 			}
+			// With an append-only file, the acknowledged write is in it
+			// already: a crash of the process would keep it.
+			aof, _ := filepath.Glob(filepath.Join(dir, "appendonlydir", "*.incr.aof"))
+			var written []byte
+			for _, f := range aof {
+				b, err := os.ReadFile(f)
+				if err != nil {
+					t.Fatal(err)
+				}
+				written = append(written, b...)
+			}
+			if got := bytes.Contains(written, []byte("value")); got != (persist != RedisMemoryOnly) {
+				t.Fatalf("the acknowledged SET in the append-only files %v: %v, want %v", aof, got, persist != RedisMemoryOnly)
+			}
 		})
+	}
+	if _, err := StartRedis(context.Background(), RedisOptions{Dir: t.TempDir(), Persistence: RedisAOFAlways + 1}); err == nil || !strings.Contains(err.Error(), "unknown persistence") {
+		t.Fatalf("StartRedis with an unknown persistence: %v, want an error naming it", err)
 	}
 }
 

@@ -81,6 +81,8 @@ func TestPlan(t *testing.T) {
 		{System: "echo", Op: "put", ValueSize: 1 << 10, Concurrency: 1},
 		{System: "redis", Op: "get", ValueSize: 1 << 10, Concurrency: 1},
 		{System: "redis", Op: "put", ValueSize: 1 << 10, Concurrency: 16, Durable: true},
+		{System: "redis", Op: "put", ValueSize: 1 << 10, Concurrency: 16, CrashSafe: true},
+		{System: "rkv", Op: "put", ValueSize: 1 << 10, Concurrency: 16, CrashSafe: true},
 		{System: "rkv", Op: "put", ValueSize: 1 << 10, Concurrency: 16},
 		{System: "redis", Op: "get", ValueSize: 1 << 10, Concurrency: 64},
 		{System: "rkv", Op: "get", ValueSize: 1 << 20, Concurrency: 1},
@@ -97,10 +99,11 @@ func TestPlan(t *testing.T) {
 		}
 	}
 	// 3 sizes x 2 ops x 2 systems against the echo, + redis GET at c=1,
-	// 2 + 4 against Redis, 2 x 2 batched, 5 more concurrencies x 2, 5
-	// more sizes, 2 server counts (1 is the standard) x GET and PUT x 2.
-	if len(seen) != 12+1+6+4+10+5+8 {
-		t.Errorf("%d points planned, want 46", len(seen))
+	// 2 + 6 against Redis (GET, PUT at three durabilities), 2 x 2
+	// batched, 5 more concurrencies x 2, 5 more sizes, 2 server counts (1
+	// is the standard) x GET and PUT x 2.
+	if want := 12 + 1 + 8 + 4 + 10 + 5 + 8; len(seen) != want {
+		t.Errorf("%d points planned, want %d", len(seen), want)
 	}
 	// One server process each is the standard point, not measured twice.
 	for p := range seen {

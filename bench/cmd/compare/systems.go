@@ -37,7 +37,7 @@ type group struct {
 	op      string
 	size    int
 	conc    int
-	durable bool
+	durable durability
 	// servers is report.Point.Servers: 0 for the session's standard
 	// systems, else the server processes of each (comparison 4).
 	servers int
@@ -47,8 +47,19 @@ type group struct {
 }
 
 func (g group) point(system string) report.Point {
-	return report.Point{System: system, Op: g.op, ValueSize: g.size, Concurrency: g.conc, Durable: g.durable, Servers: g.servers}
+	return report.Point{System: system, Op: g.op, ValueSize: g.size, Concurrency: g.conc,
+		Durable: g.durable == durable, CrashSafe: g.durable == crashSafe, Servers: g.servers}
 }
+
+// durability is what a PUT survives before it is acknowledged
+// (report.Point's Durable and CrashSafe).
+type durability int
+
+const (
+	notDurable durability = iota // rkv sync=none, Redis appendonly no
+	crashSafe                    // a crash of the process: rkv sync=none, Redis appendfsync no
+	durable                      // a crash of the machine: rkv sync=always, Redis appendfsync always
+)
 
 // Parts of the throughput comparisons that --only can pick alone.
 const (
@@ -61,7 +72,7 @@ const (
 // servers, only that part's groups.
 func plan(o *options) []group {
 	var gs []group
-	add := func(part, op string, size, conc int, durable bool, servers int, systems ...string) {
+	add := func(part, op string, size, conc int, durable durability, servers int, systems ...string) {
 		for i := range gs {
 			g := &gs[i]
 			if g.op == op && g.size == size && g.conc == conc && g.durable == durable && g.servers == servers {
@@ -81,30 +92,31 @@ func plan(o *options) []group {
 	rkv, redis, echo := report.SystemRKV, report.SystemRedis, report.SystemEcho
 	// 1. rkv against the echo, one request at a time.
 	for _, size := range o.echoSizes {
-		add("echo", report.OpGet, size, 1, false, 0, rkv, echo)
-		add("echo", report.OpPut, size, 1, false, 0, rkv, echo)
+		add("echo", report.OpGet, size, 1, notDurable, 0, rkv, echo)
+		add("echo", report.OpPut, size, 1, notDurable, 0, rkv, echo)
 	}
-	// 2. rkv against Redis at equal durability, then batches against
+	// 2. rkv against Redis at each durability, then batches against
 	// Redis pipelines of as many commands (not durable, as a MultiPut
 	// would be compared with SETs to Redis without an append-only file).
-	add("redis", report.OpGet, o.baseSize, o.baseConc, false, 0, rkv, redis)
-	add("redis", report.OpPut, o.baseSize, o.baseConc, true, 0, rkv, redis)
-	add("redis", report.OpPut, o.baseSize, o.baseConc, false, 0, rkv, redis)
+	add("redis", report.OpGet, o.baseSize, o.baseConc, notDurable, 0, rkv, redis)
+	add("redis", report.OpPut, o.baseSize, o.baseConc, durable, 0, rkv, redis)
+	add("redis", report.OpPut, o.baseSize, o.baseConc, notDurable, 0, rkv, redis)
+	add("redis", report.OpPut, o.baseSize, o.baseConc, crashSafe, 0, rkv, redis)
 	for _, op := range o.batchOps {
-		add(partBatch, op, o.baseSize, o.baseConc, false, 0, rkv, redis)
+		add(partBatch, op, o.baseSize, o.baseConc, notDurable, 0, rkv, redis)
 	}
 	// 4. Scaling: concurrency, value size, then server processes, each
 	// count's groups together (measure starts their servers for them).
 	for _, c := range o.concurrency {
-		add("concurrency", report.OpGet, o.baseSize, c, false, 0, rkv, redis)
+		add("concurrency", report.OpGet, o.baseSize, c, notDurable, 0, rkv, redis)
 	}
 	for _, size := range o.sizes {
-		add("sizes", report.OpGet, size, 1, false, 0, rkv)
+		add("sizes", report.OpGet, size, 1, notDurable, 0, rkv)
 	}
 	for _, n := range o.scaleServers {
 		servers := report.ScaledServers(o.rkvServers, n)
-		add(partServers, report.OpGet, o.baseSize, o.baseConc, false, servers, rkv, redis)
-		add(partServers, report.OpPut, o.baseSize, o.baseConc, false, servers, rkv, redis)
+		add(partServers, report.OpGet, o.baseSize, o.baseConc, notDurable, servers, rkv, redis)
+		add(partServers, report.OpPut, o.baseSize, o.baseConc, notDurable, servers, rkv, redis)
 	}
 	if o.only != partBatch && o.only != partServers {
 		return gs
@@ -130,7 +142,7 @@ func getSizes(gs []group) []int {
 }
 
 // systems are the servers that live for the whole session: the echo,
-// the rkv cluster that serves GETs (sync=none, loaded once), and the two
+// the rkv cluster that serves GETs (sync=none, loaded once), and the three
 // Redis servers. PUTs to rkv, and GETs on more server processes, get a
 // fresh cluster each (see ownRKV); the more Redis processes live for a
 // run's points on them (see scaleTo).
@@ -142,6 +154,7 @@ type systems struct {
 	rkv       *target.Cluster
 	rkvGet    *target.RKV
 	redisND   *target.Redis // appendonly no
+	redisCS   *target.Redis // appendonly yes, appendfsync no
 	redisD    *target.Redis // appendonly yes, appendfsync always
 	clusters  int           // rkv clusters started for a point (ownRKV)
 	groups    []group
@@ -197,11 +210,14 @@ func startSystems(ctx context.Context, o *options, work, bin string) (_ *systems
 		Servers: o.rkvServers, Arenas: 4, Logger: clientLogger}); err != nil {
 		return nil, err
 	}
-	logf("starting redis-server twice (appendonly no; appendonly yes + appendfsync always)")
+	logf("starting redis-server three times (%v; %v; %v)", target.RedisMemoryOnly, target.RedisAOFNoFsync, target.RedisAOFAlways)
 	if s.redisND, err = target.StartRedis(ctx, target.RedisOptions{Dir: filepath.Join(work, "redis")}); err != nil {
 		return nil, err
 	}
-	if s.redisD, err = target.StartRedis(ctx, target.RedisOptions{Dir: filepath.Join(work, "redis-durable"), Durable: true}); err != nil {
+	if s.redisCS, err = target.StartRedis(ctx, target.RedisOptions{Dir: filepath.Join(work, "redis-aof"), Persistence: target.RedisAOFNoFsync}); err != nil {
+		return nil, err
+	}
+	if s.redisD, err = target.StartRedis(ctx, target.RedisOptions{Dir: filepath.Join(work, "redis-durable"), Persistence: target.RedisAOFAlways}); err != nil {
 		return nil, err
 	}
 	return s, nil
@@ -219,7 +235,7 @@ func (s *systems) close() error {
 	if s.rkv != nil {
 		errs = append(errs, s.rkv.Close())
 	}
-	for _, r := range []*target.Redis{s.redisND, s.redisD} {
+	for _, r := range []*target.Redis{s.redisND, s.redisCS, s.redisD} {
 		if r != nil {
 			errs = append(errs, r.Close())
 		}
@@ -370,6 +386,8 @@ func (s *systems) measurePoint(ctx context.Context, p report.Point, run int) (lo
 			servers = s.redisN.servers
 		case p.Durable:
 			servers = []*target.Redis{s.redisD}
+		case p.CrashSafe:
+			servers = []*target.Redis{s.redisCS}
 		}
 		t, err := target.NewRedisTarget(ctx, servers, p.Concurrency)
 		if err != nil {
