@@ -5,7 +5,7 @@ BIN      := bin
 TESTTIME ?= 10m
 FUZZTIME ?= 10s
 
-.PHONY: help build test test-allocs test-short test-chaos test-soak lint fmt bench bench-once bench-grow bench-compare bench-rxe fuzz demo demo-rxe demo-up demo-down demo-rdma test-rxe test-vm vm-prepare clean
+.PHONY: help build test test-allocs test-short test-chaos test-soak lint fmt bench bench-once bench-grow bench-compare bench-ab bench-rxe fuzz demo demo-rxe demo-up demo-down demo-rdma test-rxe test-vm vm-prepare clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -50,6 +50,9 @@ bench-grow: ## migration: a 4th server takes its share of 1e6 keys of 1 KiB unde
 
 bench-compare: build ## rkv vs Redis vs raw TCP echo, registration, scaling: regenerates docs/BENCHMARKS.md and its plots (~15 min; needs redis-server)
 	cd bench && $(GO) run ./cmd/compare --out ../docs
+
+bench-ab: build ## a git revision against the working tree, side by side, runs alternating: BASE=rev (default HEAD), WORKLOAD=put, CONCURRENCY=16, PAIRS=8, SYNC=none (~1 min)
+	bash scripts/bench-ab.sh $(BASE)
 
 bench-rxe: vm-prepare ## rkv GET/PUT vs ib_read_lat/ib_write_lat on Soft-RoCE in the VM: writes docs/bench/rxe.md
 	bash deploy/rxevm/bench-rxe.sh docs/bench/rxe.md
