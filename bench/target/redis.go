@@ -38,7 +38,7 @@ type RedisOptions struct {
 }
 
 // RedisPersistence is what a redis-server keeps of its writes; every
-// level also turns RDB snapshots off ("save ”"), so that only the
+// level also turns RDB snapshots off (save ""), so that only the
 // append-only file, if any, touches the disk.
 type RedisPersistence int
 
