@@ -32,21 +32,32 @@ import (
 
 // BuildRKV builds cmd/rkv-server of the rkv module this module depends
 // on (its replace directory) into outDir and returns the binary's path.
-// It builds inside that module, so the server is linked with the main
-// module's own dependency versions.
 func BuildRKV(ctx context.Context, outDir string) (string, error) {
+	if err := BuildCommands(ctx, outDir, "rkv-server"); err != nil {
+		return "", err
+	}
+	return filepath.Join(outDir, "rkv-server"), nil
+}
+
+// BuildCommands builds the named commands (cmd/<name>) of the rkv module
+// this module depends on into outDir. It builds inside that module, so
+// the commands are linked with the main module's own dependency versions.
+func BuildCommands(ctx context.Context, outDir string, names ...string) error {
 	out, err := exec.CommandContext(ctx, "go", "list", "-m", "-f", "{{.Dir}}", "github.com/rkv-io/rkv").Output()
 	if err != nil {
-		return "", fmt.Errorf("locating the rkv module: go list -m: %w", err)
+		return fmt.Errorf("locating the rkv module: go list -m: %w", err)
 	}
 	root := strings.TrimSpace(string(out))
-	bin := filepath.Join(outDir, "rkv-server")
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/rkv-server")
+	args := []string{"build", "-o", outDir + string(filepath.Separator)}
+	for _, n := range names {
+		args = append(args, "./cmd/"+n)
+	}
+	cmd := exec.CommandContext(ctx, "go", args...)
 	cmd.Dir = root
 	if b, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("go build ./cmd/rkv-server in %s: %w\n%s", root, err, b)
+		return fmt.Errorf("go %s in %s: %w\n%s", strings.Join(args, " "), root, err, b)
 	}
-	return bin, nil
+	return nil
 }
 
 // ServerOptions configure one rkv-server process (see rkv-server

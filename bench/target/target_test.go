@@ -279,6 +279,9 @@ func TestRKVCluster(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if err := BuildCommands(ctx, t.TempDir(), "no-such-command"); err == nil || !strings.Contains(err.Error(), "./cmd/no-such-command") {
+		t.Fatalf("building a command the module lacks: %v, want an error naming it", err)
+	}
 	c, err := StartCluster(ctx, ClusterOptions{Servers: 2, Server: ServerOptions{
 		Binary: bin, Dir: t.TempDir(), Sync: "none", ArenaSize: 8 << 20, ArenaCount: 2, IndexSlots: 4096, LeaseSize: 1 << 20,
 	}})

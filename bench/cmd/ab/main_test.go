@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -12,6 +11,8 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/rkv-io/rkv/bench/target"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -81,14 +82,8 @@ func TestRunOneBuildAgainstItself(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	bins := t.TempDir()
-	root, err := exec.CommandContext(ctx, "go", "list", "-m", "-f", "{{.Dir}}", "github.com/rkv-io/rkv").Output()
-	if err != nil {
+	if err := target.BuildCommands(ctx, bins, "rkv-server", "rkv-client"); err != nil {
 		t.Fatal(err)
-	}
-	build := exec.CommandContext(ctx, "go", "build", "-o", bins+"/", "./cmd/rkv-server", "./cmd/rkv-client")
-	build.Dir = strings.TrimSpace(string(root))
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
 	}
 	o, err := parseFlags([]string{"--a", bins, "--b", bins, "--pairs", "2", "--duration", "300ms", "--warmup", "50ms",
 		"--concurrency", "2", "--keys", "100", "--arena-size", "67108864", "--arena-count", "2", "--work", t.TempDir()}, &bytes.Buffer{})
