@@ -159,7 +159,7 @@ func Open(cfg Config) (*Node, error) {
 	if n.trans = cfg.Transport; n.trans == nil {
 		tcfg := &raft.NetworkTransportConfig{Stream: cfg.Stream, MaxPool: 3, Timeout: 10 * time.Second, Logger: hlog}
 		if cfg.AddrOf != nil {
-			tcfg.ServerAddressProvider = addrProvider(cfg.AddrOf)
+			tcfg.ServerAddressProvider = addrProvider{self: cfg.ID, addr: cfg.Addr, of: cfg.AddrOf}
 		}
 		n.trans = raft.NewNetworkTransportWithConfig(tcfg)
 	}
@@ -244,10 +244,20 @@ func (n *Node) campaign() {
 	}
 }
 
-type addrProvider func(id string) (string, bool)
+// addrProvider tells Raft's transport where a server is: this node at
+// its own Addr, others where AddrOf says. AddrOf may not know this node
+// yet (a server's gossip starts after Raft), and Raft encodes its own
+// address in its votes: each miss was a warning in a fresh server's log.
+type addrProvider struct {
+	self, addr string
+	of         func(id string) (string, bool)
+}
 
 func (p addrProvider) ServerAddr(id raft.ServerID) (raft.ServerAddress, error) {
-	if a, ok := p(string(id)); ok {
+	if string(id) == p.self {
+		return raft.ServerAddress(p.addr), nil
+	}
+	if a, ok := p.of(string(id)); ok {
 		return raft.ServerAddress(a), nil
 	}
 	return "", fmt.Errorf("clustermap: no address known for server %s", id)

@@ -1,9 +1,11 @@
 package replica
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -491,4 +493,53 @@ func FuzzDecodeLog(f *testing.F) {
 			t.Fatalf("re-encoded %+v decodes to %+v, %v", l, again, err)
 		}
 	})
+}
+
+// TestOwnAddressNeedsNoLookup: a node asks AddrOf for others only. A
+// server's AddrOf reads gossip, which starts after Raft: asked for the
+// node itself, it missed, and Raft logged a warning for each vote and
+// append it encoded (ten at every fresh start).
+func TestOwnAddressNeedsNoLookup(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var asked sync.Map
+	var logs bytes.Buffer
+	var logMu sync.Mutex
+	logger := slog.New(slog.NewTextHandler(&lockedWriter{mu: &logMu, w: &logs}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	n, err := Open(Config{Dir: filepath.Join(t.TempDir(), "raft"), ID: "id-n1", Addr: ln.Addr().String(), Bootstrap: true,
+		Stream: &tcpStream{Listener: ln}, Tuning: fast, Logger: logger,
+		AddrOf: func(id string) (string, bool) {
+			asked.Store(id, true)
+			return "", false
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the sole voter to lead", n.IsLeader)
+	propose(t, &testNode{t: t, id: "id-n1", Node: n}, add("n1"))
+	if err := n.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := asked.Load("id-n1"); ok {
+		t.Error("AddrOf was asked for the node's own ID")
+	}
+	logMu.Lock()
+	defer logMu.Unlock()
+	if strings.Contains(logs.String(), "no address known") {
+		t.Errorf("the log warns of an unknown address:\n%s", logs.String())
+	}
+}
+
+// lockedWriter serializes writes to w: Raft logs from several goroutines.
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
