@@ -114,6 +114,9 @@ type View struct {
 	Points int
 	// BatchDescs say what each batched comparison compares.
 	BatchDescs []string
+	// Cleaning is the PUT point measured while rkv's cleaner works, if
+	// there is one.
+	Cleaning *Cleaning
 	// MaxServers is the most server processes of comparison 4.
 	MaxServers int
 	// HottestShare is the percentage of the operations that go to the
@@ -123,6 +126,16 @@ type View struct {
 	RXE          string
 	ResultsFile  string
 	MaxArenas    int
+}
+
+// Cleaning is what rkv's cleaner cost the PUT point measured while it
+// works (Point.Cleaning).
+type Cleaning struct {
+	// Moved is the bytes the cleaner copied per byte of value PUT.
+	Moved string
+	// Throughput is the point's PUTs/s over those of the same PUTs on
+	// arenas the point never fills, run by run.
+	Throughput string
 }
 
 // Render writes the markdown report for r.
@@ -212,20 +225,21 @@ func BuildView(r *Results) View {
 	// 2. rkv against Redis.
 	v.Redis.Header = []string{"operation", "rkv ops/s", "Redis ops/s", "ratio", "rkv p50", "Redis p50", "rkv p99", "Redis p99"}
 	rows := []struct {
-		name      string
-		op        string
-		durable   bool
-		crashSafe bool
-		target    string // none: the row informs, it has no target
+		name               string
+		op                 string
+		durable, crashSafe bool
+		cleaning           bool
+		target             string // none: the row informs, it has no target
 	}{
-		{"GET", OpGet, false, false, "GET throughput, rkv / Redis"},
-		{"PUT, durable (rkv sync=always, Redis appendfsync always)", OpPut, true, false, "PUT throughput at equal durability (fsync before ack), rkv / Redis"},
-		{"PUT, not durable (rkv sync=none, Redis appendonly no)", OpPut, false, false, "PUT throughput without fsync, rkv / Redis"},
-		{"PUT, safe from a process crash (rkv sync=none, Redis appendfsync no)", OpPut, false, true, ""},
+		{"GET", OpGet, false, false, false, "GET throughput, rkv / Redis"},
+		{"PUT, durable (rkv sync=always, Redis appendfsync always)", OpPut, true, false, false, "PUT throughput at equal durability (fsync before ack), rkv / Redis"},
+		{"PUT, not durable (rkv sync=none, Redis appendonly no)", OpPut, false, false, false, "PUT throughput without fsync, rkv / Redis"},
+		{"PUT, safe from a process crash (rkv sync=none, Redis appendfsync no)", OpPut, false, true, false, ""},
+		{"PUT, not durable, while rkv's cleaner works (small arenas)", OpPut, false, false, true, ""},
 	}
 	for _, row := range rows {
 		a := rkv(row.op, c.BaseSize, c.BaseConcurrency, row.durable)
-		a.CrashSafe = row.crashSafe
+		a.CrashSafe, a.Cleaning = row.crashSafe, row.cleaning
 		b := other(SystemRedis, a)
 		if len(r.Runs(a)) == 0 {
 			continue
@@ -235,6 +249,12 @@ func BuildView(r *Results) View {
 			fmtStat(r.Stat(a, Throughput), rateUnit), fmtStat(r.Stat(b, Throughput), rateUnit), fmtStat(ratio, ratioUnit),
 			fmtStat(r.Stat(a, P50), durUnit), fmtStat(r.Stat(b, P50), durUnit),
 			fmtStat(r.Stat(a, P99), durUnit), fmtStat(r.Stat(b, P99), durUnit)})
+		if row.cleaning {
+			plain := a
+			plain.Cleaning = false
+			v.Cleaning = &Cleaning{Moved: fmtStat(r.Stat(a, CleanerMovedPerPut), plainUnit),
+				Throughput: fmtStat(r.Ratio(a, plain, Throughput), ratioUnit)}
+		}
 		if row.target == "" {
 			continue
 		}

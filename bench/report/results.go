@@ -28,6 +28,10 @@ const (
 	OpMultiPut = loadgen.KindMultiPut
 )
 
+// CleanerMovedBytes is the name, in an rkv point's Result.Extra, of the
+// bytes the servers' cleaners copied during its measured phase.
+const CleanerMovedBytes = "cleaner_moved_bytes"
+
 // Point is one measured configuration: a system, an operation, a value
 // size and a concurrency (loadgen workers, each with one request in
 // flight), at a durability, on some server processes.
@@ -45,6 +49,13 @@ type Point struct {
 	// with appendfsync no, against rkv's sync=none, which is that already
 	// (its point measures the same configuration as the one without).
 	CrashSafe bool `json:"crash_safe,omitempty"`
+	// Cleaning is a PUT measured while rkv's cleaner works: its keys
+	// loaded first into arenas of Config.CleaningArenaBytes each, a few
+	// times smaller than what the point writes, so the cleaner copies
+	// live records out of dead segments throughout, as in a store that
+	// has run for a while. rkv runs sync=none, Redis appendonly no, as
+	// without.
+	Cleaning bool `json:"cleaning,omitempty"`
 	// Servers is the system's server processes, the keys spread over
 	// them (rkv by its cluster map, Redis by the client's hash: see
 	// comparison 4). 0 is the session's standard: Config.RKVServers
@@ -59,6 +70,9 @@ func (p Point) String() string {
 		d = " durable"
 	case p.CrashSafe:
 		d = " crash-safe"
+	}
+	if p.Cleaning {
+		d += " cleaning"
 	}
 	if p.Servers > 0 {
 		d += fmt.Sprintf(" on %d", p.Servers)
@@ -179,6 +193,10 @@ type Config struct {
 	// ScaleServers are the server process counts of comparison 4's GETs
 	// and PUTs.
 	ScaleServers []int `json:"scale_servers,omitempty"`
+	// CleaningArenas of CleaningArenaBytes each are rkv's arenas in the
+	// PUT point measured while the cleaner works (Point.Cleaning).
+	CleaningArenas     int   `json:"cleaning_arenas,omitempty"`
+	CleaningArenaBytes int64 `json:"cleaning_arena_bytes,omitempty"`
 }
 
 // Results is everything a session measured; it is what the JSON file
@@ -272,6 +290,16 @@ var (
 			return 0
 		}
 		return m.Result.Extra["rdma_reads"] / n
+	}
+	// CleanerMovedPerPut is the bytes rkv's cleaner copied per byte of
+	// value PUT, over the measured phase: the write amplification of
+	// cleaning.
+	CleanerMovedPerPut Metric = func(m Measurement) float64 {
+		n := float64(m.Result.Latency[m.Op].Count) * keysPerOp(m) * float64(m.ValueSize)
+		if n == 0 {
+			return 0
+		}
+		return m.Result.Extra[CleanerMovedBytes] / n
 	}
 	// ReadsPerGet is the RDMA READs an rkv GET posted, on average.
 	ReadsPerGet Metric = func(m Measurement) float64 {

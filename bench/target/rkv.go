@@ -207,6 +207,28 @@ func (s *Server) WaitRegistered(ctx context.Context) (Registration, error) {
 	return r, err
 }
 
+// Metric returns the sum of the samples of the counter or gauge name on
+// the server's /metrics (0 when it has none yet).
+func (s *Server) Metric(ctx context.Context, name string) (float64, error) {
+	code, body, err := s.get(ctx, "/metrics")
+	if err != nil {
+		return 0, err
+	}
+	if code != http.StatusOK {
+		return 0, fmt.Errorf("/metrics of %s: %d %s", s.Name, code, strings.TrimSpace(string(body)))
+	}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := parser.TextToMetricFamilies(bytes.NewReader(body))
+	if err != nil {
+		return 0, fmt.Errorf("/metrics of %s: %w", s.Name, err)
+	}
+	sum := 0.0
+	for _, m := range fams[name].GetMetric() {
+		sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
+	}
+	return sum, nil
+}
+
 // get asks the server's metrics address for path.
 func (s *Server) get(ctx context.Context, path string) (int, []byte, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+s.Metrics+path, nil)

@@ -330,6 +330,26 @@ func TestRKVCluster(t *testing.T) {
 	if _, ok := r.Counters()["retries_get"]; !ok {
 		t.Fatalf("no retries_get counter in %v", r.Counters())
 	}
+	// Metric sums a family's samples: the servers' gauges, the counters
+	// of the PUTs above, nothing for a family a server does not have.
+	committed := 0.0
+	for _, s := range c.Servers {
+		n, err := s.Metric(ctx, "rkv_arenas_registered")
+		if err != nil || n != 2 {
+			t.Fatalf("%s: rkv_arenas_registered %v, %v; want 2", s.Name, n, err)
+		}
+		b, err := s.Metric(ctx, "rkv_committed_bytes_total")
+		if err != nil {
+			t.Fatal(err)
+		}
+		committed += b
+		if n, err := s.Metric(ctx, "rkv_no_such_metric"); err != nil || n != 0 {
+			t.Fatalf("%s: rkv_no_such_metric %v, %v; want 0", s.Name, n, err)
+		}
+	}
+	if committed < 23*3 {
+		t.Fatalf("the servers count %v committed bytes for 23 PUTs of 2-3 bytes and their records' headers", committed)
+	}
 	// The servers' metrics carry the times the tool measures, in order:
 	// the process started, its store opened, its arenas registered.
 	for _, s := range c.Servers {

@@ -241,6 +241,9 @@ func run(ctx context.Context, o *options) (err error) {
 		EchoSizes: o.echoSizes, Concurrencies: o.concurrency, Sizes: o.sizes, Arenas: o.arenas, ArenaBytes: o.arenaBytes,
 		Batch: o.batch, BatchOps: o.batchOps, ScaleServers: o.scaleServers,
 	}}
+	if slices.ContainsFunc(plan(o), func(g group) bool { return g.cleaning }) {
+		res.Config.CleaningArenas, res.Config.CleaningArenaBytes = cleaningArenas, cleaningArenaSize
+	}
 
 	logf("building rkv-server")
 	bin, err := target.BuildRKV(ctx, filepath.Join(work, "bin"))

@@ -84,6 +84,8 @@ func TestPlan(t *testing.T) {
 		{System: "redis", Op: "put", ValueSize: 1 << 10, Concurrency: 16, CrashSafe: true},
 		{System: "rkv", Op: "put", ValueSize: 1 << 10, Concurrency: 16, CrashSafe: true},
 		{System: "rkv", Op: "put", ValueSize: 1 << 10, Concurrency: 16},
+		{System: "rkv", Op: "put", ValueSize: 1 << 10, Concurrency: 16, Cleaning: true},
+		{System: "redis", Op: "put", ValueSize: 1 << 10, Concurrency: 16, Cleaning: true},
 		{System: "redis", Op: "get", ValueSize: 1 << 10, Concurrency: 64},
 		{System: "rkv", Op: "get", ValueSize: 1 << 20, Concurrency: 1},
 		{System: "rkv", Op: "multiget", ValueSize: 1 << 10, Concurrency: 16},
@@ -99,10 +101,10 @@ func TestPlan(t *testing.T) {
 		}
 	}
 	// 3 sizes x 2 ops x 2 systems against the echo, + redis GET at c=1,
-	// 2 + 6 against Redis (GET, PUT at three durabilities), 2 x 2
-	// batched, 5 more concurrencies x 2, 5 more sizes, 2 server counts (1
-	// is the standard) x GET and PUT x 2.
-	if want := 12 + 1 + 8 + 4 + 10 + 5 + 8; len(seen) != want {
+	// 2 + 8 against Redis (GET, PUT at three durabilities and while
+	// rkv's cleaner works), 2 x 2 batched, 5 more concurrencies x 2, 5
+	// more sizes, 2 server counts (1 is the standard) x GET and PUT x 2.
+	if want := 12 + 1 + 10 + 4 + 10 + 5 + 8; len(seen) != want {
 		t.Errorf("%d points planned, want %d", len(seen), want)
 	}
 	// One server process each is the standard point, not measured twice.

@@ -32,15 +32,21 @@ func keysFor(o *options, size int) int {
 
 func keyPrefix(size int) string { return fmt.Sprintf("s%d/", size) }
 
-// group is one configuration measured for several systems back to back.
-type group struct {
-	op      string
-	size    int
-	conc    int
-	durable durability
+// config is what a group measures, but for the system.
+type config struct {
+	op       string
+	size     int
+	conc     int
+	durable  durability
+	cleaning bool // report.Point.Cleaning
 	// servers is report.Point.Servers: 0 for the session's standard
 	// systems, else the server processes of each (comparison 4).
 	servers int
+}
+
+// group is one configuration measured for several systems back to back.
+type group struct {
+	config
 	systems []string
 	// parts are the parts of the session (--only) that need the group.
 	parts []string
@@ -48,7 +54,7 @@ type group struct {
 
 func (g group) point(system string) report.Point {
 	return report.Point{System: system, Op: g.op, ValueSize: g.size, Concurrency: g.conc,
-		Durable: g.durable == durable, CrashSafe: g.durable == crashSafe, Servers: g.servers}
+		Durable: g.durable == durable, CrashSafe: g.durable == crashSafe, Cleaning: g.cleaning, Servers: g.servers}
 }
 
 // durability is what a PUT survives before it is acknowledged
@@ -72,10 +78,10 @@ const (
 // servers, only that part's groups.
 func plan(o *options) []group {
 	var gs []group
-	add := func(part, op string, size, conc int, durable durability, servers int, systems ...string) {
+	add := func(part string, c config, systems ...string) {
 		for i := range gs {
 			g := &gs[i]
-			if g.op == op && g.size == size && g.conc == conc && g.durable == durable && g.servers == servers {
+			if g.config == c {
 				for _, s := range systems {
 					if !slices.Contains(g.systems, s) {
 						g.systems = append(g.systems, s)
@@ -87,36 +93,47 @@ func plan(o *options) []group {
 				return
 			}
 		}
-		gs = append(gs, group{op: op, size: size, conc: conc, durable: durable, servers: servers, systems: systems, parts: []string{part}})
+		gs = append(gs, group{config: c, systems: systems, parts: []string{part}})
 	}
 	rkv, redis, echo := report.SystemRKV, report.SystemRedis, report.SystemEcho
+	get, put := report.OpGet, report.OpPut
 	// 1. rkv against the echo, one request at a time.
 	for _, size := range o.echoSizes {
-		add("echo", report.OpGet, size, 1, notDurable, 0, rkv, echo)
-		add("echo", report.OpPut, size, 1, notDurable, 0, rkv, echo)
+		add("echo", config{op: get, size: size, conc: 1}, rkv, echo)
+		add("echo", config{op: put, size: size, conc: 1}, rkv, echo)
 	}
-	// 2. rkv against Redis at each durability, then batches against
-	// Redis pipelines of as many commands (not durable, as a MultiPut
-	// would be compared with SETs to Redis without an append-only file).
-	add("redis", report.OpGet, o.baseSize, o.baseConc, notDurable, 0, rkv, redis)
-	add("redis", report.OpPut, o.baseSize, o.baseConc, durable, 0, rkv, redis)
-	add("redis", report.OpPut, o.baseSize, o.baseConc, notDurable, 0, rkv, redis)
-	add("redis", report.OpPut, o.baseSize, o.baseConc, crashSafe, 0, rkv, redis)
+	// 2. rkv against Redis at each durability, and while rkv's cleaner
+	// works; then batches against Redis pipelines of as many commands
+	// (not durable, as a MultiPut would be compared with SETs to Redis
+	// without an append-only file).
+	base := config{size: o.baseSize, conc: o.baseConc}
+	with := func(c config, op string, d durability) config {
+		c.op, c.durable = op, d
+		return c
+	}
+	add("redis", with(base, get, notDurable), rkv, redis)
+	add("redis", with(base, put, durable), rkv, redis)
+	add("redis", with(base, put, notDurable), rkv, redis)
+	add("redis", with(base, put, crashSafe), rkv, redis)
+	cleaning := with(base, put, notDurable)
+	cleaning.cleaning = true
+	add("redis", cleaning, rkv, redis)
 	for _, op := range o.batchOps {
-		add(partBatch, op, o.baseSize, o.baseConc, notDurable, 0, rkv, redis)
+		add(partBatch, with(base, op, notDurable), rkv, redis)
 	}
 	// 4. Scaling: concurrency, value size, then server processes, each
 	// count's groups together (measure starts their servers for them).
 	for _, c := range o.concurrency {
-		add("concurrency", report.OpGet, o.baseSize, c, notDurable, 0, rkv, redis)
+		add("concurrency", config{op: get, size: o.baseSize, conc: c}, rkv, redis)
 	}
 	for _, size := range o.sizes {
-		add("sizes", report.OpGet, size, 1, notDurable, 0, rkv)
+		add("sizes", config{op: get, size: size, conc: 1}, rkv)
 	}
 	for _, n := range o.scaleServers {
-		servers := report.ScaledServers(o.rkvServers, n)
-		add(partServers, report.OpGet, o.baseSize, o.baseConc, notDurable, servers, rkv, redis)
-		add(partServers, report.OpPut, o.baseSize, o.baseConc, notDurable, servers, rkv, redis)
+		scaled := base
+		scaled.servers = report.ScaledServers(o.rkvServers, n)
+		add(partServers, with(scaled, get, notDurable), rkv, redis)
+		add(partServers, with(scaled, put, notDurable), rkv, redis)
 	}
 	if o.only != partBatch && o.only != partServers {
 		return gs
@@ -407,11 +424,13 @@ func (s *systems) measurePoint(ctx context.Context, p report.Point, run int) (lo
 }
 
 // ownRKV measures p on an rkv cluster of its own, started for the point
-// and removed after it. A PUT's (or MultiPut's), because rkv does not
-// compact yet, so the arenas of a long-lived cluster would fill; a GET's
-// on more server processes (comparison 4), loaded and warmed up first,
-// so that no idle cluster takes CPU from the other points (four idle
-// rkv-servers take an eighth of a CPU).
+// and removed after it. A PUT's (or MultiPut's), on arenas larger than
+// all it writes, so that its cleaner has nothing to do and no point
+// inherits another's dead records; or, for the point measured while the
+// cleaner works, on small arenas holding the point's keys, loaded first
+// (cleaningArenas). A GET's on more server processes (comparison 4),
+// loaded and warmed up first, so that no idle cluster takes CPU from the
+// other points (four idle rkv-servers take an eighth of a CPU).
 func (s *systems) ownRKV(ctx context.Context, p report.Point, o loadgen.Options) (_ loadgen.Result, err error) {
 	s.clusters++
 	dir := filepath.Join(s.work, fmt.Sprintf("rkv-%s-%d", p.Op, s.clusters))
@@ -424,9 +443,12 @@ func (s *systems) ownRKV(ctx context.Context, p report.Point, o loadgen.Options)
 		servers = p.Servers
 	}
 	so := target.ServerOptions{Binary: s.bin, Dir: dir, Sync: sync}
-	if isWrite(p.Op) {
+	switch {
+	case p.Cleaning:
+		so.ArenaSize, so.ArenaCount = cleaningArenaSize, cleaningArenas
+	case isWrite(p.Op):
 		so.ArenaSize, so.ArenaCount = putArenas(s.o, servers)
-	} else {
+	default:
 		// Only the point's data set: at most dataPerSize.
 		so.ArenaSize, so.ArenaCount, so.IndexSlots = dataPerSize, 4, 1<<17
 	}
@@ -442,15 +464,56 @@ func (s *systems) ownRKV(ctx context.Context, p report.Point, o loadgen.Options)
 		return loadgen.Result{}, err
 	}
 	defer t.Close()
-	if !isWrite(p.Op) {
+	if !isWrite(p.Op) || p.Cleaning {
 		if err := loadgen.Load(ctx, t, o); err != nil {
 			return loadgen.Result{}, fmt.Errorf("loading %d keys of %d bytes: %w", o.Keys, o.ValueSize, err)
 		}
+	}
+	if !isWrite(p.Op) {
 		if err := s.warm(ctx, t, p.Concurrency); err != nil {
 			return loadgen.Result{}, err
 		}
 	}
+	if p.Cleaning {
+		return loadgen.Run(ctx, &cleanerCounted{RKV: t, servers: c.Servers}, o)
+	}
 	return loadgen.Run(ctx, t, o)
+}
+
+// The arenas of each rkv-server in the PUT point measured while the
+// cleaner works: 64 MiB, where the 10,000 keys of 1 KiB loaded first
+// take a sixth and a point of 5 s writes twice as much at 25k PUTs/s
+// (this machine's rate on 2 CPUs).
+const (
+	cleaningArenas    = 2
+	cleaningArenaSize = 32 << 20
+)
+
+// cleanerCounted is an rkv target whose counters include the bytes the
+// servers' cleaners copied (report.CleanerMovedBytes), from their
+// metrics.
+type cleanerCounted struct {
+	*target.RKV
+	servers []*target.Server
+}
+
+// Counters adds the cleaners' count to the client's. A server that does
+// not answer leaves it out, and the report shows it unmeasured.
+func (c *cleanerCounted) Counters() map[string]uint64 {
+	m := c.RKV.Counters()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	moved := 0.0
+	for _, srv := range c.servers {
+		n, err := srv.Metric(ctx, "rkv_cleaner_moved_bytes_total")
+		if err != nil {
+			logf("reading the cleaner's count of %s: %v", srv.Name, err)
+			return m
+		}
+		moved += n
+	}
+	m[report.CleanerMovedBytes] = uint64(moved)
+	return m
 }
 
 // putArenas is the arena size and count of each of servers rkv-servers
