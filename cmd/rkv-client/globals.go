@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"runtime/pprof"
+	"runtime/trace"
 	"strings"
 	"time"
 
@@ -50,8 +51,10 @@ type globals struct {
 	logLevel      string
 	conns         int
 	cpuProfile    string
+	traceFile     string
 
 	profile *os.File    // open while --cpuprofile records
+	trace   *os.File    // open while --trace records
 	dev     rdma.Device // opened by the first connect, closed by run
 
 	key   []byte
@@ -77,6 +80,7 @@ func (g *globals) register(fs *pflag.FlagSet) {
 	fs.StringVar(&g.bind, "bind", "127.0.0.1:0", "local gossip address with --join; servers must reach it by UDP and TCP")
 	fs.IntVar(&g.conns, "conns", 0, "connections to each server: the requests in flight per server (default 4; bench: its concurrency)")
 	fs.StringVar(&g.cpuProfile, "cpuprofile", "", "write a Go CPU profile of the command to this file (go tool pprof)")
+	fs.StringVar(&g.traceFile, "trace", "", "write a Go execution trace of the command to this file (go tool trace): where each goroutine waited, and for what")
 	fs.StringVar(&g.logLevel, "log-level", "error", "client library log level: debug, info, warn, error")
 }
 
@@ -121,6 +125,17 @@ func (g *globals) finish(cmd *cobra.Command) error {
 			return fmt.Errorf("--cpuprofile: %w", err)
 		}
 		g.profile = f
+	}
+	if g.traceFile != "" {
+		f, err := os.Create(g.traceFile)
+		if err != nil {
+			return fmt.Errorf("--trace: %w", err)
+		}
+		if err := trace.Start(f); err != nil {
+			f.Close()
+			return fmt.Errorf("--trace: %w", err)
+		}
+		g.trace = f
 	}
 	if err := g.level.UnmarshalText([]byte(g.logLevel)); err != nil {
 		return fmt.Errorf("--log-level %q: want debug, info, warn or error", g.logLevel)
@@ -184,15 +199,20 @@ func (g *globals) tlsConfig() (*tls.Config, error) {
 	return c, nil
 }
 
-// stopProfile ends --cpuprofile's recording, if one runs.
-func (g *globals) stopProfile() error {
-	if g.profile == nil {
-		return nil
+// stopRecording ends --cpuprofile's and --trace's recordings, if they run.
+func (g *globals) stopRecording() error {
+	var errs []error
+	if g.profile != nil {
+		pprof.StopCPUProfile()
+		errs = append(errs, g.profile.Close())
+		g.profile = nil
 	}
-	pprof.StopCPUProfile()
-	err := g.profile.Close()
-	g.profile = nil
-	return err
+	if g.trace != nil {
+		trace.Stop()
+		errs = append(errs, g.trace.Close())
+		g.trace = nil
+	}
+	return errors.Join(errs...)
 }
 
 // connect makes a client: with --endpoints it asks a server for the view

@@ -94,7 +94,7 @@ func run(ctx context.Context, args []string, environ []string, stdin io.Reader, 
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	err := root.ExecuteContext(ctx)
-	if perr := g.stopProfile(); perr != nil && err == nil {
+	if perr := g.stopRecording(); perr != nil && err == nil {
 		err = &exitError{exitOther, perr}
 	}
 	g.closeDevice()

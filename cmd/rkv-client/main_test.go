@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -227,5 +228,30 @@ func TestUnknownEnvWarns(t *testing.T) {
 	// The misspelt variable is ignored: the command has no cluster.
 	if _, errs, code := runCLI(map[string]string{"RKV_ENDPOINT": "127.0.0.1:1"}, "get", "k"); code != exitUsage || !strings.Contains(errs, "no cluster given") {
 		t.Errorf("get with RKV_ENDPOINT only: exit %d, %q; want a usage error, no cluster given", code, errs)
+	}
+}
+
+// --cpuprofile and --trace record the command, together, into their files;
+// a file that cannot be made is a usage error naming its flag.
+func TestProfileAndTrace(t *testing.T) {
+	dir := t.TempDir()
+	prof, tr := filepath.Join(dir, "cpu.pprof"), filepath.Join(dir, "run.trace")
+	if _, errs, code := runCLI(nil, "--cpuprofile", prof, "--trace", tr, "devices"); code != 0 {
+		t.Fatalf("devices with --cpuprofile and --trace: exit %d, %q", code, errs)
+	}
+	for _, f := range []string{prof, tr} {
+		if st, err := os.Stat(f); err != nil || st.Size() == 0 {
+			t.Fatalf("%s: %v, want a file with the recording", f, err)
+		}
+	}
+	// A Go execution trace opens with its version header.
+	if b, err := os.ReadFile(tr); err != nil || !bytes.HasPrefix(b, []byte("go 1.")) {
+		t.Fatalf("%s does not read as a Go execution trace (%v): %.16q", tr, err, b)
+	}
+	for _, flag := range []string{"--cpuprofile", "--trace"} {
+		_, errs, code := runCLI(nil, flag, filepath.Join(dir, "no-such-dir", "f"), "devices")
+		if code != exitUsage || !strings.Contains(errs, flag) {
+			t.Errorf("%s into a missing directory: exit %d, %q; want %d naming the flag", flag, code, errs, exitUsage)
+		}
 	}
 }
