@@ -115,27 +115,12 @@ func (g *globals) finish(cmd *cobra.Command) error {
 	if g.conns < 0 {
 		return fmt.Errorf("--conns %d: must not be negative", g.conns)
 	}
-	if g.cpuProfile != "" {
-		f, err := os.Create(g.cpuProfile)
-		if err != nil {
-			return fmt.Errorf("--cpuprofile: %w", err)
-		}
-		if err := pprof.StartCPUProfile(f); err != nil {
-			f.Close()
-			return fmt.Errorf("--cpuprofile: %w", err)
-		}
-		g.profile = f
+	var err error
+	if g.profile, err = record(g.cpuProfile, "--cpuprofile", pprof.StartCPUProfile); err != nil {
+		return err
 	}
-	if g.traceFile != "" {
-		f, err := os.Create(g.traceFile)
-		if err != nil {
-			return fmt.Errorf("--trace: %w", err)
-		}
-		if err := trace.Start(f); err != nil {
-			f.Close()
-			return fmt.Errorf("--trace: %w", err)
-		}
-		g.trace = f
+	if g.trace, err = record(g.traceFile, "--trace", trace.Start); err != nil {
+		return err
 	}
 	if err := g.level.UnmarshalText([]byte(g.logLevel)); err != nil {
 		return fmt.Errorf("--log-level %q: want debug, info, warn or error", g.logLevel)
@@ -155,12 +140,10 @@ func (g *globals) finish(cmd *cobra.Command) error {
 		k = strings.TrimSpace(string(b))
 	}
 	if k != "" {
-		var err error
 		if g.key, err = membership.ParseKey(k); err != nil {
 			return fmt.Errorf("gossip key: %w", err)
 		}
 	}
-	var err error
 	g.tls, err = g.tlsConfig()
 	return err
 }
@@ -197,6 +180,23 @@ func (g *globals) tlsConfig() (*tls.Config, error) {
 		c.Certificates = []tls.Certificate{cert}
 	}
 	return c, nil
+}
+
+// record creates path, when given, and starts a recording into it; flag
+// names it in errors.
+func record(path, flag string, start func(io.Writer) error) (*os.File, error) {
+	if path == "" {
+		return nil, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", flag, err)
+	}
+	if err := start(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("%s: %w", flag, err)
+	}
+	return f, nil
 }
 
 // stopRecording ends --cpuprofile's and --trace's recordings, if they run.
