@@ -189,12 +189,9 @@ func (s *Server) WaitReady(ctx context.Context) (time.Time, error) {
 func (s *Server) WaitRegistered(ctx context.Context) (Registration, error) {
 	var r Registration
 	err := s.poll(ctx, fmt.Sprintf("%d arenas registered", s.arenas), 20*time.Millisecond, func(ctx context.Context) (bool, error) {
-		code, body, err := s.get(ctx, "/metrics")
+		body, err := s.metrics(ctx)
 		if err != nil {
 			return false, err
-		}
-		if code != http.StatusOK {
-			return false, fmt.Errorf("/metrics: %d %s", code, strings.TrimSpace(string(body)))
 		}
 		if r, err = ReadRegistration(bytes.NewReader(body)); err != nil {
 			return false, fmt.Errorf("/metrics: %w", err)
@@ -210,12 +207,9 @@ func (s *Server) WaitRegistered(ctx context.Context) (Registration, error) {
 // Metric returns the sum of the samples of the counter or gauge name on
 // the server's /metrics (0 when it has none yet).
 func (s *Server) Metric(ctx context.Context, name string) (float64, error) {
-	code, body, err := s.get(ctx, "/metrics")
+	body, err := s.metrics(ctx)
 	if err != nil {
 		return 0, err
-	}
-	if code != http.StatusOK {
-		return 0, fmt.Errorf("/metrics of %s: %d %s", s.Name, code, strings.TrimSpace(string(body)))
 	}
 	parser := expfmt.NewTextParser(model.UTF8Validation)
 	fams, err := parser.TextToMetricFamilies(bytes.NewReader(body))
@@ -227,6 +221,18 @@ func (s *Server) Metric(ctx context.Context, name string) (float64, error) {
 		sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
 	}
 	return sum, nil
+}
+
+// metrics is the body of the server's /metrics.
+func (s *Server) metrics(ctx context.Context) ([]byte, error) {
+	code, body, err := s.get(ctx, "/metrics")
+	if err != nil {
+		return nil, err
+	}
+	if code != http.StatusOK {
+		return nil, fmt.Errorf("/metrics of %s: %d %s", s.Name, code, strings.TrimSpace(string(body)))
+	}
+	return body, nil
 }
 
 // get asks the server's metrics address for path.
