@@ -482,17 +482,40 @@ func (c *conn) commit(m *proto.Commit) proto.Message {
 // commitWith commits m, forwarding it through fwd, which is the caller's
 // goroutine's own, and returns reply, filled in, or an Error.
 func (c *conn) commitWith(m *proto.Commit, fwd *forwarder, reply *proto.CommitReply) proto.Message {
+	if e := c.refuseCommit(m); e != nil {
+		return e
+	}
+	b := c.batchCommit(m, fwd)
+	b.Result, b.Err = c.s.st.CommitForwarded(context.Background(), b.Lease, b.Off, b.Length, b.Write, b.Forwarder)
+	return c.s.commitReply(m.Epoch, &b, reply)
+}
+
+// refuseCommit is the Error that refuses m before the store sees it: a
+// lease not granted on this connection, or a range no lease has.
+func (c *conn) refuseCommit(m *proto.Commit) *proto.Error {
 	if !c.hasLease(m.LeaseID) {
 		return &proto.Error{Code: proto.CodeLeaseInvalid, Message: fmt.Sprintf("lease %d was not granted on this connection", m.LeaseID)}
 	}
 	if m.Offset > 1<<62 || m.Length > 1<<62 {
 		return &proto.Error{Code: proto.CodeLeaseInvalid, Message: fmt.Sprintf("commit of %d bytes at offset %d in lease %d: out of range", m.Length, m.Offset, m.LeaseID)}
 	}
+	return nil
+}
+
+// batchCommit is m as a record of a store.CommitBatch, forwarded through
+// fwd.
+func (c *conn) batchCommit(m *proto.Commit, fwd *forwarder) store.BatchCommit {
 	*fwd = forwarder{s: c.s, epoch: m.Epoch, write: m.Write, copies: m.Copies}
-	r, err := c.s.st.CommitForwarded(context.Background(), m.LeaseID, int64(m.Offset), int64(m.Length), m.Write, fwd)
-	if err != nil {
-		return c.s.fenceReply(m.Epoch, err)
+	return store.BatchCommit{Lease: m.LeaseID, Off: int64(m.Offset), Length: int64(m.Length), Write: m.Write, Forwarder: fwd}
+}
+
+// commitReply answers a commit of a client at map epoch with b's outcome:
+// reply, filled in, or an Error.
+func (s *Server) commitReply(epoch uint64, b *store.BatchCommit, reply *proto.CommitReply) proto.Message {
+	if b.Err != nil {
+		return s.fenceReply(epoch, b.Err)
 	}
+	r := b.Result
 	*reply = proto.CommitReply{Arena: r.Location.Arena, Offset: r.Location.Offset, Length: r.Location.Length, Version: r.Version}
 	return reply
 }
@@ -519,24 +542,21 @@ func (c *conn) commitBatch(m *proto.CommitBatch) proto.Message {
 	}
 	fwds := make([]forwarder, len(m.Commits))
 	batch := make([]store.BatchCommit, len(m.Commits))
-	for i, cm := range m.Commits {
+	for i := range m.Commits {
+		cm := &m.Commits[i]
 		if cm.LeaseID != lease || cm.Offset > 1<<62 || cm.Length > 1<<62 {
 			return &proto.Error{Code: proto.CodeBadRequest, Message: fmt.Sprintf("commit %d of a batch in lease %d: %d bytes at offset %d in lease %d (one lease, in range)", i, lease, cm.Length, cm.Offset, cm.LeaseID)}
 		}
-		fwds[i] = forwarder{s: c.s, epoch: cm.Epoch, write: cm.Write, copies: cm.Copies}
-		batch[i] = store.BatchCommit{Off: int64(cm.Offset), Length: int64(cm.Length), Write: cm.Write, Forwarder: &fwds[i]}
+		batch[i] = c.batchCommit(cm, &fwds[i])
 	}
-	done, errs := c.s.st.CommitBatch(context.Background(), lease, batch)
-	for i, err := range errs {
-		if err != nil {
-			e := c.s.fenceReply(m.Commits[i].Epoch, err)
+	c.s.st.CommitBatch(context.Background(), batch)
+	for i := range batch {
+		r := c.s.commitReply(m.Commits[i].Epoch, &batch[i], &reply.Results[i].Reply)
+		if e, ok := r.(*proto.Error); ok {
 			reply.Results[i].Err = e
 			c.s.refused[e.Code].Add(1)
 			c.s.logRefusal(m, e)
-			continue
 		}
-		r := done[i]
-		reply.Results[i].Reply = proto.CommitReply{Arena: r.Location.Arena, Offset: r.Location.Offset, Length: r.Location.Length, Version: r.Version}
 	}
 	return reply
 }

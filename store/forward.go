@@ -42,63 +42,83 @@ func (s *Store) CommitForwarded(ctx context.Context, id uint64, off, length int6
 	return s.commit(ctx, id, off, length, w, 0, f)
 }
 
-// BatchCommit is one record of a CommitBatch: Length bytes at Off of the
-// lease, committed under Write and forwarded through Forwarder (nil: not
-// forwarded), as CommitForwarded would.
+// BatchCommit is one record of a CommitBatch: Length bytes at Off of lease
+// Lease, committed under Write and forwarded through Forwarder (nil: not
+// forwarded), as CommitForwarded would. CommitBatch sets Result and Err to
+// what CommitForwarded would have returned.
 type BatchCommit struct {
+	Lease       uint64
 	Off, Length int64
 	Write       proto.Write
 	Forwarder   Forwarder
+
+	Result Committed
+	Err    error
+
+	queued *pendingCommit // applied by the batch's group commit
 }
 
-// CommitBatch commits records of lease id as CommitForwarded commits each,
-// all at once: they are admitted in the order given (a lease's records are
-// committed in the order of their offsets, so give them so), then
-// forwarded and applied together, so that one group commit (one sync)
-// takes them. Each succeeds or fails on its own: it returns each one's
-// Committed and error, in order.
-func (s *Store) CommitBatch(ctx context.Context, id uint64, batch []BatchCommit) ([]Committed, []error) {
-	out := make([]Committed, len(batch))
-	errs := make([]error, len(batch))
-	queued := make([]*pendingCommit, len(batch))
+// CommitBatch commits the records of batch, of any leases, as
+// CommitForwarded commits each, all at once: they are admitted in the
+// order given (a lease's records are committed in the order of their
+// offsets, so give each lease's so), then forwarded and applied together,
+// so that one group commit (one sync) takes them. Each succeeds or fails
+// on its own, in its Result and Err. A batch whose records are neither
+// forwarded nor retries allocates nothing.
+func (s *Store) CommitBatch(ctx context.Context, batch []BatchCommit) {
 	var last *pendingCommit
+	var each *sync.WaitGroup // the records completed on goroutines of their own
 	s.committers.Add(1)
 	defer s.committers.Add(-1)
-	var wg sync.WaitGroup
-	for i, b := range batch {
-		c, v, err := s.prepareCommit(id, b.Off, b.Length, b.Write, 0)
+	for i := range batch {
+		b := &batch[i]
+		b.Result, b.Err, b.queued = Committed{}, nil, nil
+		c, v, err := s.prepareCommit(b.Lease, b.Off, b.Length, b.Write, 0)
 		switch {
 		case err != nil:
 			s.stats.commitsRejected.Add(1)
-			errs[i] = err
+			b.Err = err
 		case v.dup != nil || v.wait != nil || b.Forwarder != nil && b.Forwarder.Forwards(c.shard):
 			// Answered from its session, or forwarded first: each waits
 			// on a goroutine of its own.
-			wg.Go(func() {
-				out[i], errs[i] = s.completeCommit(ctx, c, v, b.Forwarder)
-				recycle(c)
-			})
+			if each == nil {
+				each = new(sync.WaitGroup)
+			}
+			s.completeAside(ctx, b, c, v, each)
 		default:
 			// Straight to the queue, whose writer takes what is queued
 			// together; applied and waited for below.
 			s.enqueue(c)
-			queued[i], last = c, c
+			b.queued, last = c, c
 		}
 	}
 	if last != nil {
 		s.lead(last) // everything queued before it too
 	}
-	for i, c := range queued {
+	for i := range batch {
+		b := &batch[i]
+		c := b.queued
 		if c == nil {
 			continue
 		}
-		if errs[i] = s.await(ctx, c); errs[i] == nil {
-			out[i] = Committed{Location: c.entry.loc, Version: c.entry.version}
+		if b.Err = s.await(ctx, c); b.Err == nil {
+			b.Result = Committed{Location: c.entry.loc, Version: c.entry.version}
 		}
+		b.queued = nil
 		recycle(c)
 	}
-	wg.Wait()
-	return out, errs
+	if each != nil {
+		each.Wait()
+	}
+}
+
+// completeAside completes b's admitted commit c on a goroutine of its own,
+// counted by wg.
+func (s *Store) completeAside(ctx context.Context, b *BatchCommit, c *pendingCommit, v sessionVerdict, wg *sync.WaitGroup) {
+	wg.Go(func() {
+		b.Result, b.Err = s.completeCommit(ctx, c, v, b.Forwarder)
+		recycle(c)
+	})
 }
 
 // DeleteForwarded is Delete with forwarding, as CommitForwarded is Commit.

@@ -130,7 +130,7 @@ func TestCommitBatch(t *testing.T) {
 	var batch []BatchCommit
 	for i := range 20 {
 		off, n := w.write(fmt.Appendf(nil, "batch-%d", i), fmt.Appendf(nil, "v%d", i))
-		b := BatchCommit{Off: off, Length: n, Write: proto.Write{Session: uint64(100 + i), Seq: 1}}
+		b := BatchCommit{Lease: w.lease.ID, Off: off, Length: n, Write: proto.Write{Session: uint64(100 + i), Seq: 1}}
 		if i%5 == 0 {
 			b.Forwarder = f
 		}
@@ -138,8 +138,11 @@ func TestCommitBatch(t *testing.T) {
 	}
 	batch[7].Length-- // a record whose length is wrong fails alone
 	before := sv.s.Stats()
-	done, errs := sv.s.CommitBatch(ctx, w.lease.ID, batch)
-	for i, err := range errs {
+	sv.s.CommitBatch(ctx, batch)
+	done := make([]Committed, len(batch))
+	for i, b := range batch {
+		err := b.Err
+		done[i] = b.Result
 		if i == 7 {
 			if !errors.Is(err, ErrRecord) {
 				t.Fatalf("record 7, its length wrong: %v", err)
@@ -166,10 +169,10 @@ func TestCommitBatch(t *testing.T) {
 	// The same batch again: every applied record answered from its
 	// session, none applied twice.
 	batch[7].Length++
-	done2, errs := sv.s.CommitBatch(ctx, w.lease.ID, batch)
-	for i, err := range errs {
-		if i != 7 && (err != nil || done2[i].Version != done[i].Version) {
-			t.Fatalf("record %d retried: %+v, %v; first %+v", i, done2[i], err, done[i])
+	sv.s.CommitBatch(ctx, batch)
+	for i, b := range batch {
+		if i != 7 && (b.Err != nil || b.Result.Version != done[i].Version) {
+			t.Fatalf("record %d retried: %+v, %v; first %+v", i, b.Result, b.Err, done[i])
 		}
 	}
 	if got := sv.s.Stats().Commits - after.Commits; got > 1 {
