@@ -1214,27 +1214,11 @@ func DecodeFrameInto(b []byte, into Message) (id uint64, m Message, err error) {
 	c.rd.Reset(b)
 	c.dec.d.Reset(&c.rd)
 	d := &c.dec
-	if len(b) > MaxFrame {
-		return 0, nil, d.fail("frame of %d bytes, limit %d", len(b), MaxFrame)
-	}
-	if err := d.fields("frame", 4); err != nil {
-		return 0, nil, err
-	}
-	v, err := d.uint("version", 255)
+	t, err := d.frameHeader(len(b))
 	if err != nil {
 		return 0, nil, err
 	}
-	if v != ControlVersion {
-		return 0, nil, d.fail("control version %d; this side speaks %d", v, ControlVersion)
-	}
-	t, err := d.uint("type", 255)
-	if err != nil {
-		return 0, nil, err
-	}
-	if t == 0 || t >= uint64(msgTypeEnd) {
-		return 0, nil, d.fail("unknown message type %d", t)
-	}
-	if into != nil && into.Type() == MsgType(t) {
+	if into != nil && into.Type() == t {
 		reflect.ValueOf(into).Elem().SetZero()
 		m = into
 	} else {
@@ -1244,12 +1228,49 @@ func DecodeFrameInto(b []byte, into Message) (id uint64, m Message, err error) {
 		return 0, nil, err
 	}
 	if err := m.decode(d); err != nil {
-		return 0, nil, fmt.Errorf("%v: %w", MsgType(t), err)
+		return 0, nil, fmt.Errorf("%v: %w", t, err)
 	}
-	if err := d.end(MsgType(t).String()); err != nil {
+	if err := d.end(t.String()); err != nil {
 		return 0, nil, err
 	}
 	return id, m, nil
+}
+
+// FrameType is the message type of a frame's body (as DecodeFrame takes
+// it), read from its header alone: to route a frame before decoding it.
+// It retains nothing of b. Errors wrap ErrBadMessage.
+func FrameType(b []byte) (MsgType, error) {
+	c := frameCodecs.Get().(*frameCodec)
+	defer putCodec(c)
+	c.rd.Reset(b)
+	c.dec.d.Reset(&c.rd)
+	return c.dec.frameHeader(len(b))
+}
+
+// frameHeader decodes a frame's header, up to its message type, of a
+// frame of n bytes.
+func (d *decoder) frameHeader(n int) (MsgType, error) {
+	if n > MaxFrame {
+		return 0, d.fail("frame of %d bytes, limit %d", n, MaxFrame)
+	}
+	if err := d.fields("frame", 4); err != nil {
+		return 0, err
+	}
+	v, err := d.uint("version", 255)
+	if err != nil {
+		return 0, err
+	}
+	if v != ControlVersion {
+		return 0, d.fail("control version %d; this side speaks %d", v, ControlVersion)
+	}
+	t, err := d.uint("type", 255)
+	if err != nil {
+		return 0, err
+	}
+	if t == 0 || t >= uint64(msgTypeEnd) {
+		return 0, d.fail("unknown message type %d", t)
+	}
+	return MsgType(t), nil
 }
 
 // ---- decoding ----

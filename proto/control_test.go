@@ -296,12 +296,19 @@ func fuzzSeeds(f *testing.F, prefixed bool) {
 func FuzzDecodeFrame(f *testing.F) {
 	fuzzSeeds(f, false)
 	f.Fuzz(func(t *testing.T, b []byte) {
+		typ, terr := FrameType(b)
+		if terr != nil && !errors.Is(terr, ErrBadMessage) {
+			t.Fatalf("FrameType's error not wrapping ErrBadMessage: %v", terr)
+		}
 		id, m, err := DecodeFrame(b)
 		if err != nil {
 			if !errors.Is(err, ErrBadMessage) {
 				t.Fatalf("error not wrapping ErrBadMessage: %v", err)
 			}
 			return
+		}
+		if terr != nil || typ != m.Type() {
+			t.Fatalf("FrameType says %v (%v) of a frame that decodes to a %v", typ, terr, m.Type())
 		}
 		enc, err := AppendFrame(nil, id, m)
 		if err != nil {
