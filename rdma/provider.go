@@ -174,6 +174,51 @@ type CQ interface {
 	Close() error
 }
 
+// RecvHandling is implemented by the CQs of a provider that can hand
+// receive completions to a RecvHandler on its own goroutine (soft). A
+// program checks for it and otherwise polls or waits: verbs' CQs do not
+// implement it.
+type RecvHandling interface {
+	// SetRecvHandler hands the CQ's successful RECV completions to h from
+	// now on, each with tag, instead of queueing them for Poll and Wait.
+	// Failed receive completions (a flush, a length error) and every send
+	// completion still go to Poll and Wait, so that a QP's failure is seen
+	// where it always is. CQs given the same h (compared with ==, so a
+	// pointer) have their completions handed to it together. Set it
+	// before posting the RECVs whose completions h is to take; it cannot
+	// be unset. Safe for concurrent use with everything else on the CQ.
+	SetRecvHandler(h RecvHandler, tag any)
+}
+
+// RecvHandler takes receive completions in batches on the provider's own
+// goroutine: how a server serves the SENDs of many QPs without a goroutine
+// waiting on each, and serves together what arrived together (one group
+// commit for many clients' commits).
+type RecvHandler interface {
+	// HandleRecvs is given successful RECV completions of the CQs h was
+	// set on (RecvHandling), in the order they completed: all those the
+	// provider completed together (soft: the SENDs of one read of a link,
+	// from any of its QPs). It runs on the provider's goroutine that
+	// completed them: never concurrently for the completions of one QP,
+	// possibly so for different QPs. It must not block for long (a sync,
+	// a network round trip): whatever else that goroutine serves (soft:
+	// every QP of the link) waits until it returns. The sends it posts may
+	// leave together once it returns (soft: one write per link). It
+	// returns those it declines, in their order, a prefix of recvs's
+	// memory (it may move them there): they are queued on their CQs for
+	// Poll and Wait, as though it had not been set, so that a goroutine
+	// waiting there serves what would take the handler long. recvs is the
+	// provider's: valid only during the call.
+	HandleRecvs(recvs []Recv) (declined []Recv)
+}
+
+// Recv is a receive completion handed to a RecvHandler, with the tag its
+// CQ was given.
+type Recv struct {
+	Tag any
+	Completion
+}
+
 // QP is a reliable-connected queue pair.
 //
 // A new QP is in RESET. ModifyToInit, ModifyToRTR and ModifyToRTS move it,

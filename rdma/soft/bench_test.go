@@ -116,24 +116,30 @@ func BenchmarkReadThroughput(b *testing.B) {
 	}
 }
 
-// tcpPair returns both ends of a loopback TCP connection.
-func tcpPair(b *testing.B) (client, server net.Conn) {
+// tcpPair returns both ends of a loopback TCP connection, closed when the
+// test or benchmark ends.
+func tcpPair(tb testing.TB) (client, server net.Conn) {
+	tb.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
 	defer ln.Close()
-	accepted := make(chan net.Conn)
+	accepted := make(chan net.Conn, 1)
 	go func() {
 		c, _ := ln.Accept()
 		accepted <- c
 	}()
 	client, err = net.Dial("tcp", ln.Addr().String())
 	if err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
 	server = <-accepted
-	b.Cleanup(func() { client.Close(); server.Close() })
+	if server == nil {
+		client.Close()
+		tb.Fatal("accept failed")
+	}
+	tb.Cleanup(func() { client.Close(); server.Close() })
 	return client, server
 }
 

@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"github.com/rkv-io/rkv/rdma"
 	"github.com/rkv-io/rkv/rdma/internal/life"
@@ -34,6 +35,24 @@ type cq struct {
 	// Wait: push leaves one, Wait takes it. One slot suffices, so a push
 	// never blocks or allocates.
 	wake chan struct{}
+
+	// recvHandler takes the successful RECV completions, once set.
+	recvHandler atomic.Pointer[recvHandling]
+}
+
+// recvHandling is a CQ's RecvHandler and the tag of its completions.
+type recvHandling struct {
+	h   rdma.RecvHandler
+	tag any
+}
+
+var _ rdma.RecvHandling = (*cq)(nil)
+
+// SetRecvHandler implements rdma.RecvHandling: the links that complete
+// the CQ's RECVs hand them to h once they have served the read that
+// brought them (inLink.handOver).
+func (c *cq) SetRecvHandler(h rdma.RecvHandler, tag any) {
+	c.recvHandler.Store(&recvHandling{h: h, tag: tag})
 }
 
 func newCQ(d *device, size int) *cq {

@@ -52,6 +52,8 @@ type device struct {
 	sweeping  atomic.Bool
 	sweepKick chan struct{}
 	lastLazy  atomic.Int64
+
+	corks corks
 }
 
 func openDevice(name string, opts rdma.Options) (*device, error) {

@@ -140,6 +140,21 @@
 // ACK and interrupt the requester's Wait reading for it; 3-7% off a
 // PUT's p50 across processes.
 //
+// A CQ given a RecvHandler (rdma.RecvHandling) takes its successful RECV
+// completions from the responder instead of the ring: the responder
+// gathers those of the requests it read together, of any QPs, and hands
+// them over once it has served them, after the answers have gone to the
+// writer, one call per handler; those a handler declines go to their CQs
+// as though it were not set. While a handler runs, the device's posts
+// are corked: their frames pend in their link's writer, which is taken
+// if nobody writes, and leave when the last handler running returns, in
+// one write per link, made without blocking (a socket that takes only
+// part of it leaves the rest to a goroutine: the responder must never
+// wait for a peer that may be waiting for it). So a server answering the
+// commits of many clients' QPs, that came in one read, sends the replies
+// in one write; each commit's RECV completion is no hand-off to another
+// goroutine.
+//
 // SEND and WRITE_WITH_IMM consume the oldest RECV. With none posted the
 // responder does not wait, which would hold up every QP on the link: it
 // NAKs RNR at once and drops the QP's later requests until the NAKed one

@@ -46,6 +46,13 @@ type inLink struct {
 	from []*atomic.Uint64
 	gen  uint64
 	held heldAcks
+	// The successful RECV completions the read being served brought for
+	// CQs with a RecvHandler, and their handlers: handed over once the
+	// read is served (runHandlers).
+	recvs    []rdma.Recv
+	handlers []rdma.RecvHandler
+	cqs      []*cq    // of recvs, for those declined
+	qpns     []uint32 // of recvs, which a handler may move
 
 	mu      sync.Mutex // the fields below
 	qps     map[uint32]*qp
@@ -113,6 +120,9 @@ func (l *inLink) serve() (fatal bool, err error) {
 			if err := l.flush(); err != nil {
 				return false, err
 			}
+			// After the answers: an ACK its requester waits for leaves
+			// before the RECV completes (see doSend).
+			l.runHandlers()
 			blocking = l.beforeBlocking()
 		}
 		if !l.base.IsZero() && l.attachedOnce.Load() {
@@ -162,6 +172,7 @@ func (l *inLink) serve() (fatal bool, err error) {
 // go to ERR.
 func (l *inLink) end(fatal bool, err error) {
 	_ = l.conn.Close()
+	l.runHandlers() // their RECVs were consumed
 	l.dropHeld()
 	l.mu.Lock()
 	l.closed = true
@@ -493,4 +504,46 @@ func (l *inLink) skip(budget time.Duration) error {
 		}
 	}
 	return nil
+}
+
+// handOver queues a successful RECV completion for its CQ's handler.
+func (l *inLink) handOver(c *cq, h *recvHandling, wc rdma.Completion) {
+	l.recvs = append(l.recvs, rdma.Recv{Tag: h.tag, Completion: wc})
+	l.handlers = append(l.handlers, h.h)
+	l.cqs = append(l.cqs, c)
+	l.qpns = append(l.qpns, wc.QPNum)
+}
+
+// runHandlers hands the queued RECV completions to their handlers, each
+// run of one handler's in one call, with the device's posts corked
+// meanwhile: the sends the handlers post leave in one write per link once
+// they have returned.
+func (l *inLink) runHandlers() {
+	if len(l.recvs) == 0 {
+		return
+	}
+	l.dev.cork()
+	for i := 0; i < len(l.recvs); {
+		j := i + 1
+		for j < len(l.recvs) && l.handlers[j] == l.handlers[i] {
+			j++
+		}
+		// What it declines goes to the CQs: each its own, found by QP
+		// among the run's (a CQ may serve several of them).
+		qpns := l.qpns[i:j]
+		for _, r := range l.handlers[i].HandleRecvs(l.recvs[i:j]) {
+			for k, n := range qpns {
+				if n == r.QPNum {
+					l.cqs[i+k].push(&r.Completion, false)
+					break
+				}
+			}
+		}
+		i = j
+	}
+	l.dev.uncork()
+	clear(l.recvs)
+	clear(l.handlers)
+	clear(l.cqs)
+	l.recvs, l.handlers, l.cqs, l.qpns = l.recvs[:0], l.handlers[:0], l.cqs[:0], l.qpns[:0]
 }

@@ -71,6 +71,7 @@ type linkWriter struct {
 	// Owned by the holder of the flusher role.
 	iov  [3][]byte
 	bufs net.Buffers
+	raw  rawWriter
 
 	// writes counts the write and writev calls begun, settled those that
 	// returned: a write is under way while they differ.
@@ -83,6 +84,7 @@ type linkWriter struct {
 // init readies w to write to c; wg counts the goroutines post starts.
 func (w *linkWriter) init(c *net.TCPConn, onError func(error), wg *sync.WaitGroup) {
 	w.conn, w.onError, w.wg = c, onError, wg
+	_ = w.raw.init(c) // fails only on a closed connection, whose writes fail anyway
 	w.async = func() {
 		defer w.wg.Done()
 		_ = w.drain(nil)
@@ -203,7 +205,14 @@ func (w *linkWriter) post(b []byte) {
 // or gives it up at once to a large frame waiting for it, which writes
 // what is pending first (else a stream of small frames could keep it
 // waiting). err is the caller's write error, if any.
-func (w *linkWriter) drain(err error) error {
+func (w *linkWriter) drain(err error) error { return w.drainWaiting(err, true) }
+
+// drainNoWait is drain for a caller that must not block on the socket (a
+// link's reader, which the peer may wait for): what the socket does not
+// take at once is written by a goroutine, which then drains.
+func (w *linkWriter) drainNoWait() { _ = w.drainWaiting(nil, false) }
+
+func (w *linkWriter) drainWaiting(err error, wait bool) error {
 	for {
 		w.mu.Lock()
 		failed := err != nil && w.err == nil
@@ -232,9 +241,30 @@ func (w *linkWriter) drain(err error) error {
 		w.pending, w.spare = w.spare[:0], out
 		w.from, w.fromSpare = w.fromSpare[:0], from
 		w.mu.Unlock()
-		err = w.write(out, nil, from)
+		if wait {
+			err = w.write(out, nil, from)
+			clear(from)
+			continue
+		}
+		w.count(nil, from)
 		clear(from)
+		var n int
+		if n, err = w.writeNoWait(out); err == nil && n < len(out) {
+			w.wg.Add(1)
+			go w.writeRest(out[n:])
+			return nil
+		}
+		w.settled.Add(1)
 	}
+}
+
+// writeRest writes what writeNoWait left of a write, as the holder of the
+// flusher role, then drains.
+func (w *linkWriter) writeRest(p []byte) {
+	defer w.wg.Done()
+	_, err := w.conn.Write(p)
+	w.settled.Add(1)
+	_ = w.drain(err)
 }
 
 // write writes p, counting the call for one and many. The caller holds the

@@ -644,26 +644,7 @@ func TestRNRWithFence(t *testing.T) {
 // mix of small frames, posted frames and large frames the writers hand it
 // at once.
 func TestLinkWriterKeepsOrder(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	accepted := make(chan net.Conn, 1)
-	go func() {
-		c, _ := ln.Accept()
-		accepted <- c
-	}()
-	c, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	server := <-accepted
-	if server == nil {
-		t.Fatal("accept failed")
-	}
-	defer server.Close()
+	c, server := tcpPair(t)
 	var spawned sync.WaitGroup
 	var w linkWriter
 	w.init(c.(*net.TCPConn), func(error) { c.Close() }, &spawned)

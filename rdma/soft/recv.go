@@ -63,8 +63,22 @@ func (q *qp) doSend(l *inLink, req *request) (rdma.Status, string, error) {
 	} else if err = l.respond(q, respAck, 0, req.seq, 0); err == nil && l.br.Buffered() < requestHeaderSize {
 		err = l.flush()
 	}
-	q.releaseRecv(w, &wc)
+	q.completeRecv(l, w, wc)
 	return rdma.StatusSuccess, "", err
+}
+
+// completeRecv completes the RECV takeRecv returned, successfully: to the
+// CQ's RecvHandler when it has one (l hands it over once its read is
+// served), else to the CQ.
+func (q *qp) completeRecv(l *inLink, w *recvWQE, wc rdma.Completion) {
+	h := q.recvCQ.recvHandler.Load()
+	if h == nil {
+		q.releaseRecv(w, &wc)
+		return
+	}
+	wc.ID, wc.QPNum = w.id, q.num
+	l.handOver(q.recvCQ, h, wc)
+	q.consumeRecv()
 }
 
 // takeRecv returns the oldest posted RECV and marks the receive queue busy,
@@ -86,10 +100,22 @@ func (q *qp) takeRecv() *recvWQE {
 // leaves the queue; without, it stays. A QP that went to ERR meanwhile is
 // flushed now.
 func (q *qp) releaseRecv(w *recvWQE, wc *rdma.Completion) {
+	q.endRecv(w, wc, wc != nil)
+}
+
+// consumeRecv ends what takeRecv began for a RECV whose completion went to
+// the CQ's RecvHandler: it leaves the queue.
+func (q *qp) consumeRecv() { q.endRecv(nil, nil, true) }
+
+// endRecv is releaseRecv and consumeRecv: the RECV leaves the queue if
+// consumed, completing to the CQ with wc if not nil.
+func (q *qp) endRecv(w *recvWQE, wc *rdma.Completion, consumed bool) {
 	r := &q.rq
 	r.mu.Lock()
 	if wc != nil {
 		q.pushRecv(w, *wc)
+	}
+	if consumed {
 		r.head++
 	}
 	r.busy = false

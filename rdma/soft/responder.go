@@ -104,7 +104,7 @@ func (q *qp) doWrite(l *inLink, req *request) (rdma.Status, string, error) {
 				return st, why, err
 			}
 		}
-		q.releaseRecv(recv, &rdma.Completion{Op: rdma.OpRecvImm, ByteLen: req.length, Imm: req.imm, HasImm: true})
+		q.completeRecv(l, recv, rdma.Completion{Op: rdma.OpRecvImm, ByteLen: req.length, Imm: req.imm, HasImm: true})
 	} else if m != nil {
 		if st, why, err := q.writeTo(l, m, off, req); st != rdma.StatusSuccess || err != nil {
 			return st, why, err

@@ -253,7 +253,9 @@ func (q *qp) flushTx(l *outLink) {
 	}
 	if l != nil && !q.tx.broken {
 		var err error
-		if !q.tx.nonRead && l.bunched.Load() {
+		if q.dev.corks.running.Load() && q.dev.corked(&l.w, q.tx.w.buf, &q.tx.w.writes) {
+			// A RecvHandler runs: the frame leaves with what it posts.
+		} else if !q.tx.nonRead && l.bunched.Load() {
 			// Doorbell batching across QPs: the goroutines woken with
 			// this one by the link's last batch of responses run while
 			// it yields, and their READs leave in its write.

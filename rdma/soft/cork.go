@@ -1,0 +1,142 @@
+// Corked posts: what RecvHandlers post leaves in one write per link once they return.
+
+package soft
+
+import (
+	"sync"
+	"sync/atomic"
+	"syscall"
+)
+
+// corks holds a device's posts while a RecvHandler runs: the frames go to
+// their link writer's pending buffer, the writer's flusher role taken if
+// it was free, and leave when the last handler running returns. So the
+// replies a handler posts to many QPs of one peer leave in one write, as
+// the requests that brought them came in one read. Other goroutines'
+// posts meanwhile are held as well, for as long as the handler runs
+// (RecvHandler: not long).
+type corks struct {
+	running atomic.Bool // n > 0, read without the lock
+
+	mu     sync.Mutex
+	n      int           // handlers running
+	writer []*linkWriter // writers whose role a cork took
+	spare  []*linkWriter
+}
+
+// cork begins a handler's run.
+func (d *device) cork() {
+	c := &d.corks
+	c.mu.Lock()
+	c.n++
+	c.running.Store(true)
+	c.mu.Unlock()
+}
+
+// uncork ends a handler's run: when it was the last, the corked writers
+// write what is pending, without blocking (the caller is a link's reader).
+func (d *device) uncork() {
+	c := &d.corks
+	c.mu.Lock()
+	c.n--
+	if c.n > 0 {
+		c.mu.Unlock()
+		return
+	}
+	c.running.Store(false)
+	ws := c.writer
+	c.writer, c.spare = c.spare[:0], nil
+	c.mu.Unlock()
+	for _, w := range ws {
+		w.drainNoWait()
+	}
+	clear(ws)
+	c.mu.Lock()
+	if c.spare == nil {
+		c.spare = ws[:0]
+	}
+	c.mu.Unlock()
+}
+
+// corked hands b, whole frames counted by from, to w's pending buffer if a
+// handler is running; it reports whether it did. The caller checked
+// corks.running first, the cheap test.
+func (d *device) corked(w *linkWriter, b []byte, from *atomic.Uint64) bool {
+	c := &d.corks
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.n == 0 {
+		return false
+	}
+	held, took := w.hold(b, from)
+	if took {
+		c.writer = append(c.writer, w)
+	}
+	return held
+}
+
+// hold appends b to the pending frames, taking the flusher role if nobody
+// holds it (then the caller must release it: drainNoWait). It reports
+// whether b was taken (not after a write error: submit reports that) and
+// whether the role was.
+func (w *linkWriter) hold(b []byte, from *atomic.Uint64) (held, took bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.err != nil {
+		return false, false
+	}
+	w.pending = append(w.pending, b...)
+	w.addFromLocked(from)
+	if w.flushing {
+		return true, false // its holder writes them
+	}
+	w.flushing = true
+	return true, true
+}
+
+// writeNoWait writes as much of p as the socket takes at once. A full
+// socket buffer is no error: it returns what was written.
+func (w *linkWriter) writeNoWait(p []byte) (int, error) {
+	if w.raw.conn == nil {
+		return 0, nil // the caller's goroutine writes it
+	}
+	w.raw.p = p
+	err := w.raw.conn.Write(w.raw.write)
+	n, werr := w.raw.n, w.raw.err
+	w.raw.p = nil
+	switch {
+	case err != nil:
+		return 0, err
+	case werr == syscall.EAGAIN:
+		return 0, nil
+	}
+	return n, werr
+}
+
+// rawWriter is writeNoWait's: a socket write made once per writer, so
+// that a call allocates nothing.
+type rawWriter struct {
+	conn  syscall.RawConn
+	write func(fd uintptr) bool
+	p     []byte
+	n     int
+	err   error
+}
+
+func (r *rawWriter) init(c syscall.Conn) error {
+	var err error
+	if r.conn, err = c.SyscallConn(); err != nil {
+		return err
+	}
+	r.write = func(fd uintptr) bool {
+		for {
+			n, err := syscall.Write(int(fd), r.p)
+			if err == syscall.EINTR {
+				continue
+			}
+			r.n, r.err = max(n, 0), err
+			return true // done, even if the socket is full: never wait
+		}
+	}
+	return nil
+}
