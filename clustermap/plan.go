@@ -29,7 +29,7 @@ func Plan(m *Map, live func(name string) bool, budget int) []proto.MoveCommand {
 	if !m.Bootstrapped() || budget <= 0 {
 		return nil
 	}
-	if m.Replicas() > 1 || m.maxOwners() > 1 {
+	if m.Replicas() > 1 || m.MaxHolders() > 1 {
 		return planReplicas(m, live, budget)
 	}
 	var targets []string
@@ -132,8 +132,9 @@ func lightest(targets []string, load map[string]int, not string) string {
 	return best
 }
 
-// maxOwners is the longest owner list of m.
-func (m *Map) maxOwners() int {
+// MaxHolders is the most servers holding one shard (Holders): above 1,
+// some shard has a backup.
+func (m *Map) MaxHolders() int {
 	n := 0
 	for _, sh := range m.pm.Shards {
 		n = max(n, len(sh.Owners))

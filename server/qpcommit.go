@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"slices"
+	"sync"
 	"sync/atomic"
 
 	"github.com/rkv-io/rkv/internal/session"
@@ -55,6 +56,11 @@ type qpCommits struct {
 	out     []byte // the reply's frame, before it is copied to its slot
 	stop    context.CancelFunc
 	done    chan struct{}
+
+	// mu is held by a commitRound using the session (the slots, the
+	// scratch above, the QP) and by free, which ends that use.
+	mu    sync.Mutex
+	freed bool
 }
 
 // newQPCommits registers the slots and posts their RECVs on qp, which
@@ -71,6 +77,11 @@ func newQPCommits(c *conn, qp rdma.QP, cq rdma.CQ) (_ *qpCommits, err error) {
 	if q.mr, err = c.lpd.PD.Register(q.mem.Bytes(), rdma.AccessLocalWrite); err != nil {
 		_ = q.mem.Close()
 		return nil, fmt.Errorf("registering the commit slots: %w", err)
+	}
+	if h, ok := cq.(rdma.RecvHandling); ok {
+		// The commits come to the server's batcher, with other sessions'
+		// that came with them; serve sees the rest.
+		h.SetRecvHandler(c.s.batcher, q)
 	}
 	for i := range commitRecvs {
 		if err := q.postRecv(i); err != nil {
@@ -97,7 +108,9 @@ func (q *qpCommits) postRecv(i int) error {
 // serve answers commits until ctx ends or the QP fails (the client went
 // away, or broke the protocol: its own QP fails too, and it dials again).
 // It runs on a goroutine of its own, beside the connection's, which
-// serves the control requests.
+// serves the control requests. On a provider that hands RECVs to the
+// server's batcher, serve sees only the QP's failure and the signaled
+// replies.
 func (q *qpCommits) serve(ctx context.Context) {
 	defer close(q.done)
 	log := q.c.s.log.With("remote", q.c.nc.RemoteAddr().String(), "client", q.c.client)
@@ -115,7 +128,7 @@ func (q *qpCommits) serve(ctx context.Context) {
 				return
 			case w.Op == rdma.OpSend:
 				// A signaled reply: its slot was free already.
-			case !q.answer(int(w.ID), int(w.ByteLen)):
+			case !q.answerLocked(int(w.ID), int(w.ByteLen)):
 				return
 			}
 		}
@@ -129,36 +142,69 @@ var anyCommit = &proto.Commit{}
 // answer takes the commit in slot i, n bytes long, posts the slot's RECV
 // again and SENDs the reply. It reports false when the session is to end.
 func (q *qpCommits) answer(i, n int) bool {
+	id, m, malformed := q.decode(i, n)
+	if malformed != nil {
+		return q.respond(i, id, m, malformed)
+	}
 	s := q.c.s
-	id, m, reply := uint64(0), proto.Message(anyCommit), proto.Message(nil)
+	var reply proto.Message
+	switch cm := m.(type) {
+	case *proto.Commit:
+		q.taken(m, &s.commitsOnQP)
+		reply = q.c.commitWith(cm, &q.fwd, &q.reply)
+	case *proto.CommitBatch:
+		q.taken(m, &s.commitsOnQP)
+		reply = q.c.commitBatch(cm)
+	case *proto.ReplicaCommit, *proto.ReplicaDelete:
+		// A primary's forward: handle refuses it from a client.
+		q.taken(m, &s.fwdsOnQP)
+		reply = q.c.handle(m)
+	default:
+		reply = &proto.Error{Code: proto.CodeBadRequest, Message: fmt.Sprintf("%v sent on the write QP, which takes Commit, CommitBatch, and from a peer ReplicaCommit and ReplicaDelete, only", m.Type())}
+	}
+	if q.dropped(m) {
+		return false
+	}
+	return q.respond(i, id, m, reply)
+}
+
+// answerLocked is answer under the session's lock, which a commitRound
+// holding the session takes too.
+func (q *qpCommits) answerLocked(i, n int) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.answer(i, n)
+}
+
+// decode decodes the SEND in slot i, n bytes long, into q.commit when it
+// is a Commit: its request id and message, or the Error that answers a
+// SEND that is no control frame (m is then anyCommit).
+func (q *qpCommits) decode(i, n int) (id uint64, m proto.Message, malformed *proto.Error) {
 	frame := q.slot(i)[:n]
 	if n < 4 || int(binary.BigEndian.Uint32(frame)) != n-4 {
-		reply = &proto.Error{Code: proto.CodeBadRequest, Message: fmt.Sprintf("a SEND of %d bytes on the write QP that is not one control frame", n)}
-	} else {
-		var err error
-		if id, m, err = proto.DecodeFrameInto(frame[4:], &q.commit); err != nil {
-			m, reply = anyCommit, &proto.Error{Code: proto.CodeBadRequest, Message: err.Error()}
-		} else {
-			switch cm := m.(type) {
-			case *proto.Commit:
-				q.taken(m, &s.commitsOnQP)
-				reply = q.c.commitWith(cm, &q.fwd, &q.reply)
-			case *proto.CommitBatch:
-				q.taken(m, &s.commitsOnQP)
-				reply = q.c.commitBatch(cm)
-			case *proto.ReplicaCommit, *proto.ReplicaDelete:
-				// A primary's forward: handle refuses it from a client.
-				q.taken(m, &s.fwdsOnQP)
-				reply = q.c.handle(m)
-			default:
-				reply = &proto.Error{Code: proto.CodeBadRequest, Message: fmt.Sprintf("%v sent on the write QP, which takes Commit, CommitBatch, and from a peer ReplicaCommit and ReplicaDelete, only", m.Type())}
-			}
-			if drop := s.dropReply.Load(); drop != nil && (*drop)(m) {
-				_ = q.c.nc.Close() // tests: the reply lost, as in a crash of the connection
-				return false
-			}
-		}
+		return 0, anyCommit, &proto.Error{Code: proto.CodeBadRequest, Message: fmt.Sprintf("a SEND of %d bytes on the write QP that is not one control frame", n)}
 	}
+	id, m, err := proto.DecodeFrameInto(frame[4:], &q.commit)
+	if err != nil {
+		return 0, anyCommit, &proto.Error{Code: proto.CodeBadRequest, Message: err.Error()}
+	}
+	return id, m, nil
+}
+
+// dropped reports whether a test drops the reply to m: the connection is
+// then closed, as in a crash of it.
+func (q *qpCommits) dropped(m proto.Message) bool {
+	if drop := q.c.s.dropReply.Load(); drop != nil && (*drop)(m) {
+		_ = q.c.nc.Close()
+		return true
+	}
+	return false
+}
+
+// respond answers m, the request of id in slot i: it posts the slot's RECV
+// again and SENDs reply. It reports false when the session is to end.
+func (q *qpCommits) respond(i int, id uint64, m, reply proto.Message) bool {
+	s := q.c.s
 	if e, ok := reply.(*proto.Error); ok {
 		s.refused[e.Code].Add(1)
 		s.logRefusal(m, e)
@@ -241,8 +287,11 @@ func (q *qpCommits) close() {
 }
 
 // free deregisters and frees the slots, once the QP that used them is
-// closed.
+// closed, and once no commitRound uses them.
 func (q *qpCommits) free() error {
+	q.mu.Lock()
+	q.freed = true
+	q.mu.Unlock()
 	err := q.mr.Deregister()
 	if cerr := q.mem.Close(); err == nil {
 		err = cerr

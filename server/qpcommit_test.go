@@ -11,6 +11,7 @@ import (
 	"github.com/rkv-io/rkv/client"
 	"github.com/rkv-io/rkv/proto"
 	"github.com/rkv-io/rkv/rdma"
+	"github.com/rkv-io/rkv/store"
 )
 
 // Where sendOnWriteQP keeps the SEND's bytes and the reply's in the raw
@@ -221,5 +222,47 @@ func TestAppendReplyFitsTheSlot(t *testing.T) {
 	}
 	if _, err := appendReply(nil, 7, &proto.MapReply{Map: make([]byte, proto.CommitSlotSize)}); err == nil || !strings.Contains(err.Error(), "does not fit") {
 		t.Fatalf("a MapReply larger than the slot: %v", err)
+	}
+}
+
+// The commits that goroutines sharing a client send together reach the
+// server in the same reads of its link, and are committed in fewer
+// batches than there are commits: on the link's goroutine when nothing
+// waits for a sync, on a goroutine of the batch's own when a sync does.
+// Every write is applied, and read back.
+func TestCommitsThatCameTogetherAreCommittedTogether(t *testing.T) {
+	for _, sync := range []store.SyncPolicy{store.SyncNone, store.SyncAlways} {
+		t.Run(sync.String(), func(t *testing.T) {
+			s := startServer(t, func(c *Config) { c.Store.Sync = sync })
+			cl := newClient(t, s, "", nil)
+			before := s.Stats()
+			const goroutines, puts = 16, 50
+			errs := make(chan error, goroutines)
+			for w := range goroutines {
+				go func() {
+					for i := range puts {
+						if err := cl.Put(context.Background(), fmt.Appendf(nil, "w%d-k%d", w, i), fmt.Appendf(nil, "v%d", i)); err != nil {
+							errs <- err
+							return
+						}
+					}
+					errs <- nil
+				}()
+			}
+			for range goroutines {
+				if err := <-errs; err != nil {
+					t.Fatal(err)
+				}
+			}
+			st := s.Stats()
+			commits, batches := st.CommitsOnQP-before.CommitsOnQP, st.QPCommitBatches-before.QPCommitBatches
+			if commits != goroutines*puts || batches == 0 || batches >= commits {
+				t.Fatalf("%d puts: %d commits on the write QP in %d batches; want all of them, in fewer batches", goroutines*puts, commits, batches)
+			}
+			t.Logf("%d commits in %d batches", commits, batches)
+			for w := range goroutines {
+				readBack(t, s, fmt.Appendf(nil, "w%d-k%d", w, puts-1), fmt.Sprintf("v%d", puts-1))
+			}
+		})
 	}
 }

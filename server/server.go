@@ -315,6 +315,7 @@ type Server struct {
 	connections atomic.Int64
 	commitsOnQP atomic.Uint64
 	fwdsOnQP    atomic.Uint64
+	batcher     *qpBatcher
 	leasePDs    atomic.Int64 // connections' own PDs open (tests)
 
 	// dropReply, set by tests, closes a connection instead of sending the
@@ -431,6 +432,7 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		return nil, err
 	}
 	undo = append(undo, s.st.Close)
+	s.batcher = newQPBatcher(s, s.st.Options().Sync)
 	s.gen = idx.Generation
 	m := s.Map()
 	if !s.node.HasState() && !cfg.Bootstrap && len(cfg.Membership.Seeds) == 0 {
@@ -732,6 +734,11 @@ type Stats struct {
 	// (in Handled too) this server, as a backup, took on a primary's
 	// session's write QP rather than as control requests.
 	ForwardsOnQP uint64
+	// QPCommitBatches is how many batches the CommitsOnQP that came
+	// together on the links of a provider that hands RECVs over (soft)
+	// were committed in: one store.CommitBatch each. CommitsOnQP over it
+	// is the commits a batch took.
+	QPCommitBatches uint64
 }
 
 // Total is the number of requests handled, all types.
@@ -763,6 +770,9 @@ func (s *Server) Stats() Stats {
 	st.Connections = s.connections.Load()
 	st.CommitsOnQP = s.commitsOnQP.Load()
 	st.ForwardsOnQP = s.fwdsOnQP.Load()
+	if s.batcher != nil {
+		st.QPCommitBatches = s.batcher.batches.Load()
+	}
 	return st
 }
 
