@@ -260,8 +260,12 @@ func TestCommitsThatCameTogetherAreCommittedTogether(t *testing.T) {
 				t.Fatalf("%d puts: %d commits on the write QP in %d batches; want all of them, in fewer batches", goroutines*puts, commits, batches)
 			}
 			t.Logf("%d commits in %d batches", commits, batches)
+			reader := newClient(t, s, "", nil)
 			for w := range goroutines {
-				readBack(t, s, fmt.Appendf(nil, "w%d-k%d", w, puts-1), fmt.Sprintf("v%d", puts-1))
+				key := fmt.Appendf(nil, "w%d-k%d", w, puts-1)
+				if v, err := reader.Get(context.Background(), key); err != nil || string(v) != fmt.Sprintf("v%d", puts-1) {
+					t.Fatalf("Get %q from another client: %q, %v", key, v, err)
+				}
 			}
 		})
 	}

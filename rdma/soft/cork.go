@@ -10,17 +10,18 @@ import (
 
 // corks holds a device's posts while a RecvHandler runs: the frames go to
 // their link writer's pending buffer, the writer's flusher role taken if
-// it was free, and leave when the last handler running returns. So the
-// replies a handler posts to many QPs of one peer leave in one write, as
-// the requests that brought them came in one read. Other goroutines'
-// posts meanwhile are held as well, for as long as the handler runs
-// (RecvHandler: not long).
+// it was free, and leave when a handler returns. So the replies a handler
+// posts to many QPs of one peer leave in one write, as the requests that
+// brought them came in one read. Other goroutines' posts meanwhile are
+// held as well, until the next handler returns (RecvHandler: soon). Every
+// return writes all that is held, not only the last of overlapping ones:
+// handlers of many links could otherwise overlap for ever.
 type corks struct {
 	running atomic.Bool // n > 0, read without the lock
 
 	mu     sync.Mutex
 	n      int           // handlers running
-	writer []*linkWriter // writers whose role a cork took
+	writer []*linkWriter // writers whose role a cork took, to drain
 	spare  []*linkWriter
 }
 
@@ -33,17 +34,13 @@ func (d *device) cork() {
 	c.mu.Unlock()
 }
 
-// uncork ends a handler's run: when it was the last, the corked writers
-// write what is pending, without blocking (the caller is a link's reader).
+// uncork ends a handler's run: the corked writers write what is pending,
+// without blocking (the caller is a link's reader).
 func (d *device) uncork() {
 	c := &d.corks
 	c.mu.Lock()
 	c.n--
-	if c.n > 0 {
-		c.mu.Unlock()
-		return
-	}
-	c.running.Store(false)
+	c.running.Store(c.n > 0)
 	ws := c.writer
 	c.writer, c.spare = c.spare[:0], nil
 	c.mu.Unlock()

@@ -2,6 +2,7 @@ package soft
 
 import (
 	"bytes"
+	"fmt"
 	"io"
 	"net"
 	"sync"
@@ -81,6 +82,17 @@ func TestRecvHandlerTakesWhatOneReadBrought(t *testing.T) {
 		postRecv(t, q.y, rdma.RecvWR{ID: 100 + uint64(i), SGL: sgl(q.remote, 0, 64)})
 		postRecv(t, q.x, rdma.RecvWR{ID: 200 + uint64(i), SGL: sgl(q.local, 128, 8)})
 		copy(q.local.Bytes(), bytes.Repeat([]byte{byte('a' + i)}, 16))
+	}
+	// The other way's link up for every QP first: its writes are counted.
+	for i, q := range p.qps {
+		post(t, q.y, rdma.SendWR{ID: 9, Op: rdma.OpWrite, Flags: rdma.Signaled, SGL: sgl(q.remote, 192, 8), RemoteAddr: q.local.Addr() + 192, RKey: q.local.RKey()})
+		expectStatus(t, q.cy, 9, rdma.StatusSuccess)
+		eventually(t, fmt.Sprintf("QP %d's reverse transmitter idle", i), func() error {
+			if st := q.y.(*qp).tx.state.Load(); st != txIdle {
+				return fmt.Errorf("state %d", st)
+			}
+			return nil
+		})
 	}
 	replies := &p.qps[0].y.(*qp).out.Load().w
 	repliesBefore := replies.writes.Load()
