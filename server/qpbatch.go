@@ -67,11 +67,11 @@ type roundItem struct {
 }
 
 // HandleRecvs implements rdma.RecvHandler: recvs are commit RECVs of write
-// QPs, tagged with their *qpCommits. It declines all but Commits, which go
-// to their sessions' goroutines (serve), as on verbs: a MultiPut's
-// CommitBatch or a forward is work enough to be worth the hand-off, and
-// those goroutines run in parallel where the batch would run them one
-// after another.
+// QPs, tagged with their *qpCommits. It takes the Commits and declines the
+// rest, which go to their sessions' goroutines (serve), as on verbs: a
+// MultiPut's CommitBatch or a forward is work enough to be worth the
+// hand-off, and those goroutines run in parallel where the batch would run
+// them one after another.
 func (b *qpBatcher) HandleRecvs(recvs []rdma.Recv) (declined []rdma.Recv) {
 	r := b.rounds.Get().(*commitRound)
 	declined = recvs[:0]
