@@ -430,7 +430,11 @@ var handlers = [proto.NumMsgTypes]handler{
 
 	proto.MsgSetReplicas: on(func(c *conn, m *proto.SetReplicas) proto.Message { return c.s.setReplicas(m) }), // authenticated as forget is
 	proto.MsgGetReadLease: on(func(c *conn, _ *proto.GetReadLease) proto.Message {
-		return &proto.ReadLeaseReply{TTL: c.s.leaseLeft(), Epoch: c.s.saved.Load().Epoch()}
+		left := c.s.leaseLeft()
+		if left <= 0 {
+			c.s.readLeasesRefused.Add(1)
+		}
+		return &proto.ReadLeaseReply{TTL: left, Epoch: c.s.saved.Load().Epoch()}
 	}),
 	proto.MsgRenewReadLease: peer((*Server).renewReadLeaseReply),
 

@@ -315,8 +315,10 @@ type Server struct {
 	connections atomic.Int64
 	commitsOnQP atomic.Uint64
 	fwdsOnQP    atomic.Uint64
-	batcher     *qpBatcher
-	leasePDs    atomic.Int64 // connections' own PDs open (tests)
+	// readLeasesRefused counts GetReadLeases answered with no lease.
+	readLeasesRefused atomic.Uint64
+	batcher           *qpBatcher
+	leasePDs          atomic.Int64 // connections' own PDs open (tests)
 
 	// dropReply, set by tests, closes a connection instead of sending the
 	// reply to a request it reports true for.
@@ -739,6 +741,11 @@ type Stats struct {
 	// were committed in: one store.CommitBatch each. CommitsOnQP over it
 	// is the commits a batch took.
 	QPCommitBatches uint64
+	// ReadLeasesRefused is how many GetReadLease requests this server
+	// answered with no lease: its map's leader had not renewed it, as
+	// when the server is cut off and its shards are about to fail over.
+	// Clients then read none of its replicas' keys here.
+	ReadLeasesRefused uint64
 }
 
 // Total is the number of requests handled, all types.
@@ -770,6 +777,7 @@ func (s *Server) Stats() Stats {
 	st.Connections = s.connections.Load()
 	st.CommitsOnQP = s.commitsOnQP.Load()
 	st.ForwardsOnQP = s.fwdsOnQP.Load()
+	st.ReadLeasesRefused = s.readLeasesRefused.Load()
 	if s.batcher != nil {
 		st.QPCommitBatches = s.batcher.batches.Load()
 	}

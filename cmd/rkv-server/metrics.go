@@ -32,7 +32,7 @@ type collector struct {
 	keys, indexLoad, indexMoves, indexSlots, indexGrowths             *prometheus.Desc
 	sessions, sessionsEvictedEarly                                    *prometheus.Desc
 	handled, refused, connections, generation                         *prometheus.Desc
-	commitsOnQP, forwardsOnQP, qpCommitBatches                        *prometheus.Desc
+	commitsOnQP, forwardsOnQP, qpCommitBatches, readLeasesRefused     *prometheus.Desc
 	catchUpShards, catchUpKeys, catchUpBytes, catchUpSeconds          *prometheus.Desc
 	movedIn, pulledKeys, pulledBytes                                  *prometheus.Desc
 }
@@ -79,6 +79,7 @@ func newCollector(srv *server.Server) *collector {
 		handled:              d("control_requests_total", "Control RPC requests handled, by type (a backup's forwarded commits and deletes among them).", "type"),
 		commitsOnQP:          d("qp_commits_total", "Commits and commit batches that came on a session's write QP after their records' WRITE (a PUT in one round trip), not as control RPCs; control_requests_total counts them too."),
 		qpCommitBatches:      d("qp_commit_batches_total", "Batches the commits that came together on write QPs were committed in, one group commit each (soft); qp_commits_total over it is the commits per batch."),
+		readLeasesRefused:    d("read_leases_refused_total", "GetReadLease requests answered with no lease: the map's leader had not renewed this server's read lease (it may be cut off, its shards about to fail over), so clients read nothing here."),
 		forwardsOnQP:         d("qp_forwards_total", "Replica commits and deletes a primary forwarded on this server's write QP (a SEND each way), not as control RPCs; control_requests_total counts them too."),
 		refused:              d("control_errors_total", "Control RPC requests answered with an error, by its code (Hellos refused included).", "code"),
 		connections:          d("control_connections", "Open control connections."),
@@ -172,6 +173,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.commitsOnQP, float64(ss.CommitsOnQP))
 	counter(c.forwardsOnQP, float64(ss.ForwardsOnQP))
 	counter(c.qpCommitBatches, float64(ss.QPCommitBatches))
+	counter(c.readLeasesRefused, float64(ss.ReadLeasesRefused))
 	gauge(c.connections, float64(ss.Connections))
 	gauge(c.generation, float64(c.srv.Generation()))
 
