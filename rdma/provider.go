@@ -219,6 +219,26 @@ type Recv struct {
 	Completion
 }
 
+// PostHolding is implemented by the devices of a provider that can hold
+// sends and hand them to the wire together, whichever of the device's QPs
+// they were posted on (soft: one write per link, as a RecvHandler's posts
+// leave). A program checks for it: verbs does not implement it, as each
+// post there rings its own doorbell, which is the NIC's business.
+type PostHolding interface {
+	// HoldPosts begins a hold: sends posted on the device's QPs from now
+	// on, by any goroutine, may wait in the device until a ReleasePosts.
+	// Holds may overlap (a RecvHandler's run is one); each HoldPosts needs
+	// one ReleasePosts. Between the two, the caller must not wait for a
+	// completion of what it posted, which may not have left, and must
+	// not take long: every other goroutine's sends wait too. It never
+	// blocks. Safe for concurrent use.
+	HoldPosts()
+	// ReleasePosts ends a hold and hands everything held to the wire,
+	// without waiting for a peer that reads slowly (soft: what the socket
+	// does not take at once, a goroutine writes). Safe for concurrent use.
+	ReleasePosts()
+}
+
 // QP is a reliable-connected queue pair.
 //
 // A new QP is in RESET. ModifyToInit, ModifyToRTR and ModifyToRTS move it,

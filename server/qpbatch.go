@@ -27,10 +27,12 @@ import (
 // than the store's own write: under SyncNone or SyncBatch (no commit waits
 // for a sync), with no shard holding a backup to forward to. Otherwise (a
 // sync, a forward's round trip) it runs on a goroutine of its own, so
-// that the link goes on serving READs.
+// that the link goes on serving READs, and holds its replies' posts
+// (rdma.PostHolding) so that they leave together still.
 type qpBatcher struct {
 	s       *Server
-	inline  bool // no commit waits for a sync
+	inline  bool             // no commit waits for a sync
+	hold    rdma.PostHolding // the device's, if it has it: for rounds run aside
 	rounds  sync.Pool
 	holders atomic.Pointer[mapHolders]
 	batches atomic.Uint64 // rounds with commits, for Stats
@@ -44,6 +46,7 @@ type mapHolders struct {
 
 func newQPBatcher(s *Server, sync store.SyncPolicy) *qpBatcher {
 	b := &qpBatcher{s: s, inline: sync != store.SyncAlways}
+	b.hold, _ = s.dev.(rdma.PostHolding)
 	b.rounds.New = func() any { return &commitRound{b: b} }
 	return b
 }
@@ -83,9 +86,9 @@ func (b *qpBatcher) HandleRecvs(recvs []rdma.Recv) (declined []rdma.Recv) {
 	if len(r.items) == 0 {
 		r.done()
 	} else if b.inline && !b.forwarding() {
-		r.run()
+		r.run(nil) // the handler's run holds the replies' posts already
 	} else {
-		go r.run()
+		go r.run(b.hold)
 	}
 	return declined
 }
@@ -171,18 +174,26 @@ func (r *commitRound) unlockLast() {
 }
 
 // run commits the round's batch, answers its commits, and puts the round
-// back.
-func (r *commitRound) run() {
+// back. Under hold (not nil), the replies' posts leave together once all
+// are made: a round run aside has no handler's run to hold them. The hold
+// is taken after the batch, whose forwards must leave at once.
+func (r *commitRound) run(hold rdma.PostHolding) {
 	s := r.b.s
 	if len(r.batch) > 0 {
 		r.b.batches.Add(1)
 		s.st.CommitBatch(context.Background(), r.batch)
+	}
+	if hold != nil {
+		hold.HoldPosts()
 	}
 	for k, it := range r.items {
 		q := it.q
 		if !q.dropped(&q.commit) {
 			q.respond(it.slot, it.id, &q.commit, s.commitReply(q.commit.Epoch, &r.batch[k], &q.reply))
 		}
+	}
+	if hold != nil {
+		hold.ReleasePosts()
 	}
 	r.done()
 }

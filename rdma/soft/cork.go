@@ -1,4 +1,4 @@
-// Corked posts: what RecvHandlers post leaves in one write per link once they return.
+// Corked posts: what RecvHandlers and holds post leaves in one write per link once they end.
 
 package soft
 
@@ -6,9 +6,14 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+
+	"github.com/rkv-io/rkv/rdma"
 )
 
-// corks holds a device's posts while a RecvHandler runs: the frames go to
+var _ rdma.PostHolding = (*device)(nil)
+
+// corks holds a device's posts while a RecvHandler runs (or a hold,
+// rdma.PostHolding, is taken): the frames go to
 // their link writer's pending buffer, the writer's flusher role taken if
 // it was free, and leave when a handler returns. So the replies a handler
 // posts to many QPs of one peer leave in one write, as the requests that
@@ -25,7 +30,13 @@ type corks struct {
 	spare  []*linkWriter
 }
 
-// cork begins a handler's run.
+// HoldPosts implements rdma.PostHolding: a cork, as a handler's run.
+func (d *device) HoldPosts() { d.cork() }
+
+// ReleasePosts implements rdma.PostHolding.
+func (d *device) ReleasePosts() { d.uncork() }
+
+// cork begins a handler's run, or a hold.
 func (d *device) cork() {
 	c := &d.corks
 	c.mu.Lock()
@@ -34,8 +45,8 @@ func (d *device) cork() {
 	c.mu.Unlock()
 }
 
-// uncork ends a handler's run: the corked writers write what is pending,
-// without blocking (the caller is a link's reader).
+// uncork ends a handler's run, or a hold: the corked writers write what
+// is pending, without blocking (the caller may be a link's reader).
 func (d *device) uncork() {
 	c := &d.corks
 	c.mu.Lock()

@@ -808,3 +808,34 @@ func TestStuckWriterBreaksLink(t *testing.T) {
 		t.Fatalf("the link's other QP: %+v, want RETRY_EXC_ERR", wc)
 	}
 }
+
+// Sends posted on several QPs during a hold (rdma.PostHolding) leave in
+// one write when it is released, and not before.
+func TestHeldPostsLeaveTogether(t *testing.T) {
+	const n = 4
+	p := newIdlePair(t, n)
+	w := &p.qps[0].x.(*qp).out.Load().w
+	for i, q := range p.qps {
+		postRecv(t, q.y, rdma.RecvWR{ID: 100 + uint64(i), SGL: sgl(q.remote, 0, 64)})
+	}
+	writes0 := w.writes.Load()
+	h := p.dx.(rdma.PostHolding)
+	h.HoldPosts()
+	for _, q := range p.qps {
+		post(t, q.x, rdma.SendWR{ID: 7, Op: rdma.OpSend, Flags: rdma.Signaled, SGL: sgl(q.local, 0, 16)})
+	}
+	expectNone(t, p.qps[0].cy, 50*time.Millisecond)
+	if got := w.writes.Load() - writes0; got != 0 {
+		t.Fatalf("%d writes during the hold", got)
+	}
+	h.ReleasePosts()
+	for i, q := range p.qps {
+		if wc := expectStatus(t, q.cy, 100+uint64(i), rdma.StatusSuccess); wc.ByteLen != 16 {
+			t.Errorf("QP %d: RECV of %d bytes, want 16", i, wc.ByteLen)
+		}
+		expectStatus(t, q.cx, 7, rdma.StatusSuccess)
+	}
+	if got := w.writes.Load() - writes0; got != 1 {
+		t.Errorf("%d QPs' SENDs left in %d writes, want 1", n, got)
+	}
+}
