@@ -145,15 +145,16 @@
 // gathers those of the requests it read together, of any QPs, and hands
 // them over once it has served them, after the answers have gone to the
 // writer, one call per handler; those a handler declines go to their CQs
-// as though it were not set. While a handler runs, the device's posts
-// are corked: their frames pend in their link's writer, which is taken
-// if nobody writes, and leave when the last handler running returns, in
-// one write per link, made without blocking (a socket that takes only
-// part of it leaves the rest to a goroutine: the responder must never
-// wait for a peer that may be waiting for it). So a server answering the
-// commits of many clients' QPs, that came in one read, sends the replies
-// in one write; each commit's RECV completion is no hand-off to another
-// goroutine.
+// as though it were not set. While a handler runs, or a hold is taken
+// (rdma.PostHolding), the device's posts are corked: their frames pend in
+// their link's writer, which is taken if nobody writes, and leave when a
+// handler returns or a hold is released (all that is held then: handlers
+// of many links could otherwise overlap for ever), in one write per
+// link, made without blocking (a socket that takes only part of it leaves
+// the rest to a goroutine: the responder must never wait for a peer that
+// may be waiting for it). So a server answering the commits of many
+// clients' QPs, that came in one read, sends the replies in one write;
+// each commit's RECV completion is no hand-off to another goroutine.
 //
 // SEND and WRITE_WITH_IMM consume the oldest RECV. With none posted the
 // responder does not wait, which would hold up every QP on the link: it
