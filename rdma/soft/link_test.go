@@ -839,3 +839,46 @@ func TestHeldPostsLeaveTogether(t *testing.T) {
 		t.Errorf("%d QPs' SENDs left in %d writes, want 1", n, got)
 	}
 }
+
+// A holder may post a payload too large to copy into a batch, which
+// must wait for the writer's role, the hold's: the post returns at once
+// (the QP's sender goroutine waits), and the WRITE lands after the
+// release.
+func TestHeldLargePostLeavesAtRelease(t *testing.T) {
+	p := newIdlePair(t, 1)
+	q := p.qps[0]
+	const size = 16 << 10
+	src := register(t, p.px, size, rw)
+	dst := register(t, p.py, size, rw)
+	copy(src.Bytes(), bytes.Repeat([]byte{'h'}, size))
+	postRecv(t, q.y, rdma.RecvWR{ID: 100, SGL: sgl(q.remote, 0, 64)})
+	h := p.dx.(rdma.PostHolding)
+	posted := make(chan error, 1)
+	h.HoldPosts()
+	go func() {
+		// A small frame first, which the hold keeps (taking the role).
+		if err := q.x.PostSend([]rdma.SendWR{{ID: 2, Op: rdma.OpSend, Flags: rdma.Signaled, SGL: sgl(q.local, 0, 16)}}); err != nil {
+			posted <- err
+			return
+		}
+		posted <- q.x.PostSend([]rdma.SendWR{{ID: 3, Op: rdma.OpWrite, Flags: rdma.Signaled, SGL: sgl(src, 0, size), RemoteAddr: dst.Addr(), RKey: dst.RKey()}})
+	}()
+	select {
+	case err := <-posted:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a post of 16 KiB during a hold did not return")
+	}
+	// Both wait: the SEND in the hold, the WRITE (given to the QP's
+	// sender goroutine) for the writer's role, which the hold has.
+	expectNone(t, q.cx, 50*time.Millisecond)
+	h.ReleasePosts()
+	expectStatus(t, q.cx, 2, rdma.StatusSuccess)
+	expectStatus(t, q.cx, 3, rdma.StatusSuccess)
+	expectStatus(t, q.cy, 100, rdma.StatusSuccess)
+	if !bytes.Equal(dst.Bytes(), src.Bytes()) {
+		t.Fatal("the WRITE's bytes did not land")
+	}
+}
