@@ -100,14 +100,21 @@ func newIdlePair(t *testing.T, n int) *devicePair {
 	for i, q := range p.qps {
 		// The sender goroutine may still be giving the transmitter up
 		// after sending what was posted while the QP attached.
-		eventually(t, fmt.Sprintf("QP %d's transmitter idle", i), func() error {
-			if st := q.x.(*qp).tx.state.Load(); st != txIdle {
-				return fmt.Errorf("state %d", st)
-			}
-			return nil
-		})
+		waitTxIdle(t, q.x, fmt.Sprintf("QP %d", i))
 	}
 	return p
+}
+
+// waitTxIdle waits until q's transmitter is idle, so that its next post
+// is sent by the poster.
+func waitTxIdle(t *testing.T, q rdma.QP, name string) {
+	t.Helper()
+	eventually(t, name+"'s transmitter idle", func() error {
+		if st := q.(*qp).tx.state.Load(); st != txIdle {
+			return fmt.Errorf("state %d", st)
+		}
+		return nil
+	})
 }
 
 // readOf is a signaled 8-byte READ of q's remote slot.

@@ -87,12 +87,7 @@ func TestRecvHandlerTakesWhatOneReadBrought(t *testing.T) {
 	for i, q := range p.qps {
 		post(t, q.y, rdma.SendWR{ID: 9, Op: rdma.OpWrite, Flags: rdma.Signaled, SGL: sgl(q.remote, 192, 8), RemoteAddr: q.local.Addr() + 192, RKey: q.local.RKey()})
 		expectStatus(t, q.cy, 9, rdma.StatusSuccess)
-		eventually(t, fmt.Sprintf("QP %d's reverse transmitter idle", i), func() error {
-			if st := q.y.(*qp).tx.state.Load(); st != txIdle {
-				return fmt.Errorf("state %d", st)
-			}
-			return nil
-		})
+		waitTxIdle(t, q.y, fmt.Sprintf("QP %d's reverse", i))
 	}
 	replies := &p.qps[0].y.(*qp).out.Load().w
 	repliesBefore := replies.writes.Load()
