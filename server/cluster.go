@@ -223,6 +223,7 @@ func (s *Server) reconcile(m *clustermap.Map) {
 	}
 	states := s.st.Shards()
 	a := shardActions{activate: map[uint64][]proto.Shard{}, incoming: map[uint64][]proto.Shard{}, backup: map[uint64][]proto.Shard{}}
+	var takenAway []proto.Shard
 	for i := range proto.NumShards {
 		sh, st := proto.Shard(i), states[i]
 		info := m.Shard(sh)
@@ -248,10 +249,15 @@ func (s *Server) reconcile(m *clustermap.Map) {
 		}
 		if st.State != store.ShardNone {
 			if st.State == store.ShardOwned {
-				s.log.Warn("the map gives a shard this server serves to another: dropping it", "shard", i, "owner", info.Owner(), "since", info.Since)
+				takenAway = append(takenAway, sh)
 			}
 			a.dropFirst(sh, st)
 		}
+	}
+	if len(takenAway) > 0 {
+		// A failover or a forced removal while this server was paused or
+		// cut off: it served them until this map.
+		s.log.Warn("the map gives shards this server serves to others: dropping them", "count", len(takenAway), "epoch", m.Epoch(), "shards", shardList(takenAway))
 	}
 	if failed := s.apply(&a); !failed && m.Epoch() > s.saved.Load().Epoch() {
 		if err := s.saveMap(m); err != nil {

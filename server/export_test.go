@@ -1,6 +1,8 @@
 package server
 
 import (
+	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -70,6 +72,12 @@ func CommitAtEpoch(t *testing.T, primary *Server, backups []*Server, epoch uint6
 	return ps.call(commit)
 }
 
+// DeleteAt deletes key at s, at s's map epoch, and returns the reply.
+func DeleteAt(t *testing.T, s *Server, key []byte) proto.Message {
+	t.Helper()
+	return openSession(t, s, "").call(&proto.Delete{Key: key, Epoch: s.Map().Epoch()})
+}
+
 // OfferCommitSlot makes s offer new sessions a commit slot of n bytes on
 // their write QP (0: proto.CommitSlotSize).
 func OfferCommitSlot(s *Server, n uint32) { s.commitSlot.Store(n) }
@@ -108,3 +116,30 @@ func DropReplies(s *Server, drop func(proto.Message) bool) {
 // from the waiting. A cluster run so loses writes a failover would have
 // kept.
 func AckBeforeBackups(s *Server, on bool) { s.ackBeforeBackups.Store(on) }
+
+// HoldShardStates keeps s's store at its shard states until release:
+// s's Raft replica applies maps meanwhile, but its reconcile waits, as it
+// does for the moment after a paused process resumes with maps to apply.
+func HoldShardStates(s *Server) (release func()) {
+	s.shardMu.Lock()
+	return sync.OnceFunc(s.shardMu.Unlock)
+}
+
+// StopRenewingReadLease stops s asking for read leases, so that a
+// failover of its shards need wait only for the last one to end.
+func StopRenewingReadLease(s *Server) { s.lease.noRenew.Store(true) }
+
+// FailOver proposes, through s, the failover of shards from their
+// primary, from, to the backup to, as the map's leader does for a primary
+// that is down.
+func FailOver(ctx context.Context, s *Server, shards []proto.Shard, from, to string) (epoch uint64, err error) {
+	moves := make([]proto.MoveCommand, len(shards))
+	for i, sh := range shards {
+		moves[i] = proto.MoveCommand{Shard: sh, From: from, To: to}
+	}
+	m, err := s.propose(ctx, &proto.MapCommand{Op: proto.MapFailOver, Moves: moves})
+	if err != nil {
+		return 0, err
+	}
+	return m.Epoch(), nil
+}

@@ -354,6 +354,78 @@ func TestCommitFromANewerMapWaitsForIt(t *testing.T) {
 	}
 }
 
+// A primary paused through its failover resumes with writes queued: its
+// Raft replica applies the map that gave its shards to their backups a
+// few milliseconds before its store releases them. A commit or a delete in
+// between is refused. It was applied there, as the map named no backup to forward it
+// to, and acknowledged, and lost, as the new primary never had it: a
+// chaos run's put acknowledged 30 ms after its primary resumed, then read
+// as not found.
+func TestDeposedPrimaryRefusesCommitsBeforeItsStoreCatchesUp(t *testing.T) {
+	if testing.Short() {
+		t.Skip("two servers, 1024 shard copies and a failover")
+	}
+	c, cl, leader := replicated(t, 2, 2, func(cfg *server.Config) {
+		cfg.ReadLease = time.Second
+		cfg.MaxClockDrift = 100 * time.Millisecond
+	})
+	waitRoles(t, c, c.Map())
+	var deposed *server.Server
+	for _, s := range c.Running() {
+		if s != leader {
+			deposed = s
+		}
+	}
+	var key []byte
+	for i := 0; key == nil; i++ {
+		if k := fmt.Appendf(nil, "deposed-%d", i); c.Map().Shard(proto.ShardOf(k)).Owner() == deposed.Name() {
+			key = k
+		}
+	}
+	sh := proto.ShardOf(key)
+	if err := cl.Put(context.Background(), key, []byte("before")); err != nil {
+		t.Fatal(err)
+	}
+
+	server.StopRenewingReadLease(deposed)
+	release := server.HoldShardStates(deposed)
+	defer release()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	epoch, err := server.FailOver(ctx, leader, []proto.Shard{sh}, deposed.Name(), leader.Name())
+	if err != nil {
+		t.Fatalf("failing %v over from %s to %s: %v", sh, deposed.Name(), leader.Name(), err)
+	}
+	testcluster.WaitFor(t, 10*time.Second, "the deposed primary's replica at the failover's map", func() error {
+		if e := deposed.Map().Epoch(); e < epoch {
+			return fmt.Errorf("at epoch %d, want %d", e, epoch)
+		}
+		return nil
+	})
+	if owners := deposed.Map().Shard(sh).Owners; !slices.Equal(owners, []string{leader.Name()}) {
+		t.Fatalf("%v's owners after the failover: %v, want %s alone", sh, owners, leader.Name())
+	}
+	r := server.CommitWithCopies(t, deposed, []*server.Server{leader}, key, []byte("lost"))
+	if pe, ok := r.(*proto.Error); !ok || pe.Code != proto.CodeNotOwner {
+		t.Fatalf("a commit at the deposed primary, whose store still owns %v: %v, want a CodeNotOwner refusal", sh, r)
+	}
+	if r := server.DeleteAt(t, deposed, key); r.Type() != proto.MsgError || r.(*proto.Error).Code != proto.CodeNotOwner {
+		t.Fatalf("a delete at the deposed primary: %v, want a CodeNotOwner refusal", r)
+	}
+	release()
+
+	testcluster.WaitFor(t, 10*time.Second, "the new primary's value", func() error {
+		got, err := cl.Get(context.Background(), key)
+		if err != nil {
+			return err
+		}
+		if string(got) != "before" {
+			t.Fatalf("%s after the refused commit: %q, want %q", key, got, "before")
+		}
+		return nil
+	})
+}
+
 // The map's leader, the primary of a third of the shards, stops while a
 // writer runs, at three replicas on three servers: another voter leads,
 // fails its shards over to their backups, and every key is readable at

@@ -25,8 +25,18 @@ type forwarder struct {
 	copies []proto.ReplicaCopy // where the client wrote the record for each backup; none for a delete
 }
 
-// Forwards reports whether shard sh has backups.
-func (f *forwarder) Forwards(sh proto.Shard) bool { return f.s.Map().Holders(sh) > 1 }
+// Forwards reports whether a write to shard sh must go through Forward:
+// always, unless this server's map makes it the shard's only holder. The
+// map is Raft's, which runs ahead of the store's shard states: a primary
+// paused through its failover resumes with writes queued, and for a few
+// milliseconds its map names the new primary alone while its store still
+// owns the shard. Forward refuses such a write; applied here without a
+// forward, it was acknowledged and lost, as the new primary never had it.
+func (f *forwarder) Forwards(sh proto.Shard) bool {
+	m := f.s.Map()
+	owner, _ := m.Owner(sh)
+	return owner != f.s.cfg.Name || m.Holders(sh) > 1
+}
 
 // Forward sends w to every backup and waits for each to apply it. An
 // error is a *proto.Error: CodeBadRequest for a commit that names no copy
@@ -35,6 +45,11 @@ func (f *forwarder) Forwards(sh proto.Shard) bool { return f.s.Map().Holders(sh)
 // retry is answered once per replica by the sessions).
 func (f *forwarder) Forward(ctx context.Context, w store.Forwarded) error {
 	m := f.s.Map()
+	if err := f.notOwner(m, w.Shard); err != nil {
+		// Refused before any wait for the client's epoch: a map that
+		// gives the shard away is already ahead of this store.
+		return err
+	}
 	if m.Epoch() < f.epoch {
 		// The client's map is newer than this server's (a dead backup
 		// dropped, which the client learned of first): the copies it
@@ -48,11 +63,10 @@ func (f *forwarder) Forward(ctx context.Context, w store.Forwarded) error {
 			return &proto.Error{Code: proto.CodeShardMoving, Message: fmt.Sprintf("the commit's map is at epoch %d: %v", f.epoch, err)}
 		}
 	}
-	info := m.Shard(w.Shard)
-	if info.Owner() != f.s.cfg.Name {
-		return &proto.Error{Code: proto.CodeNotOwner, Message: fmt.Sprintf("%v is %s's at map epoch %d", w.Shard, info.Owner(), m.Epoch())}
+	if err := f.notOwner(m, w.Shard); err != nil {
+		return err
 	}
-	backups := info.Owners[1:]
+	backups := m.Shard(w.Shard).Owners[1:]
 	if len(backups) == 0 {
 		return nil // dropped since Forwards said there were some
 	}
@@ -106,6 +120,15 @@ func (f *forwarder) Forward(ctx context.Context, w store.Forwarded) error {
 	}
 	if err := errors.Join(errs...); err != nil {
 		return &proto.Error{Code: proto.CodeUnavailable, Message: err.Error()}
+	}
+	return nil
+}
+
+// notOwner refuses a write to shard sh when map m makes another server its
+// primary.
+func (f *forwarder) notOwner(m *clustermap.Map, sh proto.Shard) error {
+	if owner, _ := m.Owner(sh); owner != f.s.cfg.Name {
+		return &proto.Error{Code: proto.CodeNotOwner, Message: fmt.Sprintf("%v is %s's at map epoch %d", sh, owner, m.Epoch())}
 	}
 	return nil
 }

@@ -12,9 +12,11 @@ import (
 // Forwarder sends a primary's admitted writes to the backups of their
 // shard (docs/ARCHITECTURE.md, "Replication").
 type Forwarder interface {
-	// Forwards reports whether writes to shard sh go to backups first.
-	// It is called for every write given a Forwarder, concurrently, and
-	// must not block.
+	// Forwards reports whether writes to shard sh go through Forward
+	// first: to the shard's backups, or to be refused there (its error is
+	// the write's), as when the caller's map no longer makes this store
+	// the shard's primary. It is called for every write given a
+	// Forwarder, concurrently, and must not block.
 	Forwards(sh proto.Shard) bool
 	// Forward sends w to every backup of its shard and returns once each
 	// applied it, or with the error that stopped one. A key's writes are
