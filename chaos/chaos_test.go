@@ -23,7 +23,9 @@ import (
 	"time"
 
 	"github.com/rkv-io/rkv/client"
+	"github.com/rkv-io/rkv/clustermap"
 	"github.com/rkv-io/rkv/membership"
+	"github.com/rkv-io/rkv/proto"
 	"github.com/rkv-io/rkv/rdma"
 	_ "github.com/rkv-io/rkv/rdma/soft"
 )
@@ -466,7 +468,7 @@ func runScenario(t *testing.T, cfg runConfig, server string, nw network, netNote
 	t.Log(b.String())
 
 	if len(res.Anomalies) > 0 || len(died) > 0 || len(nemErrs) > 0 || len(schedFails) > 0 {
-		dir := saveArtifacts(t, cfg, c, ops, faults, &res)
+		dir := saveArtifacts(t, cfg, c, ops, faults, &res, fin.Client.Map(), keys)
 		t.Fatalf("chaos run failed (seed %d): %d anomalies, %d servers died, %d nemesis errors, %d schedule failures; history, visualization and server logs in %s",
 			sc.seed, len(res.Anomalies), len(died), len(nemErrs), len(schedFails), dir)
 	}
@@ -692,9 +694,10 @@ func writeFaultTable(b *strings.Builder, faults []Fault, sc scenario, nw network
 	}
 }
 
-// saveArtifacts writes the history, the faults, porcupine's visualization
-// and the server logs to a directory that outlives the test.
-func saveArtifacts(t *testing.T, cfg runConfig, c *cluster, ops []Op, faults []Fault, res *Result) string {
+// saveArtifacts writes the history, the faults, porcupine's visualization,
+// the server logs and, from the final map m, each key's shard and owners to
+// a directory that outlives the test.
+func saveArtifacts(t *testing.T, cfg runConfig, c *cluster, ops []Op, faults []Fault, res *Result, m *clustermap.Map, keys []string) string {
 	dir := saveLogs(t, cfg, c)
 	if dir == "" {
 		return "(nowhere)"
@@ -713,6 +716,25 @@ func saveArtifacts(t *testing.T, cfg runConfig, c *cluster, ops []Op, faults []F
 	}
 	if err := res.WriteVisualization(filepath.Join(dir, "linearizability.html"), faults); err != nil {
 		t.Errorf("%v", err)
+	}
+	// The shards' owners the servers' logs name, key by key: what a lost
+	// write's diagnosis starts from.
+	var owners strings.Builder
+	fmt.Fprintf(&owners, "final map: %v\n", m)
+	for _, k := range keys {
+		if !m.Bootstrapped() {
+			break
+		}
+		sh := proto.ShardOf([]byte(k))
+		info := m.Shard(sh)
+		fmt.Fprintf(&owners, "%s: %v, owners %v since epoch %d", k, sh, info.Owners, info.Since)
+		if info.Move != nil {
+			fmt.Fprintf(&owners, ", moving: %+v", *info.Move)
+		}
+		owners.WriteByte('\n')
+	}
+	if err := os.WriteFile(filepath.Join(dir, "keys.txt"), []byte(owners.String()), 0o644); err != nil {
+		t.Errorf("writing the keys' shards: %v", err)
 	}
 	return dir
 }
