@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/rkv-io/rkv/proto"
+	"github.com/rkv-io/rkv/store"
 )
 
 // Isolate cuts s off from the other servers, as a partition would, while
@@ -124,6 +125,9 @@ func HoldShardStates(s *Server) (release func()) {
 	s.shardMu.Lock()
 	return sync.OnceFunc(s.shardMu.Unlock)
 }
+
+// ShardState is what s's store holds of shard sh.
+func ShardState(s *Server, sh proto.Shard) store.ShardStatus { return s.st.ShardState(sh) }
 
 // StopRenewingReadLease stops s asking for read leases, so that a
 // failover of its shards need wait only for the last one to end.

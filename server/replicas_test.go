@@ -356,11 +356,11 @@ func TestCommitFromANewerMapWaitsForIt(t *testing.T) {
 
 // A primary paused through its failover resumes with writes queued: its
 // Raft replica applies the map that gave its shards to their backups a
-// few milliseconds before its store releases them. A commit or a delete in
-// between is refused. It was applied there, as the map named no backup to forward it
-// to, and acknowledged, and lost, as the new primary never had it: a
-// chaos run's put acknowledged 30 ms after its primary resumed, then read
-// as not found.
+// few milliseconds before its store releases them. A commit or a delete
+// in between is refused. It was applied there, as the map named no backup
+// to forward it to, and acknowledged, and lost, as the new primary never
+// had it: a chaos run's put acknowledged 30 ms after its primary resumed,
+// then read as not found.
 func TestDeposedPrimaryRefusesCommitsBeforeItsStoreCatchesUp(t *testing.T) {
 	if testing.Short() {
 		t.Skip("two servers, 1024 shard copies and a failover")
@@ -404,6 +404,9 @@ func TestDeposedPrimaryRefusesCommitsBeforeItsStoreCatchesUp(t *testing.T) {
 	})
 	if owners := deposed.Map().Shard(sh).Owners; !slices.Equal(owners, []string{leader.Name()}) {
 		t.Fatalf("%v's owners after the failover: %v, want %s alone", sh, owners, leader.Name())
+	}
+	if st := server.ShardState(deposed, sh); st.State != store.ShardOwned {
+		t.Fatalf("%v on the deposed primary's store, held: %v, want still owned", sh, st.State)
 	}
 	r := server.CommitWithCopies(t, deposed, []*server.Server{leader}, key, []byte("lost"))
 	if pe, ok := r.(*proto.Error); !ok || pe.Code != proto.CodeNotOwner {
