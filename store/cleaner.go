@@ -443,10 +443,13 @@ func (s *Store) applyRelocate(c *pendingCommit) {
 		}
 	}
 	s.mu.Unlock()
+	// Pebble current first: its batch would otherwise come before
+	// entries the log holds of earlier writes (indexlog.go).
+	flushErr := s.flushIndex()
 	b := s.db.NewBatch()
 	defer b.Close()
 	seq, journaled := s.journalNext.Load(), int64(0)
-	var errs []error
+	errs := []error{flushErr}
 	for i := range job.moves {
 		m := &job.moves[i]
 		if !m.admitted {

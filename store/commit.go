@@ -61,6 +61,8 @@ type pendingCommit struct {
 	replica bool
 	old     entry
 	had     bool
+	// logSeq is the seq of its index log entry (SyncNone).
+	logSeq uint64
 }
 
 // shortKey is the room a pending commit has for its key's copy: a key no
@@ -635,6 +637,44 @@ func (s *Store) apply(batch []*pendingCommit) {
 				ErrIndexFull, load, MaxIndexLoad, s.index.Len(), s.indexHint())
 		}
 	}
+	var err error
+	if s.logged() {
+		err = s.logBatch(batch, now)
+	} else {
+		err = s.writeBatch(batch, now)
+	}
+	if err != nil {
+		fail(err)
+		return
+	}
+	synced := time.Since(start)
+	for _, c := range batch {
+		if c.result == nil {
+			c.result = s.publish(c)
+		}
+	}
+	if s.logged() {
+		s.mu.Lock()
+		s.logPublishedLocked(batch)
+		s.mu.Unlock()
+	}
+	finish()
+	s.stats.observeBatch(len(batch), synced)
+}
+
+// readOld reads, for a backup's write, the entry it replaces: a backup's
+// keys are not indexed. (A primary sends a key's next write only once this
+// one is applied, so no two of a key share a batch.)
+func (s *Store) readOld(c *pendingCommit) (err error) {
+	if c.replica && c.result == nil {
+		c.old, c.had, err = s.entryOf(c.shard, c.key)
+	}
+	return err
+}
+
+// writeBatch writes the batch's entries, their session entries and (when
+// journaled) their records into Pebble, under the sync policy.
+func (s *Store) writeBatch(batch []*pendingCommit, now int64) error {
 	b := s.db.NewBatch()
 	defer b.Close()
 	s.mu.Lock()
@@ -645,13 +685,7 @@ func (s *Store) apply(batch []*pendingCommit) {
 	}
 	seq, journaled := s.journalNext.Load(), int64(0)
 	for _, c := range batch {
-		var err error
-		if c.replica && c.result == nil {
-			// Not indexed: the entry says what the write replaces. (A
-			// primary sends a key's next write only once this one is
-			// applied, so no two of a key share a batch.)
-			c.old, c.had, err = s.entryOf(c.shard, c.key)
-		}
+		err := s.readOld(c)
 		switch {
 		case c.result != nil:
 			continue
@@ -675,30 +709,36 @@ func (s *Store) apply(batch []*pendingCommit) {
 			err = op.Finish()
 		}
 		if err != nil {
-			fail(err)
-			return
+			return err
 		}
 	}
 	if s.testHookApply != nil {
 		s.testHookApply()
 	}
 	if err := s.brokenErr(); err != nil {
-		fail(err) // write nothing more
-		return
+		return err // write nothing more
 	}
 	if err := s.commitBatch(b); err != nil {
-		fail(err)
-		return
+		return err
 	}
-	synced := time.Since(start)
 	s.journalWritten(seq, journaled)
+	return nil
+}
+
+// logBatch appends the batch's entries to the index log (SyncNone).
+func (s *Store) logBatch(batch []*pendingCommit, now int64) error {
 	for _, c := range batch {
-		if c.result == nil {
-			c.result = s.publish(c)
+		if err := s.readOld(c); err != nil {
+			return err
 		}
 	}
-	finish()
-	s.stats.observeBatch(len(batch), synced)
+	if s.testHookApply != nil {
+		s.testHookApply()
+	}
+	if err := s.brokenErr(); err != nil {
+		return err
+	}
+	return s.logCommits(batch, now)
 }
 
 // sessionRecord is what c's session entry says once c is applied.
@@ -755,6 +795,10 @@ func (s *Store) publish(c *pendingCommit) error {
 		if old, had, err = s.index.Put(c.key, c.entry.loc); err != nil {
 			c.arena.setState(c.entry.loc.Offset, proto.RecordDead)
 		}
+	}
+	if err != nil && s.logged() {
+		s.logVoided(c)
+		return err
 	}
 	if err != nil {
 		// Undo the durable entry (and session entry) so the next start

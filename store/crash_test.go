@@ -105,6 +105,9 @@ func testSurviveKill9(t *testing.T, sync SyncPolicy) {
 	opts := crashOptions(dir, sync)
 	sv := newServer(t, opts)
 	waitArenas(t, sv.s, opts.ArenaCount)
+	if sync == SyncNone && sv.s.logReplayed == 0 {
+		t.Errorf("the start after the last kill replayed nothing of the index log: the commits did not go through it")
+	}
 	c := newClient(t, sv)
 	for k, v := range acked {
 		got, ok := c.mustGet([]byte(k))

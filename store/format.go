@@ -30,6 +30,7 @@ var ErrFormat = errors.New("store: data directory of another format")
 //	"m/format"                 -> le64(Format)
 //	"m/generation"             -> le64(generation)
 //	"m/shard/" be16(shard)     -> shard record; absent for ShardNone
+//	"m/index-log"              -> how far the index log is flushed (indexlog.go)
 var (
 	keyPrefix     = []byte{'k'}
 	keyEnd        = []byte{'k' + 1}
@@ -49,9 +50,11 @@ var (
 func dataKey(key []byte) []byte { return shardDataKey(proto.ShardOf(key), key) }
 
 func shardDataKey(sh proto.Shard, key []byte) []byte {
-	b := make([]byte, dataKeyPrefixN, dataKeyPrefixN+len(key))
-	b[0] = 'k'
-	binary.BigEndian.PutUint16(b[1:], uint16(sh))
+	return appendDataKey(make([]byte, 0, dataKeyPrefixN+len(key)), sh, key)
+}
+
+func appendDataKey(b []byte, sh proto.Shard, key []byte) []byte {
+	b = binary.BigEndian.AppendUint16(append(b, 'k'), uint16(sh))
 	return append(b, key...)
 }
 

@@ -8,8 +8,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/cockroachdb/pebble/v2"
-
 	"github.com/rkv-io/rkv/proto"
 )
 
@@ -147,16 +145,11 @@ func (s *Store) Ingest(ctx context.Context, sh proto.Shard, records [][]byte, se
 	// The entries they replace: nothing else writes an Incoming shard's
 	// entries, and its operations lock is held.
 	current := func(key []byte) (*entry, error) {
-		v, closer, err := s.db.Get(dataKey(key))
-		if errors.Is(err, pebble.ErrNotFound) {
-			return nil, nil
-		}
-		if err != nil {
+		e, ok, err := s.entryOf(proto.ShardOf(key), key)
+		if !ok || err != nil {
 			return nil, err
 		}
-		defer closer.Close()
-		e, err := decodeEntry(v)
-		return &e, err
+		return &e, nil
 	}
 	for _, r := range recs {
 		if r.rec == nil {
@@ -262,6 +255,9 @@ func (s *Store) applyIngest(c *pendingCommit) {
 		c.signal()
 		s.inflight.Done()
 	}()
+	// Pebble current first: its batch would otherwise come before
+	// entries the log holds of earlier writes (indexlog.go).
+	flushErr := s.flushIndex()
 	b := s.db.NewBatch()
 	defer b.Close()
 	s.mu.Lock()
@@ -271,7 +267,7 @@ func (s *Store) applyIngest(c *pendingCommit) {
 		_ = b.Delete(k, nil)
 	}
 	seq, journaled := s.journalNext.Load(), int64(0)
-	var errs []error
+	errs := []error{flushErr}
 	for _, p := range job.puts {
 		errs = append(errs, b.Set(dataKey(p.key), p.entry.encode(), nil))
 		if s.journaled() {

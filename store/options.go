@@ -141,6 +141,13 @@ type Options struct {
 	// 16 MiB.
 	CheckpointInterval time.Duration
 	CheckpointBytes    int64
+	// IndexLogSize and IndexFlushInterval size the index log of SyncNone
+	// (indexlog.go): the file commits append their index entries to, and
+	// how often those are written into Pebble, which a full log also
+	// forces. A longer interval writes a key updated often fewer times.
+	// Defaults 32 MiB (at least 1 MiB) and 100ms.
+	IndexLogSize       int64
+	IndexFlushInterval time.Duration
 	// SessionTTL is how long the last write of an idempotency session is
 	// remembered, and MaxSessions how many (shard, session) entries are
 	// at most (the oldest beyond it are forgotten early, which
@@ -238,6 +245,12 @@ func (o Options) withDefaults() (Options, error) {
 	if o.CheckpointBytes == 0 {
 		o.CheckpointBytes = 16 << 20
 	}
+	if o.IndexLogSize == 0 {
+		o.IndexLogSize = 32 << 20
+	}
+	if o.IndexFlushInterval == 0 {
+		o.IndexFlushInterval = 100 * time.Millisecond
+	}
 	if o.SessionTTL == 0 {
 		o.SessionTTL = 10 * time.Minute
 	}
@@ -275,6 +288,8 @@ func (o Options) withDefaults() (Options, error) {
 		return o, fmt.Errorf("store: MaxValueLen %d with MaxKeyLen %d does not fit a %d-byte lease", o.MaxValueLen, o.MaxKeyLen, o.LeaseSize)
 	case o.CheckpointInterval < 0 || o.CheckpointBytes < 0:
 		return o, fmt.Errorf("store: CheckpointInterval %v, CheckpointBytes %d: must not be negative", o.CheckpointInterval, o.CheckpointBytes)
+	case o.IndexLogSize < 1<<20 || o.IndexLogSize%4096 != 0 || o.IndexFlushInterval < 0:
+		return o, fmt.Errorf("store: IndexLogSize %d, IndexFlushInterval %v: the size must be a multiple of 4096, at least 1 MiB, and the interval not negative", o.IndexLogSize, o.IndexFlushInterval)
 	case o.SessionTTL < 0 || o.MaxSessions < 0:
 		return o, fmt.Errorf("store: SessionTTL %v, MaxSessions %d: must not be negative", o.SessionTTL, o.MaxSessions)
 	case o.Sync < SyncAlways || o.Sync > SyncNone:

@@ -45,6 +45,9 @@ func (s *Store) Scan(shards []proto.Shard, start, end []byte, limit int) ([]Scan
 	if end != nil && bytes.Compare(start, end) >= 0 {
 		return nil, nil
 	}
+	if err := s.flushIndex(); err != nil { // every commit acknowledged so far
+		return nil, err
+	}
 	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: keyPrefix, UpperBound: keyEnd})
 	if err != nil {
 		return nil, err
@@ -217,6 +220,9 @@ func (s *Store) ShardEntries(sh proto.Shard, after []byte, limit int) (entries [
 	lower := shardLower(sh)
 	if after != nil {
 		lower = shardDataKey(sh, append(append([]byte(nil), after...), 0))
+	}
+	if err := s.flushIndex(); err != nil {
+		return nil, false, err
 	}
 	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: lower, UpperBound: shardUpper(sh)})
 	if err != nil {

@@ -505,6 +505,9 @@ func (s *Store) unindexShard(sh proto.Shard) (int, error) {
 // eachEntry calls f for each entry of shard sh, in key order; key is only
 // valid during the call.
 func (s *Store) eachEntry(sh proto.Shard, f func(key []byte, e entry) error) error {
+	if err := s.flushIndex(); err != nil {
+		return err
+	}
 	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: shardLower(sh), UpperBound: shardUpper(sh)})
 	if err != nil {
 		return err

@@ -25,6 +25,10 @@ type statsCounters struct {
 	segmentsCleaned atomic.Uint64 // emptied by the cleaner
 	cleanerMoved    atomic.Uint64 // record bytes the cleaner copied
 	indexGrowths    atomic.Uint64
+	indexFlushes    atomic.Uint64
+	indexFlushed    atomic.Uint64 // entries written by flushes
+	indexFlushTime  atomic.Int64  // ns
+	indexLogFull    atomic.Uint64
 }
 
 func (c *statsCounters) observeBatch(n int, took time.Duration) {
@@ -58,6 +62,13 @@ type Stats struct {
 	IndexSlots   uint64
 	IndexMoves   uint64
 	IndexGrowths uint64
+	// Under SyncNone, the index log's flushes into Pebble, the entries
+	// they wrote (fewer than the commits logged when keys repeat), their
+	// summed time, and the flushes a full log forced on a commit (raise
+	// IndexLogSize if this grows).
+	IndexFlushes, IndexFlushedEntries uint64
+	IndexFlushTime                    time.Duration
+	IndexLogFull                      uint64
 	// Space, over all arenas: bytes of current records, bytes nothing
 	// reads any more (the cleaner's work), and bytes free for leases, of
 	// Capacity; segments free of all; and what it took: leases refused
@@ -102,6 +113,8 @@ func (s *Store) Stats() Stats {
 		Checkpoints: s.stats.checkpoints.Load(), Duplicates: s.stats.duplicates.Load(),
 		IndexLoad: s.index.LoadFactor(), IndexSlots: s.index.Geometry().Slots, IndexMoves: s.index.Moves(),
 		IndexGrowths: s.stats.indexGrowths.Load(), Opened: s.opened,
+		IndexFlushes: s.stats.indexFlushes.Load(), IndexFlushedEntries: s.stats.indexFlushed.Load(),
+		IndexFlushTime: time.Duration(s.stats.indexFlushTime.Load()), IndexLogFull: s.stats.indexLogFull.Load(),
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()

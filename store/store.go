@@ -121,8 +121,21 @@ type Store struct {
 	journalNext  atomic.Uint64
 	journalBytes atomic.Int64
 	journalFull  chan struct{}
-	stop         chan struct{}
-	wg           sync.WaitGroup
+	// The index log (indexlog.go), under SyncNone only: ilog is nil
+	// otherwise. pending holds what was published since the last flush
+	// began, flushing what a flush is writing; logEnd is where the log
+	// ended when pending was last added to; keyBuf builds their keys.
+	// All guarded by mu; flushMu serializes the flushes, indexHalf asks
+	// for one.
+	ilog              *indexLog
+	logReplayed       int // entries the last Open replayed
+	pending, flushing pendingIndex
+	logEnd            logPos
+	keyBuf            []byte
+	flushMu           sync.Mutex
+	indexHalf         chan struct{}
+	stop              chan struct{}
+	wg                sync.WaitGroup
 
 	stats statsCounters
 
@@ -158,6 +171,7 @@ func Open(ctx context.Context, pd rdma.PD, registrar *rdma.Registrar, opts Optio
 		ready:       make(chan ArenaInfo, int64(opts.MaxArenaCount)*opts.UnitsPerArena()),
 		kick:        make(chan struct{}, 1),
 		journalFull: make(chan struct{}, 1),
+		indexHalf:   make(chan struct{}, 1),
 		stop:        make(chan struct{}),
 		sess:        newSessionTable(opts.SessionTTL, opts.MaxSessions),
 		cleaner:     cleanerState{kick: make(chan struct{}, 1)},
@@ -241,6 +255,9 @@ func (s *Store) open(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if s.logReplayed, err = s.openIndex(); err != nil {
+		return err
+	}
 	if err := s.loadShards(); err != nil {
 		return err
 	}
@@ -269,7 +286,7 @@ func (s *Store) open(ctx context.Context) error {
 	}
 	s.log.Info("store opened", "dir", opts.Dir, "keys", keys, "shards_owned", owned, "sessions", s.sess.byAge.Len(),
 		"arenas", opts.ArenaCount, "arena_bytes", opts.ArenaSize,
-		"generation", s.generation, "sync", opts.Sync, "journal_replayed", replayed, "took", time.Since(start))
+		"generation", s.generation, "sync", opts.Sync, "journal_replayed", replayed, "index_log_replayed", s.logReplayed, "took", time.Since(start))
 	s.wg.Add(1)
 	go s.commitLoop()
 	if s.journaled() {
@@ -279,6 +296,10 @@ func (s *Store) open(ctx context.Context) error {
 	if opts.Sync == SyncBatch {
 		s.wg.Add(1)
 		go s.syncLoop()
+	}
+	if s.logged() {
+		s.wg.Add(1)
+		go s.indexFlushLoop()
 	}
 	s.wg.Add(1)
 	go s.cleanLoop()
@@ -524,6 +545,9 @@ func (s *Store) close(checkpoint bool) error {
 		// A clean stop leaves nothing to replay.
 		errs = append(errs, s.checkpoint(s.journalNext.Load(), pebble.Sync))
 	}
+	if checkpoint {
+		errs = append(errs, s.flushIndex())
+	}
 	for _, l := range leases {
 		_ = l.region.reg.Release()
 	}
@@ -542,6 +566,9 @@ func (s *Store) closeResources() error {
 	for _, a := range s.arenaList() {
 		errs = append(errs, a.close())
 	}
+	if s.ilog != nil {
+		errs = append(errs, s.ilog.close())
+	}
 	if s.db != nil {
 		errs = append(errs, s.db.Close())
 	}
@@ -559,8 +586,9 @@ type entry struct {
 
 const entrySize = 1 + 2 + 8 + 4 + 8
 
-func (e entry) encode() []byte {
-	b := make([]byte, 0, entrySize)
+func (e entry) encode() []byte { return e.append(make([]byte, 0, entrySize)) }
+
+func (e entry) append(b []byte) []byte {
 	b = append(b, 1) // format
 	b = binary.LittleEndian.AppendUint16(b, e.loc.Arena)
 	b = binary.LittleEndian.AppendUint64(b, e.loc.Offset)

@@ -38,6 +38,7 @@ type options struct {
 	SegmentSize         int64
 	RegistrationUnit    int64
 	Sync                string
+	IndexLogSize        int64
 	RegistrationWorkers int
 	Provider            string
 	Device              string
@@ -168,6 +169,7 @@ func newFlagSet(o *options) *pflag.FlagSet {
 	fs.Var(newSize(&o.SegmentSize, 0), "segment-size", "unit the arenas are carved and cleaned in, a multiple of 4KiB and at least --lease-size (0: 4 leases, or one when that does not divide --arena-size); keep it across restarts")
 	fs.Var(newSize(&o.RegistrationUnit, 0), "registration-unit", "how much of an arena one memory registration covers, each advertised on its own so that the first serves while the rest are pinned; a multiple of --segment-size; beyond --arena-size, arenas register whole (0: 128MiB in whole segments)")
 	fs.StringVar(&o.Sync, "sync", "always", "durability: always (fsync before ack), batch (every 10ms), none (written out before ack, never synced: survives a process crash, not a machine crash)")
+	fs.Var(newSize(&o.IndexLogSize, 32<<20), "index-log-size", "under --sync none, the file commits log their index entries to until they are written into the index in the background, a multiple of 4KiB, at least 1MiB; if rkv_index_log_full_total grows, raise it")
 	fs.IntVar(&o.RegistrationWorkers, "registration-workers", 0, "memory registrations run at once (0: min(4, GOMAXPROCS))")
 	fs.StringVar(&o.Provider, "provider", "auto", "RDMA provider: auto (verbs if compiled in and a device exists, else soft), soft, verbs")
 	fs.StringVar(&o.Device, "device", "", "RDMA device name (default: the provider's first device)")
@@ -357,6 +359,9 @@ func (o *options) validate() error {
 	}
 	if o.MaxIndexSlots&(o.MaxIndexSlots-1) != 0 || o.MaxIndexSlots < o.IndexSlots {
 		return fmt.Errorf("--max-index-slots %d: must be a power of two, at least --index-slots %d", o.MaxIndexSlots, o.IndexSlots)
+	}
+	if o.IndexLogSize < 1<<20 || o.IndexLogSize%4096 != 0 {
+		return fmt.Errorf("--index-log-size %d: must be a multiple of 4KiB, at least 1MiB", o.IndexLogSize)
 	}
 	if o.MaxSessions < 1 {
 		return fmt.Errorf("--max-sessions %d: must be at least 1", o.MaxSessions)

@@ -101,6 +101,7 @@ func run(args []string, environ []string, stdout, stderr io.Writer, sigs <-chan 
 			LeaseSize:        o.LeaseSize,
 			SegmentSize:      o.SegmentSize,
 			Sync:             o.syncMode,
+			IndexLogSize:     o.IndexLogSize,
 			RegistrationUnit: o.RegistrationUnit,
 		},
 		Membership: membership.Config{

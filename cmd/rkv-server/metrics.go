@@ -31,6 +31,7 @@ type collector struct {
 	commits, commitsRejected, deletes, batches, syncSeconds           *prometheus.Desc
 	keys, indexLoad, indexMoves, indexSlots, indexGrowths             *prometheus.Desc
 	sessions, sessionsEvictedEarly                                    *prometheus.Desc
+	indexFlushes, indexFlushed, indexFlushSeconds, indexLogFull       *prometheus.Desc
 	handled, refused, connections, generation                         *prometheus.Desc
 	commitsOnQP, forwardsOnQP, qpCommitBatches, readLeasesRefused     *prometheus.Desc
 	catchUpShards, catchUpKeys, catchUpBytes, catchUpSeconds          *prometheus.Desc
@@ -74,6 +75,10 @@ func newCollector(srv *server.Server) *collector {
 		indexMoves:           d("index_moves_total", "Hopscotch displacements."),
 		indexSlots:           d("index_slots", "Home slots of the hash index (it doubles while serving)."),
 		indexGrowths:         d("index_growths_total", "Times the hash index grew while serving."),
+		indexFlushes:         d("index_log_flushes_total", "Under --sync none, the index log's flushes into the index's Pebble."),
+		indexFlushed:         d("index_log_flushed_entries_total", "Entries the index log's flushes wrote: fewer than the commits logged when keys are written again between flushes."),
+		indexFlushSeconds:    d("index_log_flush_seconds_total", "Time the index log's flushes took."),
+		indexLogFull:         d("index_log_full_total", "Commits that waited for a flush because the index log was full. If it grows, raise --index-log-size."),
 		sessions:             d("idempotency_sessions", "Idempotency entries held: the last write of each (shard, writer session), for answering retries."),
 		sessionsEvictedEarly: d("idempotency_sessions_evicted_early_total", "Idempotency entries dropped before their TTL because the table was full: a retry of their write would apply twice. If it grows, raise --max-sessions."),
 		handled:              d("control_requests_total", "Control RPC requests handled, by type (a backup's forwarded commits and deletes among them).", "type"),
@@ -159,6 +164,10 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.indexMoves, float64(st.IndexMoves))
 	gauge(c.indexSlots, float64(st.IndexSlots))
 	counter(c.indexGrowths, float64(st.IndexGrowths))
+	counter(c.indexFlushes, float64(st.IndexFlushes))
+	counter(c.indexFlushed, float64(st.IndexFlushedEntries))
+	counter(c.indexFlushSeconds, st.IndexFlushTime.Seconds())
+	counter(c.indexLogFull, float64(st.IndexLogFull))
 	gauge(c.sessions, float64(st.Sessions))
 	counter(c.sessionsEvictedEarly, float64(st.SessionsEvictedEarly))
 

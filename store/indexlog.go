@@ -1,0 +1,612 @@
+// The index log: under SyncNone, commits reach Pebble in the background; a log in a shared mapping keeps them across a process crash.
+
+package store
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+	"golang.org/x/sys/unix"
+
+	"github.com/rkv-io/rkv/proto"
+)
+
+// Under SyncNone a commit promises only that a process crash loses
+// nothing. Writing each commit's index and session entries into Pebble's
+// memtable, and handing the batch to Pebble's WAL writer, was the largest
+// cost of a PUT there (docs/ARCHITECTURE.md). So the writer instead
+// appends one entry per commit to this log, a file mapped MAP_SHARED (a
+// store into it is in the page cache, which outlives the process, without
+// a system call), and notes the key and session as pending. A flush
+// (flushIndex), every Options.IndexFlushInterval or when the log fills,
+// writes what is pending into Pebble in one batch: a key written many
+// times between two flushes costs one entry, a session one entry however
+// many writes it made. The batch also records how far the log is flushed
+// (metaIndexLogKey), so the next Open replays what follows, in order,
+// into Pebble before anything reads it.
+//
+// Everything else that reads or writes keys' entries in Pebble (scans, a
+// shard's listing and drop, Ingest, the cleaner's relocations, freeing
+// segments) flushes first: Pebble is then current, and no replay crosses
+// a write made outside the log. A commit's entry is appended before the
+// commit is published (nothing reads it before it could be replayed);
+// one whose publication then fails is voided by a later entry.
+//
+// A machine crash may lose what the page cache held: the log's entries
+// carry a checksum, the store's generation and a sequence number, and the
+// replay stops at the first that does not follow, and skips a put whose
+// record did not survive. SyncNone allows a machine crash to lose recent
+// writes.
+
+const (
+	indexLogName = "index.log"
+	// logHeaderSize is an entry's fixed part; a pad takes its first
+	// logPadMin bytes only, and less room than that at the end of the log
+	// wraps without one.
+	logHeaderSize = 80
+	logPadMin     = 32
+)
+
+// Entry kinds.
+const (
+	logPut    = 1
+	logDelete = 2
+	logPad    = 3 // the rest of the log is unused: the next entry is at 0
+	logVoid   = 4 // the entry of seq target did not take effect
+)
+
+const logHasSession = 1
+
+// logEntry is one log entry, decoded.
+type logEntry struct {
+	seq     uint64
+	kind    byte
+	shard   proto.Shard
+	key     []byte // aliases the log when decoded
+	loc     proto.Location
+	version uint64 // a put's; a void's target seq
+	session uint64 // 0: none
+	wseq    uint64
+	time    int64
+}
+
+// logPos is a place in the log: the entry seq starts total bytes (pads
+// included) into the log's life in generation gen; its offset in the
+// file is total modulo the log's size.
+type logPos struct {
+	gen, seq, total uint64
+}
+
+func (p logPos) encode() []byte {
+	b := binary.LittleEndian.AppendUint64([]byte{1}, p.gen)
+	b = binary.LittleEndian.AppendUint64(b, p.seq)
+	return binary.LittleEndian.AppendUint64(b, p.total)
+}
+
+func decodeLogPos(b []byte) (logPos, error) {
+	if len(b) != 25 || b[0] != 1 {
+		return logPos{}, fmt.Errorf("store: index log position of %d bytes: corrupt or from a newer version", len(b))
+	}
+	return logPos{binary.LittleEndian.Uint64(b[1:]), binary.LittleEndian.Uint64(b[9:]), binary.LittleEndian.Uint64(b[17:])}, nil
+}
+
+// indexLog is the mapped file. Its writer is the store's writer (or Open);
+// flushed is guarded by Store.mu.
+type indexLog struct {
+	file    *os.File
+	mem     []byte
+	next    logPos // where the writer appends
+	flushed uint64 // total: the entries before it are in Pebble
+}
+
+func openIndexLog(dir string, size int64) (*indexLog, error) {
+	path := filepath.Join(dir, indexLogName)
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("store: index log: %w", err)
+	}
+	st, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("store: index log: %w", err)
+	}
+	if st.Size() != size {
+		// A log of another size (IndexLogSize changed) is replayed at its
+		// own size first: see replayIndexLog.
+		if st.Size() == 0 {
+			err = unix.Fallocate(int(f.Fd()), 0, 0, size)
+		} else {
+			size = st.Size()
+		}
+		if err != nil {
+			f.Close()
+			os.Remove(path)
+			return nil, fmt.Errorf("store: index log %s: reserving %d bytes: %w", path, size, err)
+		}
+	}
+	if size < logHeaderSize*16 || size%8 != 0 {
+		f.Close()
+		return nil, fmt.Errorf("store: index log %s is %d bytes: corrupt (want a multiple of 8, at least %d); move it away only if the store was stopped cleanly", path, size, logHeaderSize*16)
+	}
+	mem, err := unix.Mmap(int(f.Fd()), 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("store: mapping the index log %s: %w", path, err)
+	}
+	return &indexLog{file: f, mem: mem}, nil
+}
+
+func (l *indexLog) close() error {
+	return errors.Join(unix.Munmap(l.mem), l.file.Close())
+}
+
+func (l *indexLog) size() uint64 { return uint64(len(l.mem)) }
+
+// logEntrySize is the bytes an entry with a key of n bytes takes.
+func logEntrySize(n int) int { return (logHeaderSize + n + 7) &^ 7 }
+
+// free is the room left before the entries not yet flushed.
+func (l *indexLog) free(flushed uint64) uint64 { return l.size() - (l.next.total - flushed) }
+
+// append writes e at the log's end, with the next seq, which it returns.
+// The caller made room for it (and a wrap's waste).
+func (l *indexLog) append(e *logEntry) uint64 {
+	n := logEntrySize(len(e.key))
+	if off := l.next.total % l.size(); off+uint64(n) > l.size() {
+		if rest := l.size() - off; rest >= logPadMin {
+			l.put(off, &logEntry{seq: l.next.seq, kind: logPad}, int(rest))
+			l.next.seq++
+		}
+		l.next.total += l.size() - off
+	}
+	e.seq = l.next.seq
+	l.put(l.next.total%l.size(), e, n)
+	l.next.seq++
+	l.next.total += uint64(n)
+	return e.seq
+}
+
+// put encodes e, of n bytes (a pad's header only), at off.
+func (l *indexLog) put(off uint64, e *logEntry, n int) {
+	b := l.mem[off : off+uint64(max(n, logPadMin))]
+	if e.kind == logPad {
+		b = b[:logPadMin]
+	}
+	le := binary.LittleEndian
+	le.PutUint32(b[4:], uint32(n))
+	le.PutUint64(b[8:], l.next.gen)
+	le.PutUint64(b[16:], e.seq)
+	b[24] = e.kind
+	if e.kind != logPad {
+		flags := byte(0)
+		if e.session != 0 {
+			flags = logHasSession
+		}
+		b[25] = flags
+		le.PutUint16(b[26:], uint16(e.shard))
+		le.PutUint16(b[28:], uint16(len(e.key)))
+		le.PutUint16(b[30:], e.loc.Arena)
+		le.PutUint64(b[32:], e.loc.Offset)
+		le.PutUint32(b[40:], e.loc.Length)
+		le.PutUint32(b[44:], 0)
+		le.PutUint64(b[48:], e.version)
+		le.PutUint64(b[56:], e.session)
+		le.PutUint64(b[64:], e.wseq)
+		le.PutUint64(b[72:], uint64(e.time))
+		clear(b[logHeaderSize+copy(b[logHeaderSize:], e.key):])
+	} else {
+		clear(b[25:])
+	}
+	le.PutUint32(b[0:], crc32.Checksum(b[4:], castagnoli))
+}
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// read decodes the entry at pos, which must be generation gen's seq, or
+// reports false: the log ends there.
+func (l *indexLog) read(pos logPos) (e logEntry, n int, ok bool) {
+	off := pos.total % l.size()
+	if l.size()-off < logPadMin {
+		return logEntry{kind: logPad}, int(l.size() - off), true // a wrap without a pad
+	}
+	b := l.mem[off:]
+	le := binary.LittleEndian
+	n = int(le.Uint32(b[4:]))
+	switch {
+	case n < logPadMin || n%8 != 0 || uint64(n) > l.size()-off:
+		return e, 0, false
+	case le.Uint64(b[8:]) != pos.gen || le.Uint64(b[16:]) != pos.seq:
+		return e, 0, false
+	}
+	e.seq, e.kind = pos.seq, b[24]
+	body := b[4:n]
+	if e.kind == logPad {
+		body = b[4:logPadMin]
+	} else if n < logHeaderSize {
+		return e, 0, false
+	}
+	if le.Uint32(b[0:]) != crc32.Checksum(body, castagnoli) {
+		return e, 0, false
+	}
+	if e.kind == logPad {
+		return e, n, true
+	}
+	keyLen := int(le.Uint16(b[28:]))
+	if logEntrySize(keyLen) != n {
+		return e, 0, false
+	}
+	e.shard = proto.Shard(le.Uint16(b[26:]))
+	e.key = b[logHeaderSize : logHeaderSize+keyLen]
+	e.loc = proto.Location{Arena: le.Uint16(b[30:]), Offset: le.Uint64(b[32:]), Length: le.Uint32(b[40:])}
+	e.version = le.Uint64(b[48:])
+	if b[25]&logHasSession != 0 {
+		e.session = le.Uint64(b[56:])
+	}
+	e.wseq = le.Uint64(b[64:])
+	e.time = int64(le.Uint64(b[72:]))
+	switch {
+	case e.kind != logPut && e.kind != logDelete && e.kind != logVoid:
+		return e, 0, false
+	case e.kind != logVoid && (e.shard >= proto.NumShards || keyLen == 0 || proto.ShardOf(e.key) != e.shard):
+		return e, 0, false
+	}
+	return e, n, true
+}
+
+var metaIndexLogKey = []byte("m/index-log")
+
+// pendingIndex is what the log holds that Pebble does not yet: the last
+// entry of each key written (by Pebble data key), and the sessions that
+// applied writes (their records are the session table's).
+type pendingIndex struct {
+	data     map[string]*pendingEntry // pointers: a key written again is updated in place, allocating nothing
+	sessions map[sessKey]struct{}
+}
+
+type pendingEntry struct {
+	e       entry
+	deleted bool
+}
+
+func newPendingIndex() pendingIndex {
+	return pendingIndex{data: map[string]*pendingEntry{}, sessions: map[sessKey]struct{}{}}
+}
+
+func (p pendingIndex) empty() bool { return len(p.data) == 0 && len(p.sessions) == 0 }
+
+// logged reports whether the store keeps its index entries through the
+// log (SyncNone).
+func (s *Store) logged() bool { return s.ilog != nil }
+
+// openIndex replays the index log into Pebble, if there is one, and
+// starts the log afresh when the store runs under SyncNone. Open calls it
+// before reading any entry: after the generation is bumped and the arenas
+// are mapped, before loadSessions and rebuild.
+func (s *Store) openIndex() (int, error) {
+	path := filepath.Join(s.opts.Dir, indexLogName)
+	_, statErr := os.Stat(path)
+	if s.opts.Sync != SyncNone && errors.Is(statErr, os.ErrNotExist) {
+		return 0, nil
+	}
+	l, err := openIndexLog(s.opts.Dir, s.opts.IndexLogSize)
+	if err != nil {
+		return 0, err
+	}
+	b := s.db.NewBatch()
+	defer b.Close()
+	n, err := s.replayIndexLog(l, b)
+	// The log starts again at its beginning, in this generation: the
+	// replayed entries and the new position in one batch, before the
+	// file is touched.
+	next := logPos{gen: s.generation}
+	if err == nil {
+		err = b.Set(metaIndexLogKey, next.encode(), nil)
+	}
+	if err == nil {
+		if err = b.Commit(pebble.Sync); err != nil {
+			err = fmt.Errorf("store: writing the replayed index log: %w", err)
+		}
+	}
+	if err != nil {
+		l.close()
+		return n, err
+	}
+	if s.opts.Sync != SyncNone || l.size() != uint64(s.opts.IndexLogSize) {
+		// Not logging, or at another size (IndexLogSize changed).
+		if err := errors.Join(l.close(), os.Remove(path)); err != nil {
+			return n, fmt.Errorf("store: removing the replayed index log: %w", err)
+		}
+		if s.opts.Sync != SyncNone {
+			return n, nil
+		}
+		if l, err = openIndexLog(s.opts.Dir, s.opts.IndexLogSize); err != nil {
+			return n, err
+		}
+	}
+	l.next = next
+	s.ilog = l
+	s.pending, s.flushing = newPendingIndex(), newPendingIndex()
+	return n, nil
+}
+
+// replayIndexLog adds to b, in order, the effects of the entries past the
+// recorded position, and returns how many it replayed.
+func (s *Store) replayIndexLog(l *indexLog, b *pebble.Batch) (int, error) {
+	v, closer, err := s.db.Get(metaIndexLogKey)
+	if errors.Is(err, pebble.ErrNotFound) {
+		return 0, nil // never logged
+	}
+	if err != nil {
+		return 0, fmt.Errorf("store: reading the index log's position: %w", err)
+	}
+	pos, err := decodeLogPos(v)
+	closer.Close()
+	if err != nil {
+		return 0, err
+	}
+	entries, voided := l.entriesFrom(pos)
+	n, lost := 0, 0
+	for _, e := range entries {
+		if voided[e.seq] {
+			continue
+		}
+		r := sessionRecord{seq: e.wseq, time: e.time}
+		if e.kind == logPut {
+			if !s.holdsRecord(e) {
+				lost++ // a machine crash's: SyncNone may lose recent writes
+				continue
+			}
+			r.version, r.loc = e.version, e.loc
+			if err := b.Set(shardDataKey(e.shard, e.key), entry{loc: e.loc, version: e.version}.encode(), nil); err != nil {
+				return n, err
+			}
+		} else if err := b.Delete(shardDataKey(e.shard, e.key), nil); err != nil {
+			return n, err
+		}
+		if e.session != 0 {
+			if err := b.Set(sessionKey(e.shard, e.session), r.encode(), nil); err != nil {
+				return n, err
+			}
+		}
+		n++
+	}
+	if lost > 0 {
+		s.log.Warn("the index log names records the arenas do not hold: their writes are lost, as a machine crash under sync none may lose recent writes",
+			"records", lost)
+	}
+	return n, nil
+}
+
+// entriesFrom decodes the log's puts and deletes from pos on, in order, up
+// to the first place that does not hold pos's successor, and the seqs of
+// the entries voided.
+func (l *indexLog) entriesFrom(pos logPos) (entries []logEntry, voided map[uint64]bool) {
+	voided = map[uint64]bool{}
+	for read := uint64(0); read < l.size(); {
+		e, n, ok := l.read(pos)
+		if !ok {
+			break
+		}
+		if e.kind != logPad || n >= logPadMin {
+			pos.seq++
+		}
+		pos.total += uint64(n)
+		read += uint64(n)
+		switch e.kind {
+		case logVoid:
+			voided[e.version] = true
+		case logPut, logDelete:
+			entries = append(entries, e)
+		}
+	}
+	return entries, voided
+}
+
+// holdsRecord reports whether the arenas hold put e's record, intact.
+func (s *Store) holdsRecord(e logEntry) bool {
+	if s.checkLocation(e.key, e.loc) != nil {
+		return false
+	}
+	rec, err := s.arena(e.loc.Arena).record(e.loc)
+	if err != nil {
+		return false
+	}
+	r, err := proto.ParseRecord(rec)
+	return err == nil && r.Version == e.version && string(r.Key) == string(e.key)
+}
+
+// logCommits appends the entries of the batch's commits about to be
+// published. It first makes room for them all, and for a void of each:
+// an entry appended stays. The writer calls it.
+func (s *Store) logCommits(batch []*pendingCommit, now int64) error {
+	need, most := 0, 0
+	for _, c := range batch {
+		if c.result == nil {
+			n := logEntrySize(len(c.key))
+			need, most = need+n+logEntrySize(0), max(most, n)
+		}
+	}
+	if need == 0 {
+		return nil
+	}
+	if err := s.logRoom(uint64(need + most)); err != nil {
+		return err
+	}
+	for _, c := range batch {
+		if c.result != nil {
+			continue
+		}
+		e := logEntry{kind: logPut, shard: c.shard, key: c.key, loc: c.entry.loc, version: c.entry.version,
+			session: c.write.Session, wseq: c.write.Seq, time: now}
+		if c.delete {
+			e.kind, e.loc, e.version = logDelete, proto.Location{}, 0
+		}
+		c.logSeq = s.ilog.append(&e)
+	}
+	return nil
+}
+
+// logRoom makes room for n bytes of entries, flushing if need be.
+func (s *Store) logRoom(n uint64) error {
+	s.mu.Lock()
+	free := s.ilog.free(s.ilog.flushed)
+	s.mu.Unlock()
+	if n <= free {
+		return nil
+	}
+	s.stats.indexLogFull.Add(1)
+	if err := s.flushIndex(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	free = s.ilog.free(s.ilog.flushed)
+	s.mu.Unlock()
+	if n > free {
+		return fmt.Errorf("store: a batch of commits needs %d bytes of the index log, which has %d free of %d: raise IndexLogSize", n, free, s.ilog.size())
+	}
+	return nil
+}
+
+// logVoided voids the entry of c, whose publication failed; logCommits
+// made room for it.
+func (s *Store) logVoided(c *pendingCommit) {
+	s.ilog.append(&logEntry{kind: logVoid, version: c.logSeq})
+}
+
+// notePublishedLocked records c, published, as pending for the next
+// flush. Called with mu held.
+func (s *Store) notePublishedLocked(c *pendingCommit) {
+	s.keyBuf = appendDataKey(s.keyBuf[:0], c.shard, c.key)
+	if p := s.pending.data[string(s.keyBuf)]; p != nil {
+		*p = pendingEntry{e: c.entry, deleted: c.delete}
+	} else {
+		s.pending.data[string(s.keyBuf)] = &pendingEntry{e: c.entry, deleted: c.delete}
+	}
+	if c.write.Session != 0 {
+		s.pending.sessions[sessKey{c.shard, c.write.Session}] = struct{}{}
+	}
+}
+
+// pendingEntryLocked returns key's entry in shard sh if the log holds it
+// and Pebble not yet. Called with mu held.
+func (s *Store) pendingEntryLocked(sh proto.Shard, key []byte) (pendingEntry, bool) {
+	s.keyBuf = appendDataKey(s.keyBuf[:0], sh, key)
+	p := s.pending.data[string(s.keyBuf)]
+	if p == nil {
+		p = s.flushing.data[string(s.keyBuf)]
+	}
+	if p == nil {
+		return pendingEntry{}, false
+	}
+	return *p, true
+}
+
+// flushIndex writes what the log holds into Pebble, and with it how far
+// the log is flushed: afterwards Pebble holds every commit published
+// before the call. It is safe to call from any goroutine, and a no-op
+// unless the store logs.
+func (s *Store) flushIndex() error {
+	if !s.logged() {
+		return nil
+	}
+	s.flushMu.Lock()
+	defer s.flushMu.Unlock()
+	s.mu.Lock()
+	pos := s.logEnd
+	if s.pending.empty() && pos.total == s.ilog.flushed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.pending, s.flushing = s.flushing, s.pending
+	doomed := s.sess.takeDoomed()
+	b := s.db.NewBatch()
+	defer b.Close()
+	for _, k := range doomed {
+		_ = b.Delete(k, nil) // before the sets: a session re-created since stays
+	}
+	for k := range s.flushing.sessions {
+		if ss := s.sess.m[k]; ss != nil && ss.applied {
+			op := b.SetDeferred(sessionKeySize, sessionRecordSize)
+			appendSessionKey(op.Key[:0], k.shard, k.session)
+			ss.sessionRecord.append(op.Value[:0])
+			_ = op.Finish()
+		}
+	}
+	s.mu.Unlock()
+	for k, p := range s.flushing.data {
+		if p.deleted {
+			_ = b.Delete([]byte(k), nil)
+			continue
+		}
+		op := b.SetDeferred(len(k), entrySize)
+		copy(op.Key, k)
+		p.e.append(op.Value[:0])
+		_ = op.Finish()
+	}
+	_ = b.Set(metaIndexLogKey, pos.encode(), nil)
+	start := time.Now()
+	err := s.commitBatch(b)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err != nil {
+		// Keep them pending: the next flush writes them, newer ones first.
+		for k, p := range s.flushing.data {
+			if _, ok := s.pending.data[k]; !ok {
+				s.pending.data[k] = p
+			}
+		}
+		for k := range s.flushing.sessions {
+			s.pending.sessions[k] = struct{}{}
+		}
+	} else {
+		s.ilog.flushed = pos.total
+		s.stats.indexFlushes.Add(1)
+		s.stats.indexFlushed.Add(uint64(len(s.flushing.data)))
+		s.stats.indexFlushTime.Add(int64(time.Since(start)))
+	}
+	clear(s.flushing.data)
+	clear(s.flushing.sessions)
+	return err
+}
+
+// indexFlushLoop flushes the log every IndexFlushInterval, and sooner
+// when it is half full.
+func (s *Store) indexFlushLoop() {
+	defer s.wg.Done()
+	t := time.NewTicker(s.opts.IndexFlushInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+		case <-s.indexHalf:
+		case <-s.stop:
+			return
+		}
+		if err := s.flushIndex(); err != nil {
+			s.log.Error("flushing the index log into Pebble", "err", err)
+		}
+	}
+}
+
+// logPublished records the batch's published commits as pending and
+// publishes the log's end for flushes. The writer calls it, mu held.
+func (s *Store) logPublishedLocked(batch []*pendingCommit) {
+	for _, c := range batch {
+		if c.result == nil {
+			s.notePublishedLocked(c)
+		}
+	}
+	s.logEnd = s.ilog.next
+	if s.logEnd.total-s.ilog.flushed > s.ilog.size()/2 {
+		select {
+		case s.indexHalf <- struct{}{}:
+		default:
+		}
+	}
+}
