@@ -4,6 +4,7 @@ package client
 
 import (
 	"context"
+	"reflect"
 	"sync/atomic"
 	"time"
 )
@@ -21,9 +22,22 @@ const deadlineSlices = 32
 type sharedDeadlines struct {
 	timeout time.Duration
 	cur     atomic.Pointer[sharedDeadline]
-	// derived is the one shared by the operations under a caller's ctx
-	// that can be cancelled but has no deadline (getFor).
-	derived atomic.Pointer[sharedDeadline]
+	// derived are those shared by the operations under a caller's ctx
+	// that can be cancelled but has no deadline (getFor), each in one of
+	// two slots chosen by its Done channel: so that the goroutines of a
+	// pool, each under a ctx of its own, share one each.
+	derived [derivedSlots]atomic.Pointer[sharedDeadline]
+}
+
+// derivedSlots bounds the contexts getFor keeps, each ended by its timer
+// up to a slice after the next replaces it: at most derivedSlots * (one
+// and deadlineSlices) at once.
+const derivedSlots = 64
+
+// slotsFor returns the two slots a Done channel's shared context may take.
+func slotsFor(done <-chan struct{}) [2]int {
+	h := int((uint64(reflect.ValueOf(done).Pointer()) * 0x9e3779b97f4a7c15) >> 58) // 6 bits: derivedSlots
+	return [2]int{h, h ^ 1}
 }
 
 type sharedDeadline struct {
@@ -58,24 +72,31 @@ func (d *sharedDeadlines) get(now time.Time) context.Context {
 // and timeout and a slice after now, shared with the operations under a
 // context with the same Done channel (so cancelled together) that start in
 // the same slice, and a no-op cancel. A WithDeadline of its own for each
-// operation under such a ctx cost a timer and four allocations. Under any
-// other parent than the one it shares for (a server serving many requests
-// at once), an operation gets a context of its own and the cancel that
-// releases it, so that the derived contexts left to end by their timers
-// stay one per slice. As with get, nothing under do reads parent's values,
-// which the shared context may not carry.
+// operation under such a ctx cost a timer and four allocations. Under a
+// parent whose slots other parents' live contexts hold (a server serving
+// many requests at once), an operation gets a context of its own and the
+// cancel that releases it, so that the derived contexts left to end by
+// their timers stay bounded (derivedSlots). As with get, nothing under do
+// reads parent's values, which the shared context may not carry.
 func (d *sharedDeadlines) getFor(parent context.Context, now time.Time) (context.Context, context.CancelFunc) {
 	done := parent.Done()
-	cur := d.derived.Load()
-	switch {
-	case cur != nil && cur.done == done && now.Before(cur.until):
-		return cur.ctx, noCancel
-	case cur != nil && cur.done != done && now.Before(cur.until):
+	slots := slotsFor(done)
+	free := -1
+	for _, i := range slots {
+		cur := d.derived[i].Load()
+		switch {
+		case cur != nil && cur.done == done && now.Before(cur.until):
+			return cur.ctx, noCancel
+		case free < 0 && (cur == nil || !now.Before(cur.until)):
+			free = i
+		}
+	}
+	if free < 0 { // both taken by other contexts' live ones
 		return context.WithDeadline(parent, now.Add(d.timeout))
 	}
 	slice := d.timeout / deadlineSlices
 	ctx, cancel := context.WithDeadline(parent, now.Add(d.timeout+slice))
-	d.derived.Store(&sharedDeadline{done: done, ctx: ctx, cancel: cancel, until: now.Add(slice)})
+	d.derived[free].Store(&sharedDeadline{done: done, ctx: ctx, cancel: cancel, until: now.Add(slice)})
 	return ctx, noCancel
 }
 

@@ -46,3 +46,41 @@ func TestLiveBound(t *testing.T) {
 	}
 	sb.stop()
 }
+
+// TestSharedDeadlinesPerParent: operations under a few long-lived
+// contexts (a pool's goroutines, each with its own) share one derived
+// context per parent rather than make one each; a parent whose two slots
+// other parents hold gets one of its own, ended by its cancel.
+func TestSharedDeadlinesPerParent(t *testing.T) {
+	d := sharedDeadlines{timeout: time.Second}
+	now := time.Now()
+	a, stopA := context.WithCancel(context.Background())
+	defer stopA()
+	b, stopB := context.WithCancel(context.Background())
+	defer stopB()
+	ca, _ := d.getFor(a, now)
+	cb, _ := d.getFor(b, now)
+	if ca == cb {
+		t.Fatal("two parents share a derived context: one's cancel would end the other's operations")
+	}
+	if again, _ := d.getFor(a, now); again != ca {
+		t.Error("a second operation under the first parent got a context of its own")
+	}
+	if again, _ := d.getFor(b, now); again != cb {
+		t.Error("a second operation under the second parent got a context of its own")
+	}
+	// Fill both slots of a third parent with others' live contexts.
+	c, stopC := context.WithCancel(context.Background())
+	defer stopC()
+	for _, i := range slotsFor(c.Done()) {
+		d.derived[i].Store(&sharedDeadline{done: make(chan struct{}), ctx: context.Background(), until: now.Add(time.Hour)})
+	}
+	own, cancel := d.getFor(c, now)
+	if dl, ok := own.Deadline(); !ok || dl.After(now.Add(time.Second)) {
+		t.Errorf("an operation with no slot free: deadline %v, %v; want its own, a second away", dl, ok)
+	}
+	cancel()
+	if own.Err() != context.Canceled {
+		t.Errorf("its context after its cancel: %v, want context.Canceled", own.Err())
+	}
+}
