@@ -13,9 +13,17 @@ import (
 )
 
 // A random sequence of puts, deletes, retries of the last write, aborted
-// migrations of a shard and restarts must read back like a map.
+// migrations of a shard, restarts and crashes must read back like a map,
+// under each sync policy (SyncNone's index log replayed at each crash).
 func TestStoreBehavesLikeAMap(t *testing.T) {
+	for _, sync := range []SyncPolicy{SyncAlways, SyncNone} {
+		t.Run(sync.String(), func(t *testing.T) { testStoreBehavesLikeAMap(t, sync) })
+	}
+}
+
+func testStoreBehavesLikeAMap(t *testing.T, sync SyncPolicy) {
 	opts := smallOptions()
+	opts.Sync = sync
 	opts.ArenaSize, opts.LeaseSize = 8<<20, 4<<10 // restarts strand leases: room for many
 	sv := newServer(t, opts)
 	c := newClient(t, sv)
@@ -105,6 +113,14 @@ func TestStoreBehavesLikeAMap(t *testing.T) {
 				sv.restart()
 				waitArenas(t, sv.s, opts.ArenaCount)
 				w = nil // leases do not survive a restart
+			},
+			"crash": func(rt *rapid.T) {
+				if err := sv.s.close(false); err != nil { // nothing flushed, checkpointed or synced
+					rt.Fatal(err)
+				}
+				sv.open()
+				waitArenas(t, sv.s, opts.ArenaCount)
+				w = nil
 			},
 			"": func(rt *rapid.T) {
 				for _, k := range []string{"a", "b", "c", "d", "e"} {
