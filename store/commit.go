@@ -543,7 +543,7 @@ func (c *pendingCommit) finished() bool { return len(c.done) > 0 }
 
 // commitLoop applies what committers leave queued (lead): everything that
 // queued while a writer was applying, in batches, one sync and one Pebble
-// write each. It also expires leases and sessions, as the writer.
+// write each (under SyncNone, one append to the index log). It also expires leases and sessions, as the writer.
 func (s *Store) commitLoop() {
 	defer s.wg.Done()
 	expiry := time.NewTicker(min(s.opts.LeaseTTL/4, time.Second))

@@ -26,6 +26,16 @@ func loggedOptions() Options {
 	return opts
 }
 
+// newLogged opens a store of opts with its arenas registered, and a
+// client and a writer of it.
+func newLogged(t *testing.T, opts Options) (*server, *client, *writer) {
+	t.Helper()
+	sv := newServer(t, opts)
+	waitArenas(t, sv.s, opts.ArenaCount)
+	c := newClient(t, sv)
+	return sv, c, c.newWriter()
+}
+
 // pebbleEntry reads key's entry from Pebble itself, not the log.
 func pebbleEntry(t *testing.T, s *Store, key []byte) (entry, bool) {
 	t.Helper()
@@ -51,10 +61,7 @@ func pebbleEntry(t *testing.T, s *Store, key []byte) (entry, bool) {
 // is answered, not applied again.
 func TestIndexLogReplaysAfterACrash(t *testing.T) {
 	opts := loggedOptions()
-	sv := newServer(t, opts)
-	waitArenas(t, sv.s, opts.ArenaCount)
-	c := newClient(t, sv)
-	w := c.newWriter()
+	sv, c, w := newLogged(t, opts)
 	ctx := context.Background()
 	const n = 40
 	want := map[int][]byte{}
@@ -129,11 +136,8 @@ func TestIndexLogWrapsAndFlushes(t *testing.T) {
 	opts := loggedOptions()
 	opts.IndexLogSize = 1 << 20
 	opts.SegmentGrace = time.Hour // freeing segments would flush the log too
-	sv := newServer(t, opts)
-	waitArenas(t, sv.s, opts.ArenaCount)
-	c := newClient(t, sv)
+	sv, c, w := newLogged(t, opts)
 	const keys = 300
-	w := c.newWriter()
 	want := map[int]string{}
 	for i := range 120 * keys { // about 100 bytes of log each: 3 times round
 		if w.off+256 > w.lease.Size {
@@ -171,10 +175,7 @@ func TestIndexLogWrapsAndFlushes(t *testing.T) {
 // publication failed) is not replayed; the others are.
 func TestIndexLogVoidSkipsAnEntry(t *testing.T) {
 	opts := loggedOptions()
-	sv := newServer(t, opts)
-	waitArenas(t, sv.s, opts.ArenaCount)
-	c := newClient(t, sv)
-	w := c.newWriter()
+	sv, _, w := newLogged(t, opts)
 	kept, err := w.put(key(1), []byte("kept"))
 	if err != nil {
 		t.Fatal(err)
@@ -207,10 +208,7 @@ func TestIndexLogVoidSkipsAnEntry(t *testing.T) {
 // log first.
 func TestIndexLogScanSeesEveryCommit(t *testing.T) {
 	opts := loggedOptions()
-	sv := newServer(t, opts)
-	waitArenas(t, sv.s, opts.ArenaCount)
-	c := newClient(t, sv)
-	w := c.newWriter()
+	sv, _, w := newLogged(t, opts)
 	sh := proto.Shard(7)
 	keys := keysIn(sh, "scan", 20)
 	for _, k := range keys {
@@ -229,10 +227,7 @@ func TestIndexLogScanSeesEveryCommit(t *testing.T) {
 // policy, which then removes it.
 func TestIndexLogReplaysUnderAnotherPolicyOrSize(t *testing.T) {
 	opts := loggedOptions()
-	sv := newServer(t, opts)
-	waitArenas(t, sv.s, opts.ArenaCount)
-	c := newClient(t, sv)
-	w := c.newWriter()
+	sv, c, w := newLogged(t, opts)
 	crashAfter := func(tag string) {
 		t.Helper()
 		for i := range 10 {
