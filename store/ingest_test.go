@@ -105,8 +105,12 @@ func sameEntries(t *testing.T, stage string, a, b *Store, sh proto.Shard) {
 // releases and B activates. B then serves the same values, knows A's
 // sessions, and versions on B keep growing past A's.
 func TestIngestMovesAShardBetweenStores(t *testing.T) {
-	a := newServer(t, smallOptions())
-	b := newBareServer(t, smallOptions())
+	underEachSyncPolicy(t, testIngestMovesAShardBetweenStores)
+}
+
+func testIngestMovesAShardBetweenStores(t *testing.T, sync SyncPolicy) {
+	a := newServer(t, syncOptions(sync))
+	b := newBareServer(t, syncOptions(sync))
 	waitArenas(t, a.s, 2)
 	waitArenas(t, b.s, 2)
 	ca, cb := newClient(t, a), newClient(t, b)

@@ -89,8 +89,10 @@ func entriesOf(t *testing.T, s *Store) map[string]uint64 {
 // for an answer, nor confirms a miss there; across a restart it stays a
 // backup; promoted, it serves every value, and its own versions go on
 // above the primary's.
-func TestBackupFollowsItsPrimary(t *testing.T) {
-	opts := smallOptions()
+func TestBackupFollowsItsPrimary(t *testing.T) { underEachSyncPolicy(t, testBackupFollowsItsPrimary) }
+
+func testBackupFollowsItsPrimary(t *testing.T, sync SyncPolicy) {
+	opts := syncOptions(sync)
 	primary, backup := newServer(t, opts), newBackup(t, opts)
 	pw := &leaseWriter{c: newClient(t, primary), ask: 64 << 10}
 	bw := &replicaWriter{lw: leaseWriter{c: newClient(t, backup), ask: 64 << 10}}
@@ -176,7 +178,11 @@ func TestBackupFollowsItsPrimary(t *testing.T) {
 // retry would leave this backup at the other session's value. A forward
 // sent again at the same version is answered, as before.
 func TestBackupReplacesAnEarlierAttempt(t *testing.T) {
-	backup := newBackup(t, smallOptions())
+	underEachSyncPolicy(t, testBackupReplacesAnEarlierAttempt)
+}
+
+func testBackupReplacesAnEarlierAttempt(t *testing.T, sync SyncPolicy) {
+	backup := newBackup(t, syncOptions(sync))
 	bw := &replicaWriter{lw: leaseWriter{c: newClient(t, backup), ask: 64 << 10}}
 	key := []byte("k")
 	w := proto.Write{Session: 0x51, Seq: 7}
@@ -206,7 +212,11 @@ func TestBackupReplacesAnEarlierAttempt(t *testing.T) {
 // again when its retry comes, even though another session wrote the key
 // in between: the primary deletes it then, so the backup must too.
 func TestBackupDeletesAgainOnARetry(t *testing.T) {
-	backup := newBackup(t, smallOptions())
+	underEachSyncPolicy(t, testBackupDeletesAgainOnARetry)
+}
+
+func testBackupDeletesAgainOnARetry(t *testing.T, sync SyncPolicy) {
+	backup := newBackup(t, syncOptions(sync))
 	bw := &replicaWriter{lw: leaseWriter{c: newClient(t, backup), ask: 64 << 10}}
 	key := []byte("k")
 	if _, err := bw.apply(key, []byte("v"), 10); err != nil {

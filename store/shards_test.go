@@ -20,8 +20,10 @@ import (
 // A shard released, taken back, released and dropped, checked the way a
 // one-sided reader sees it (index, record state words, shard word) and on
 // the server (Get, counts), across restarts.
-func TestShardActivateReleaseDrop(t *testing.T) {
-	sv := newServer(t, smallOptions())
+func TestShardActivateReleaseDrop(t *testing.T) { underEachSyncPolicy(t, testShardActivateReleaseDrop) }
+
+func testShardActivateReleaseDrop(t *testing.T, sync SyncPolicy) {
+	sv := newServer(t, syncOptions(sync))
 	waitArenas(t, sv.s, 2)
 	c := newClient(t, sv)
 	w := c.newWriter()

@@ -22,6 +22,21 @@ func smallOptions() Options {
 		RegistrationUnit: 2 << 20, Logger: slog.New(slog.DiscardHandler)}
 }
 
+// syncOptions are smallOptions under sync.
+func syncOptions(sync SyncPolicy) Options {
+	o := smallOptions()
+	o.Sync = sync
+	return o
+}
+
+// underEachSyncPolicy runs test under SyncAlways (the journal) and
+// SyncNone (the index log), which keep a commit's entries apart.
+func underEachSyncPolicy(t *testing.T, test func(*testing.T, SyncPolicy)) {
+	for _, sync := range []SyncPolicy{SyncAlways, SyncNone} {
+		t.Run(sync.String(), func(t *testing.T) { test(t, sync) })
+	}
+}
+
 // waitArenas waits until n arenas are registered whole.
 func waitArenas(t testing.TB, s *Store, n int) {
 	t.Helper()
