@@ -445,7 +445,7 @@ func (s *Store) applyRelocate(c *pendingCommit) {
 	s.mu.Unlock()
 	// Pebble current first: its batch would otherwise come before
 	// entries the log holds of earlier writes (indexlog.go).
-	flushErr := s.flushIndex()
+	flushErr := s.flushPending()
 	b := s.db.NewBatch()
 	defer b.Close()
 	seq, journaled := s.journalNext.Load(), int64(0)

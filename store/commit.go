@@ -4,7 +4,6 @@ package store
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -36,7 +35,7 @@ type pendingCommit struct {
 	delete bool
 	entry  entry
 	arena  *arena // where the record lies; nil for a delete
-	rec    []byte // the verified record, to journal: recBuf's when pooled
+	rec    []byte // the verified record, to journal (durable policies only): recBuf's when pooled
 	recBuf []byte
 	result error
 	// done takes one token when the writer is through with the commit
@@ -297,7 +296,10 @@ func (s *Store) prepareCommit(id uint64, off, length int64, w proto.Write, repli
 		s.nextVersion = max(s.nextVersion, r.Version+1)
 	}
 	c.entry = entry{loc: proto.Location{Arena: a.id, Offset: uint64(at), Length: uint32(length)}, version: r.Version}
-	c.arena, c.rec = a, rec
+	c.arena = a
+	if s.journaled() {
+		c.rec = rec
+	}
 	s.admitLocked(c)
 	s.holdLocked(c.entry.loc)
 	return c, none, nil
@@ -596,7 +598,24 @@ func (s *Store) applyAll(batch []*pendingCommit) {
 	}
 }
 
+// apply applies a run of commits, in parts of at most a quarter of the
+// index log, so that each part finds room in it (minLogLeases).
 func (s *Store) apply(batch []*pendingCommit) {
+	limit, from, size := int(s.ilog.size()/4), 0, 0
+	for i, c := range batch {
+		n := c.logSize() + logEntrySize(0)
+		if i > from && size+n > limit {
+			s.applyPart(batch[from:i])
+			from, size = i, 0
+		}
+		size += n
+	}
+	s.applyPart(batch[from:])
+}
+
+// applyPart applies a run of commits: their entries appended to the
+// index log (and synced under SyncAlways), then published.
+func (s *Store) applyPart(batch []*pendingCommit) {
 	start := time.Now()
 	now := start.UnixNano()
 	finish := func() {
@@ -637,27 +656,26 @@ func (s *Store) apply(batch []*pendingCommit) {
 				ErrIndexFull, load, MaxIndexLoad, s.index.Len(), s.indexHint())
 		}
 	}
-	var err error
-	if s.logged() {
-		err = s.logBatch(batch, now)
-	} else {
-		err = s.writeBatch(batch, now)
-	}
-	if err != nil {
+	if err := s.logBatch(batch, now); err != nil {
 		fail(err)
 		return
 	}
 	synced := time.Since(start)
+	voided := false
 	for _, c := range batch {
 		if c.result == nil {
 			c.result = s.publish(c)
+			voided = voided || c.result != nil
 		}
 	}
-	if s.logged() {
-		s.mu.Lock()
-		s.logPublishedLocked(batch)
-		s.mu.Unlock()
+	if voided {
+		// A failed commit's entry must not come back after a crash: its
+		// void goes where the entry went.
+		_ = s.logWritten()
 	}
+	s.mu.Lock()
+	s.logPublishedLocked(batch)
+	s.mu.Unlock()
 	finish()
 	s.stats.observeBatch(len(batch), synced)
 }
@@ -672,60 +690,8 @@ func (s *Store) readOld(c *pendingCommit) (err error) {
 	return err
 }
 
-// writeBatch writes the batch's entries, their session entries and (when
-// journaled) their records into Pebble, under the sync policy.
-func (s *Store) writeBatch(batch []*pendingCommit, now int64) error {
-	b := s.db.NewBatch()
-	defer b.Close()
-	s.mu.Lock()
-	doomed := s.sess.takeDoomed()
-	s.mu.Unlock()
-	for _, k := range doomed {
-		_ = b.Delete(k, nil) // before the sets: a session re-created in this batch stays
-	}
-	seq, journaled := s.journalNext.Load(), int64(0)
-	for _, c := range batch {
-		err := s.readOld(c)
-		switch {
-		case c.result != nil:
-			continue
-		case err != nil:
-		case c.delete:
-			err = b.Delete(shardDataKey(c.shard, c.key), nil)
-		default:
-			err = b.Set(shardDataKey(c.shard, c.key), c.entry.encode(), nil)
-			if err == nil && s.journaled() {
-				err = setJournalEntry(b, seq, c.entry.loc, c.rec)
-				seq++
-				journaled += int64(len(c.rec))
-			}
-		}
-		if err == nil && c.write.Session != 0 {
-			// Encoded in place in the batch: b.Set would copy an encoding
-			// made on the heap first, two allocations per commit.
-			op := b.SetDeferred(sessionKeySize, sessionRecordSize)
-			appendSessionKey(op.Key[:0], c.shard, c.write.Session)
-			c.sessionRecord(now).append(op.Value[:0])
-			err = op.Finish()
-		}
-		if err != nil {
-			return err
-		}
-	}
-	if s.testHookApply != nil {
-		s.testHookApply()
-	}
-	if err := s.brokenErr(); err != nil {
-		return err // write nothing more
-	}
-	if err := s.commitBatch(b); err != nil {
-		return err
-	}
-	s.journalWritten(seq, journaled)
-	return nil
-}
-
-// logBatch appends the batch's entries to the index log (SyncNone).
+// logBatch appends the batch's entries to the index log, hands them to
+// the kernel and, under SyncAlways, makes them durable.
 func (s *Store) logBatch(batch []*pendingCommit, now int64) error {
 	for _, c := range batch {
 		if err := s.readOld(c); err != nil {
@@ -738,7 +704,10 @@ func (s *Store) logBatch(batch []*pendingCommit, now int64) error {
 	if err := s.brokenErr(); err != nil {
 		return err
 	}
-	return s.logCommits(batch, now)
+	if err := s.logCommits(batch, now); err != nil {
+		return err
+	}
+	return s.logWritten()
 }
 
 // sessionRecord is what c's session entry says once c is applied.
@@ -796,35 +765,9 @@ func (s *Store) publish(c *pendingCommit) error {
 			c.arena.setState(c.entry.loc.Offset, proto.RecordDead)
 		}
 	}
-	if err != nil && s.logged() {
+	if err != nil {
 		s.logVoided(c)
 		return err
-	}
-	if err != nil {
-		// Undo the durable entry (and session entry) so the next start
-		// agrees with readers.
-		b := s.db.NewBatch()
-		defer b.Close()
-		undo := b.Delete(shardDataKey(c.shard, c.key), nil)
-		if had {
-			undo = b.Set(shardDataKey(c.shard, c.key), entry{loc: old, version: s.versionAt(old)}.encode(), nil)
-		}
-		if c.write.Session != 0 {
-			s.mu.Lock()
-			ss := s.sess.m[sessKey{c.shard, c.write.Session}]
-			var prev *sessionRecord
-			if ss != nil && ss.applied {
-				r := ss.sessionRecord
-				prev = &r
-			}
-			s.mu.Unlock()
-			if prev != nil {
-				undo = errors.Join(undo, b.Set(sessionKey(c.shard, c.write.Session), prev.encode(), nil))
-			} else {
-				undo = errors.Join(undo, b.Delete(sessionKey(c.shard, c.write.Session), nil))
-			}
-		}
-		return errors.Join(err, undo, b.Commit(pebble.Sync))
 	}
 	s.mu.Lock()
 	info := &s.shards[c.shard]
@@ -860,8 +803,9 @@ func (s *Store) publish(c *pendingCommit) error {
 	return nil
 }
 
-// syncLoop is SyncBatch's background sync: every window, Pebble's WAL,
-// and with it the journaled records, reach the disk.
+// syncLoop is SyncBatch's background sync: every window, the index log,
+// and with it the commits' records, and Pebble's WAL (the cleaner's and
+// Ingest's) reach the disk.
 func (s *Store) syncLoop() {
 	defer s.wg.Done()
 	t := time.NewTicker(s.opts.SyncWindow)
@@ -869,6 +813,9 @@ func (s *Store) syncLoop() {
 	for {
 		select {
 		case <-t.C:
+			if err := s.ilog.syncWritten(); err != nil { // each batch was written out
+				s.breakOn(err)
+			}
 			if err := s.db.LogData(nil, pebble.Sync); err != nil {
 				s.log.Error("syncing the Pebble WAL", "err", err)
 			}

@@ -114,10 +114,22 @@ func FuzzSplitDataKey(f *testing.F) {
 // stop, never panic, and return only entries that passed their checks.
 func FuzzIndexLog(f *testing.F) {
 	l := &indexLog{mem: make([]byte, 2048), next: logPos{gen: 5}}
-	seq := l.append(&logEntry{kind: logPut, shard: proto.ShardOf([]byte("k1")), key: []byte("k1"), loc: proto.Location{Length: 40}, version: 9, session: 3, wseq: 1})
-	l.append(&logEntry{kind: logVoid, version: seq})
+	appendEntry := func(e *logEntry) uint64 {
+		seq, err := l.append(e)
+		if err != nil {
+			f.Fatal(err)
+		}
+		return seq
+	}
+	seq := appendEntry(&logEntry{kind: logPut, shard: proto.ShardOf([]byte("k1")), key: []byte("k1"), loc: proto.Location{Length: 40}, version: 9, session: 3, wseq: 1})
+	appendEntry(&logEntry{kind: logVoid, version: seq})
+	rec := make([]byte, proto.RecordSize(2, 5))
+	if _, err := proto.EncodeRecord(rec, 10, 0, []byte("k1"), []byte("value")); err != nil {
+		f.Fatal(err)
+	}
+	appendEntry(&logEntry{kind: logPut, shard: proto.ShardOf([]byte("k1")), key: []byte("k1"), loc: proto.Location{Length: uint32(len(rec))}, version: 10, rec: rec})
 	for l.next.total < 3000 { // round the end: a pad, then entries from 0
-		l.append(&logEntry{kind: logDelete, shard: proto.ShardOf([]byte("k2")), key: []byte("k2")})
+		appendEntry(&logEntry{kind: logDelete, shard: proto.ShardOf([]byte("k2")), key: []byte("k2")})
 	}
 	f.Add(append([]byte(nil), l.mem...), uint64(5), uint64(0), uint64(0))
 	f.Add(make([]byte, 1024), uint64(0), uint64(0), uint64(8))
@@ -134,6 +146,9 @@ func FuzzIndexLog(f *testing.F) {
 			}
 			if len(e.key) == 0 || proto.ShardOf(e.key) != e.shard {
 				t.Fatalf("entry %+v: its key is not of its shard", e)
+			}
+			if e.rec != nil && !holdsPut(e.rec, e) {
+				t.Fatalf("entry %+v: its record is not the put's", e)
 			}
 		}
 	})

@@ -7,13 +7,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
 
+	"github.com/rkv-io/rkv/internal/pebblelog"
 	"github.com/rkv-io/rkv/proto"
 )
 
@@ -131,43 +134,52 @@ func TestIndexLogReplaysAfterACrash(t *testing.T) {
 
 // TestIndexLogWrapsAndFlushes writes many times a small log's size, so
 // that it wraps and fills past half (which asks for a flush), then
-// crashes: every value comes back.
+// crashes: every value comes back. Under SyncBatch the entries carry
+// their records and are written a batch at a time, not stored through
+// the mapping (SyncAlways writes the same way, with a sync per batch).
 func TestIndexLogWrapsAndFlushes(t *testing.T) {
-	opts := loggedOptions()
-	opts.IndexLogSize = 1 << 20
-	opts.SegmentGrace = time.Hour // freeing segments would flush the log too
-	sv, c, w := newLogged(t, opts)
-	const keys = 300
-	want := map[int]string{}
-	for i := range 120 * keys { // about 100 bytes of log each: 3 times round
-		if w.off+256 > w.lease.Size {
-			w = c.newWriter()
-		}
-		k := i % keys
-		v := fmt.Sprintf("v%d", i)
-		if _, err := w.putW(key(k), []byte(v), proto.Write{Session: uint64(k%7 + 1), Seq: uint64(i + 1)}); err != nil {
-			t.Fatal(err)
-		}
-		want[k] = v
-	}
-	st := sv.s.Stats()
-	if st.IndexFlushes == 0 {
-		t.Fatalf("stats %+v: want flushes asked for by a log half full", st)
-	}
-	if st.IndexFlushedEntries >= st.Commits {
-		t.Errorf("%d entries flushed for %d commits of %d keys: repeated keys were not written once", st.IndexFlushedEntries, st.Commits, keys)
-	}
-	if sv.s.ilog.next.total < 2*uint64(opts.IndexLogSize) {
-		t.Fatalf("the log took %d bytes, not twice round its %d", sv.s.ilog.next.total, opts.IndexLogSize)
-	}
-	if err := sv.s.close(false); err != nil {
-		t.Fatal(err)
-	}
-	sv.open()
-	for k, v := range want {
-		if got, err := sv.s.Get(key(k)); err != nil || string(got) != v {
-			t.Fatalf("key %d after the replay: %q, %v; want %q", k, got, err, v)
-		}
+	for _, sync := range []SyncPolicy{SyncNone, SyncBatch} {
+		t.Run(sync.String(), func(t *testing.T) {
+			opts := loggedOptions()
+			opts.Sync, opts.IndexLogSize = sync, 1<<20
+			opts.SegmentGrace = time.Hour // freeing segments would flush the log too
+			sv, c, w := newLogged(t, opts)
+			const keys = 300
+			want := map[int]string{}
+			for i := range 120 * keys { // about 100 bytes of log each (200 with records): 3 (6) times round
+				if w.off+256 > w.lease.Size {
+					w = c.newWriter()
+				}
+				k := i % keys
+				v := fmt.Sprintf("v%d", i)
+				if _, err := w.putW(key(k), []byte(v), proto.Write{Session: uint64(k%7 + 1), Seq: uint64(i + 1)}); err != nil {
+					t.Fatal(err)
+				}
+				want[k] = v
+			}
+			st := sv.s.Stats()
+			if st.IndexFlushes == 0 {
+				t.Fatalf("stats %+v: want flushes asked for by a log half full", st)
+			}
+			if st.IndexFlushedEntries >= st.Commits {
+				t.Errorf("%d entries flushed for %d commits of %d keys: repeated keys were not written once", st.IndexFlushedEntries, st.Commits, keys)
+			}
+			if sv.s.ilog.next.total < 2*uint64(opts.IndexLogSize) {
+				t.Fatalf("the log took %d bytes, not twice round its %d", sv.s.ilog.next.total, opts.IndexLogSize)
+			}
+			if err := sv.s.close(false); err != nil {
+				t.Fatal(err)
+			}
+			sv.open()
+			if sv.s.logReplayed == 0 {
+				t.Error("the start replayed nothing")
+			}
+			for k, v := range want {
+				if got, err := sv.s.Get(key(k)); err != nil || string(got) != v {
+					t.Fatalf("key %d after the replay: %q, %v; want %q", k, got, err, v)
+				}
+			}
+		})
 	}
 }
 
@@ -186,8 +198,13 @@ func TestIndexLogVoidSkipsAnEntry(t *testing.T) {
 	loc := proto.Location{Arena: w.lease.Arena, Offset: uint64(sv.s.leases[w.lease.ID].region.off + off), Length: uint32(n)}
 	sv.s.mu.Unlock()
 	sv.s.writer.Lock()
-	seq := sv.s.ilog.append(&logEntry{kind: logPut, shard: proto.ShardOf(key(2)), key: key(2), loc: loc, version: w.version - 1})
-	sv.s.ilog.append(&logEntry{kind: logVoid, version: seq})
+	seq, err := sv.s.ilog.append(&logEntry{kind: logPut, shard: proto.ShardOf(key(2)), key: key(2), loc: loc, version: w.version - 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sv.s.ilog.append(&logEntry{kind: logVoid, version: seq}); err != nil {
+		t.Fatal(err)
+	}
 	sv.s.writer.Unlock()
 	if err := sv.s.close(false); err != nil {
 		t.Fatal(err)
@@ -205,21 +222,50 @@ func TestIndexLogVoidSkipsAnEntry(t *testing.T) {
 }
 
 // TestIndexLogScanSeesEveryCommit: a scan reads Pebble, which flushes the
-// log first.
+// log first. Under SyncAlways that flush leaves the log's position (no
+// checkpoint), and a crash after it replays the entries again over what
+// it wrote, deletes and overwrites made since included.
 func TestIndexLogScanSeesEveryCommit(t *testing.T) {
-	opts := loggedOptions()
-	sv, _, w := newLogged(t, opts)
-	sh := proto.Shard(7)
-	keys := keysIn(sh, "scan", 20)
-	for _, k := range keys {
-		if _, err := w.put(k, k); err != nil {
+	underEachSyncPolicy(t, func(t *testing.T, sync SyncPolicy) {
+		opts := loggedOptions()
+		opts.Sync, opts.CheckpointInterval = sync, time.Hour
+		sv, _, w := newLogged(t, opts)
+		sh := proto.Shard(7)
+		keys := keysIn(sh, "scan", 20)
+		for _, k := range keys {
+			if _, err := w.put(k, k); err != nil {
+				t.Fatal(err)
+			}
+		}
+		got, err := sv.s.Scan([]proto.Shard{sh}, nil, nil, 0)
+		if err != nil || len(got) != len(keys) {
+			t.Fatalf("scan of %v: %d entries, %v; want %d", sh, len(got), err, len(keys))
+		}
+		if sync == SyncNone {
+			return
+		}
+		if st := sv.s.Stats(); st.Checkpoints != 0 {
+			t.Fatalf("a scan checkpointed (%d)", st.Checkpoints)
+		}
+		if err := sv.s.Delete(context.Background(), keys[0], proto.Write{}); err != nil {
 			t.Fatal(err)
 		}
-	}
-	got, err := sv.s.Scan([]proto.Shard{sh}, nil, nil, 0)
-	if err != nil || len(got) != len(keys) {
-		t.Fatalf("scan of %v: %d entries, %v; want %d", sh, len(got), err, len(keys))
-	}
+		if _, err := w.put(keys[1], []byte("again")); err != nil {
+			t.Fatal(err)
+		}
+		if err := sv.s.close(false); err != nil {
+			t.Fatal(err)
+		}
+		sv.open()
+		if sv.s.logReplayed != len(keys)+2 {
+			t.Errorf("the start replayed %d entries, want %d", sv.s.logReplayed, len(keys)+2)
+		}
+		if _, err := sv.s.Get(keys[0]); !errors.Is(err, ErrNotFound) {
+			t.Errorf("deleted %q after the crash: %v", keys[0], err)
+		}
+		mustValue(t, sv.s, keys[1], "again")
+		mustValue(t, sv.s, keys[2], string(keys[2]))
+	})
 }
 
 // TestIndexLogReplaysUnderAnotherPolicyOrSize: a log left by a crash is
@@ -260,7 +306,65 @@ func TestIndexLogReplaysUnderAnotherPolicyOrSize(t *testing.T) {
 	sv.opts.Sync = SyncAlways
 	sv.open()
 	check("second")
-	if _, err := os.Stat(filepath.Join(sv.opts.Dir, indexLogName)); !errors.Is(err, os.ErrNotExist) {
-		t.Fatalf("the log after a start under SyncAlways: %v; want it removed", err)
+	// Under SyncAlways the log carries the records too, and a store
+	// started under SyncNone after a crash replays them.
+	c = newClient(t, sv)
+	w = c.newWriter()
+	crashAfter("third")
+	sv.opts.Sync = SyncNone
+	sv.open()
+	check("third")
+	if sv.s.logReplayed != 10 {
+		t.Errorf("the start under SyncNone replayed %d entries, want the 10 of SyncAlways", sv.s.logReplayed)
+	}
+}
+
+// TestIndexLogPositionSaysWhetherRecordsAreLogged: while a durable store
+// runs, and after it crashes, the log's position has the format an older
+// rkv refuses (it would stop its replay at the first record); a clean
+// Close leaves the format it reads. An IndexLogSize that cannot hold four
+// leases is refused under the durable policies.
+func TestIndexLogPositionSaysWhetherRecordsAreLogged(t *testing.T) {
+	format := func(dir string) byte {
+		t.Helper()
+		db, err := pebble.Open(filepath.Join(dir, "index"), &pebble.Options{Logger: pebblelog.Logger{Log: slog.New(slog.DiscardHandler)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer db.Close()
+		v, closer, err := db.Get(metaIndexLogKey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer closer.Close()
+		return v[0]
+	}
+	opts := smallOptions()
+	sv, _, w := newLogged(t, opts)
+	if _, err := w.put(key(1), []byte("v")); err != nil {
+		t.Fatal(err)
+	}
+	if err := sv.s.close(false); err != nil {
+		t.Fatal(err)
+	}
+	if got := format(sv.opts.Dir); got != logFormatRecords {
+		t.Errorf("after a crash under SyncAlways the position has format %d, want %d", got, logFormatRecords)
+	}
+	sv.open()
+	if err := sv.s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if got := format(sv.opts.Dir); got != logFormatEntries {
+		t.Errorf("after a clean Close the position has format %d, want %d", got, logFormatEntries)
+	}
+	sv.open()
+
+	opts = Options{Dir: t.TempDir(), LeaseSize: 1 << 20, IndexLogSize: 2 << 20}
+	if _, err := opts.withDefaults(); err == nil || !strings.Contains(err.Error(), "must hold 4 leases") {
+		t.Errorf("IndexLogSize of 2 leases under SyncAlways: %v", err)
+	}
+	opts.Sync = SyncNone
+	if _, err := opts.withDefaults(); err != nil {
+		t.Errorf("IndexLogSize of 2 leases under SyncNone: %v", err)
 	}
 }

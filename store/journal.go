@@ -1,32 +1,31 @@
-// Journal: committed records copied into Pebble's WAL, so one sequential sync makes a batch durable.
+// Journal: the records the cleaner and Ingest copy, kept in Pebble beside their entries until a checkpoint.
 
 package store
 
 import (
 	"encoding/binary"
 	"fmt"
-	"time"
 
 	"github.com/cockroachdb/pebble/v2"
 
 	"github.com/rkv-io/rkv/proto"
 )
 
-// Under SyncAlways and SyncBatch, each committed record is also written,
-// in the same Pebble batch as its index entry, under a journal key. The
-// batch's one WAL write is then all a commit must sync: syncing the arenas
-// instead costs one fdatasync per arena per batch, over pages scattered
-// across every client's lease (measured 3 to 10 times slower under
-// concurrent writers). The arenas are written back later, by checkpoints:
+// Under SyncAlways and SyncBatch, each record the cleaner relocates or
+// Ingest copies is also written, in the same Pebble batch as its index
+// entry, under a journal key: the batch's one WAL sync is then all it
+// needs, not a sync of the arenas it wrote. (A commit's record goes into
+// the index log with its entry instead: indexlog.go.) The arenas are
+// written back later, by the index log's flushes, which are checkpoints:
 // sync every arena, then delete the journal up to where the sync began.
 // Open replays what is left, so a record the crash kept from its arena is
 // copied there from the journal before anything reads it.
 //
-// Arena space is never reused, so replaying a suffix of the journal in
-// sequence order can only rewrite records with their own bytes. Replayed
-// records are left dead; the rebuild that follows sets live exactly the
-// current records of the shards the store owns. Ingest journals the
-// records it copies in the same way (ingest.go).
+// Replaying a suffix of the journal in sequence order can only rewrite
+// records with their own bytes or with later ones: a segment is reused
+// only after a flush (reclaim), which trims the journal of every record
+// in it. Replayed records are left dead; the rebuild that follows sets
+// live exactly the current records of the shards the store owns.
 
 var (
 	journalPrefix = []byte{'j'}
@@ -64,7 +63,8 @@ func decodeJournalEntry(b []byte) (arena uint16, off uint64, rec []byte, err err
 	return binary.LittleEndian.Uint16(b[1:]), binary.LittleEndian.Uint64(b[3:]), b[journalHeaderSize:], nil
 }
 
-// journaled reports whether commits go through the journal.
+// journaled reports whether records are journaled: in the index log for
+// commits, in the journal for the cleaner and Ingest.
 func (s *Store) journaled() bool { return s.opts.Sync != SyncNone }
 
 // replayJournal copies every journaled record into its arena, syncs the
@@ -107,51 +107,30 @@ func (s *Store) replayJournal() (int, error) {
 	// This trim must be durable: this run may reuse the space of records
 	// deleted in the last one, and a stale entry replayed after the next
 	// crash would overwrite their new contents.
-	return n, s.checkpoint(^uint64(0)>>1, pebble.Sync)
+	return n, s.checkpoint(^uint64(0) >> 1)
 }
 
 // checkpoint makes the arenas durable, then drops the journal entries
-// below upTo, whose records were in the arenas before the sync began.
-// Within a run the deletion needs no sync: entries that survive a crash
-// hold records of this run, at locations nothing else used since, and are
-// replayed harmlessly.
-func (s *Store) checkpoint(upTo uint64, trim *pebble.WriteOptions) error {
-	for _, a := range s.arenaList() {
-		if err := a.sync(); err != nil {
-			return err
-		}
+// below upTo, whose records were in the arenas before the sync began,
+// durably. Open calls it after the journal's replay; while serving,
+// flushIndex checkpoints.
+func (s *Store) checkpoint(upTo uint64) error {
+	if err := s.syncArenas(); err != nil {
+		return err
 	}
-	if err := s.db.DeleteRange(journalPrefix, journalKey(upTo), trim); err != nil {
+	if err := s.db.DeleteRange(journalPrefix, journalKey(upTo), pebble.Sync); err != nil {
 		return fmt.Errorf("store: trimming the journal below %d: %w", upTo, err)
 	}
 	s.stats.checkpoints.Add(1)
 	return nil
 }
 
-// checkpointLoop writes the arenas back every CheckpointInterval, or
-// sooner once CheckpointBytes of records were journaled, so the journal
-// (and Pebble's memtables) stay small.
-func (s *Store) checkpointLoop() {
-	defer s.wg.Done()
-	t := time.NewTicker(s.opts.CheckpointInterval)
-	defer t.Stop()
-	var done uint64 // journal entries below done are checkpointed
-	for {
-		select {
-		case <-t.C:
-		case <-s.journalFull:
-		case <-s.stop:
-			return
+// syncArenas writes every arena back to the disk.
+func (s *Store) syncArenas() error {
+	for _, a := range s.arenaList() {
+		if err := a.sync(); err != nil {
+			return err
 		}
-		upTo := s.journalNext.Load() // every entry below is committed
-		if upTo == done {
-			continue
-		}
-		s.journalBytes.Store(0)
-		if err := s.checkpoint(upTo, pebble.NoSync); err != nil {
-			s.log.Error("journal checkpoint failed; will retry", "err", err)
-			continue
-		}
-		done = upTo
 	}
+	return nil
 }

@@ -26,11 +26,20 @@ func journalEntries(t *testing.T, s *Store) int {
 	return n
 }
 
-// TestJournalRestoresRecordsTheArenasLost commits under SyncAlways with
+// logEntries counts the entries the index log holds past its flushed
+// position: those a start would replay.
+func logEntries(s *Store) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	entries, _ := s.ilog.entriesFrom(s.ilog.flushed)
+	return len(entries)
+}
+
+// TestIndexLogRestoresRecordsTheArenasLost commits under SyncAlways with
 // checkpoints held off, stops as a crash would, wipes every record from
 // the arena files (as if their pages never reached the disk), and expects
-// every value back after the restart.
-func TestJournalRestoresRecordsTheArenasLost(t *testing.T) {
+// every value back after the restart: the log carried the records.
+func TestIndexLogRestoresRecordsTheArenasLost(t *testing.T) {
 	opts := smallOptions()
 	opts.CheckpointInterval, opts.CheckpointBytes = time.Hour, 1<<40
 	sv := newServer(t, opts)
@@ -40,14 +49,14 @@ func TestJournalRestoresRecordsTheArenasLost(t *testing.T) {
 	const n = 50
 	var locs []Committed
 	for i := range n {
-		cm, err := w.put(key(i), fmt.Appendf(nil, "journaled value %d", i))
+		cm, err := w.put(key(i), fmt.Appendf(nil, "logged value %d", i))
 		if err != nil {
 			t.Fatal(err)
 		}
 		locs = append(locs, cm)
 	}
-	if got := journalEntries(t, sv.s); got != n {
-		t.Fatalf("journal holds %d entries after %d commits", got, n)
+	if got := logEntries(sv.s); got != n {
+		t.Fatalf("the index log holds %d entries after %d commits", got, n)
 	}
 	if err := sv.s.close(false); err != nil {
 		t.Fatal(err)
@@ -63,26 +72,26 @@ func TestJournalRestoresRecordsTheArenasLost(t *testing.T) {
 		f.Close()
 	}
 	sv.open()
-	if got := journalEntries(t, sv.s); got != 0 {
-		t.Errorf("journal holds %d entries after the replay", got)
+	if sv.s.logReplayed != n {
+		t.Errorf("the start replayed %d entries of the log, want %d", sv.s.logReplayed, n)
 	}
 	for i := range n {
 		v, err := sv.s.Get(key(i))
-		if want := fmt.Appendf(nil, "journaled value %d", i); err != nil || !bytes.Equal(v, want) {
+		if want := fmt.Appendf(nil, "logged value %d", i); err != nil || !bytes.Equal(v, want) {
 			t.Fatalf("key %d after replay: %q, %v; want %q", i, v, err, want)
 		}
 	}
 	// A clean Close checkpoints: nothing is left to replay.
 	sv.restart()
-	if got := journalEntries(t, sv.s); got != 0 {
-		t.Errorf("journal holds %d entries after a clean restart", got)
+	if sv.s.logReplayed != 0 || journalEntries(t, sv.s) != 0 {
+		t.Errorf("after a clean restart: %d log entries replayed, %d journal entries", sv.s.logReplayed, journalEntries(t, sv.s))
 	}
 }
 
-// TestCheckpointTrimsTheJournal: once CheckpointBytes were journaled, a
-// checkpoint writes the arenas back and empties the journal while the
-// store keeps serving.
-func TestCheckpointTrimsTheJournal(t *testing.T) {
+// TestCheckpointFlushesTheLog: once CheckpointBytes were logged, a
+// checkpoint writes the arenas back and flushes the index log into
+// Pebble while the store keeps serving.
+func TestCheckpointFlushesTheLog(t *testing.T) {
 	opts := smallOptions()
 	opts.CheckpointInterval, opts.CheckpointBytes = time.Hour, 4<<10
 	sv := newServer(t, opts)
@@ -95,10 +104,13 @@ func TestCheckpointTrimsTheJournal(t *testing.T) {
 		}
 	}
 	deadline := time.Now().Add(10 * time.Second)
-	for sv.s.Stats().Checkpoints == 0 || journalEntries(t, sv.s) >= 20 {
+	for sv.s.Stats().Checkpoints == 0 || logEntries(sv.s) >= 20 {
 		if time.Now().After(deadline) {
-			t.Fatalf("after 20 KiB journaled: %d checkpoints, %d journal entries", sv.s.Stats().Checkpoints, journalEntries(t, sv.s))
+			t.Fatalf("after 20 KiB logged: %d checkpoints, %d log entries", sv.s.Stats().Checkpoints, logEntries(sv.s))
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+	if _, ok := pebbleEntry(t, sv.s, key(0)); !ok {
+		t.Error("after a checkpoint Pebble lacks the first key's entry")
 	}
 }

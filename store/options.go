@@ -16,9 +16,9 @@ type SyncPolicy int
 
 const (
 	// SyncAlways makes the record's bytes and the index entry durable
-	// before a commit is acknowledged: both go into one Pebble batch (the
-	// record into a journal the arenas are checkpointed from), and
-	// concurrent commits share its one WAL sync (group commit). The
+	// before a commit is acknowledged: both are appended to the index log
+	// (indexlog.go), which the arenas are checkpointed from, and
+	// concurrent commits share its one fdatasync (group commit). The
 	// default.
 	SyncAlways SyncPolicy = iota
 	// SyncBatch acknowledges at once and syncs every SyncWindow: a crash
@@ -133,19 +133,23 @@ type Options struct {
 	Sync SyncPolicy
 	// SyncWindow is SyncBatch's interval. Default 10ms.
 	SyncWindow time.Duration
-	// CheckpointInterval and CheckpointBytes say how often the journal
-	// of SyncAlways and SyncBatch is written back to the arenas (one
-	// fdatasync each) and trimmed: every interval, or as soon as that
-	// many record bytes were journaled. They bound the journal, and so
-	// Pebble's memtables and the replay at the next start. Defaults 1s and
-	// 16 MiB.
+	// CheckpointInterval and CheckpointBytes say how often, under
+	// SyncAlways and SyncBatch, the records the index log and the journal
+	// hold are written back to the arenas (one fdatasync each) and the
+	// log flushed into Pebble: every interval, or as soon as that many
+	// bytes were logged (or half the log). They bound the replay at the
+	// next start; each checkpoint costs the writers a page fault per page
+	// they write again. Defaults 1s and 16 MiB.
 	CheckpointInterval time.Duration
 	CheckpointBytes    int64
-	// IndexLogSize and IndexFlushInterval size the index log of SyncNone
-	// (indexlog.go): the file commits append their index entries to, and
-	// how often those are written into Pebble, which a full log also
-	// forces. A longer interval writes a key updated often fewer times.
-	// Defaults 32 MiB (at least 1 MiB) and 100ms.
+	// IndexLogSize is the size of the index log (indexlog.go): the file
+	// commits append their index entries to and, under SyncAlways and
+	// SyncBatch, their records. Under those it must hold four leases
+	// (4 LeaseSize). IndexFlushInterval is how often, under SyncNone, the
+	// log is written into Pebble, which a half-full log also forces; a
+	// longer interval writes a key updated often fewer times (the durable
+	// policies flush at each checkpoint instead). Defaults 32 MiB (at
+	// least 1 MiB, and 4 LeaseSize under the durable policies) and 100ms.
 	IndexLogSize       int64
 	IndexFlushInterval time.Duration
 	// SessionTTL is how long the last write of an idempotency session is
@@ -167,6 +171,12 @@ type Options struct {
 	// fails before. (server.New sets its own.)
 	Locked func()
 }
+
+// minLogLeases is how many of the largest records the index log of a
+// durable policy holds at least: a batch of commits is cut to a quarter
+// of the log (Store.apply), so that one record of a lease's size always
+// fits beside a batch that fills what was free.
+const minLogLeases = 4
 
 // defaultRegistrationUnit is RegistrationUnit's default: registering one
 // takes about 20 ms here, so the first serves that soon after the index.
@@ -247,6 +257,9 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.IndexLogSize == 0 {
 		o.IndexLogSize = 32 << 20
+		if o.Sync != SyncNone {
+			o.IndexLogSize = max(o.IndexLogSize, minLogLeases*o.LeaseSize)
+		}
 	}
 	if o.IndexFlushInterval == 0 {
 		o.IndexFlushInterval = 100 * time.Millisecond
@@ -290,6 +303,8 @@ func (o Options) withDefaults() (Options, error) {
 		return o, fmt.Errorf("store: CheckpointInterval %v, CheckpointBytes %d: must not be negative", o.CheckpointInterval, o.CheckpointBytes)
 	case o.IndexLogSize < 1<<20 || o.IndexLogSize%4096 != 0 || o.IndexFlushInterval < 0:
 		return o, fmt.Errorf("store: IndexLogSize %d, IndexFlushInterval %v: the size must be a multiple of 4096, at least 1 MiB, and the interval not negative", o.IndexLogSize, o.IndexFlushInterval)
+	case o.Sync != SyncNone && o.IndexLogSize < minLogLeases*o.LeaseSize:
+		return o, fmt.Errorf("store: IndexLogSize %d under sync %v: must hold %d leases (LeaseSize %d), at least %d bytes", o.IndexLogSize, o.Sync, minLogLeases, o.LeaseSize, minLogLeases*o.LeaseSize)
 	case o.SessionTTL < 0 || o.MaxSessions < 0:
 		return o, fmt.Errorf("store: SessionTTL %v, MaxSessions %d: must not be negative", o.SessionTTL, o.MaxSessions)
 	case o.Sync < SyncAlways || o.Sync > SyncNone:

@@ -130,13 +130,11 @@ func (s *Store) quiesceBackups(shards []proto.Shard) ([]proto.Shard, error) {
 
 // entryOf returns key's entry in shard sh, if it has one.
 func (s *Store) entryOf(sh proto.Shard, key []byte) (entry, bool, error) {
-	if s.logged() {
-		s.mu.Lock()
-		p, ok := s.pendingEntryLocked(sh, key)
-		s.mu.Unlock()
-		if ok {
-			return p.e, !p.deleted, nil
-		}
+	s.mu.Lock()
+	p, ok := s.pendingEntryLocked(sh, key)
+	s.mu.Unlock()
+	if ok {
+		return p.e, !p.deleted, nil
 	}
 	v, closer, err := s.db.Get(shardDataKey(sh, key))
 	if errors.Is(err, pebble.ErrNotFound) {

@@ -45,7 +45,7 @@ func (s *Store) Scan(shards []proto.Shard, start, end []byte, limit int) ([]Scan
 	if end != nil && bytes.Compare(start, end) >= 0 {
 		return nil, nil
 	}
-	if err := s.flushIndex(); err != nil { // every commit acknowledged so far
+	if err := s.flushPending(); err != nil { // every commit acknowledged so far
 		return nil, err
 	}
 	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: keyPrefix, UpperBound: keyEnd})
@@ -221,7 +221,7 @@ func (s *Store) ShardEntries(sh proto.Shard, after []byte, limit int) (entries [
 	if after != nil {
 		lower = shardDataKey(sh, append(append([]byte(nil), after...), 0))
 	}
-	if err := s.flushIndex(); err != nil {
+	if err := s.flushPending(); err != nil {
 		return nil, false, err
 	}
 	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: lower, UpperBound: shardUpper(sh)})

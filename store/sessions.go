@@ -151,11 +151,7 @@ func (t *sessionTable) finish(c *pendingCommit, applied bool, now int64) {
 		ss.pending = nil
 	}
 	if applied && (!ss.applied || c.write.Seq >= ss.seq) {
-		r := sessionRecord{seq: c.write.Seq, time: now}
-		if !c.delete {
-			r.version, r.loc = c.entry.version, c.entry.loc
-		}
-		t.set(ss, r)
+		t.set(ss, c.sessionRecord(now))
 	}
 	if !ss.applied && ss.pending == nil {
 		delete(t.m, k)
@@ -319,23 +315,21 @@ func (s *Store) loadSessions() error {
 	return nil
 }
 
-// deleteDoomedSessions writes the deletions of evicted sessions in a batch
-// of their own (the commit loop, as the writer, when no commit came to
-// carry them).
+// deleteDoomedSessions evicts what is due and has the evicted sessions'
+// entries deleted from Pebble, by a flush of the index log: their sets
+// reach Pebble through it, so their deletes must too, in order (the
+// commit loop, as the writer, calls it on its expiry tick). A replay
+// after a crash may set some again; the next start evicts them by their
+// time.
 func (s *Store) deleteDoomedSessions() {
 	s.mu.Lock()
 	s.sess.evict(time.Now())
-	doomed := s.sess.takeDoomed()
+	due := len(s.sess.doomed) > 0
 	s.mu.Unlock()
-	if len(doomed) == 0 {
+	if !due {
 		return
 	}
-	b := s.db.NewBatch()
-	defer b.Close()
-	for _, k := range doomed {
-		_ = b.Delete(k, nil) // a batch write cannot fail
-	}
-	if err := b.Commit(pebble.NoSync); err != nil {
+	if err := s.flushPending(); err != nil {
 		s.log.Error("deleting expired sessions", "err", err)
 	}
 }

@@ -332,7 +332,7 @@ func (s *Store) reclaim(now time.Time) (int, error) {
 	if due == 0 {
 		return 0, nil
 	}
-	if err := s.flushIndex(); err != nil { // SyncNone's entries in Pebble first
+	if err := s.flushIndex(); err != nil { // the log past every entry naming them (a checkpoint under the durable policies)
 		return 0, fmt.Errorf("store: flushing the index log before freeing segments: %w", err)
 	}
 	if s.opts.Sync != SyncAlways { // under SyncAlways every batch was synced

@@ -48,7 +48,7 @@ type Stats struct {
 	LeasesActive    int
 	LeasesGranted   uint64
 	LeasesExpired   uint64
-	Checkpoints     uint64 // journal write-backs to the arenas
+	Checkpoints     uint64 // write-backs of the arenas, so that the index log and the journal let go of their records (SyncAlways, SyncBatch)
 	// Idempotency: retried commits and deletes answered without applying
 	// them again, session entries held, and entries forgotten before
 	// SessionTTL because of MaxSessions (a retry of those would apply
@@ -62,7 +62,8 @@ type Stats struct {
 	IndexSlots   uint64
 	IndexMoves   uint64
 	IndexGrowths uint64
-	// Under SyncNone, the index log's flushes into Pebble, the entries
+	// The index log's flushes into Pebble (under the durable policies,
+	// each with a checkpoint), the entries
 	// they wrote (fewer than the commits logged when keys repeat), their
 	// summed time, and the flushes a full log forced on a commit (raise
 	// IndexLogSize if this grows).

@@ -116,23 +116,26 @@ type Store struct {
 	// and not yet finished: Close waits for them before it stops the
 	// commit loop.
 	inflight sync.WaitGroup
-	// The journal: entries below journalNext are committed; journalBytes
-	// were journaled since the last checkpoint; journalFull asks for one.
-	journalNext  atomic.Uint64
-	journalBytes atomic.Int64
-	journalFull  chan struct{}
-	// The index log (indexlog.go), under SyncNone only: ilog is nil
-	// otherwise. pending holds what was published since the last flush
-	// began, flushing what a flush is writing; logEnd is where the log
-	// ended when pending was last added to; keyBuf builds their keys.
-	// All guarded by mu; flushMu serializes the flushes, indexHalf asks
-	// for one.
+	// The journal of the cleaner and Ingest: entries below journalNext
+	// are committed, those below journalTrimmed (guarded by flushMu)
+	// deleted; journalBytes were journaled since the last checkpoint;
+	// journalFull asks for one.
+	journalNext    atomic.Uint64
+	journalTrimmed uint64
+	journalBytes   atomic.Int64
+	journalFull    chan struct{}
+	// The index log (indexlog.go), set by Open. pending holds what was
+	// published since the last flush began, flushing what a flush is
+	// writing; logEnd is where the log ended when pending was last added
+	// to; keyBuf builds their keys. All guarded by mu; flushMu serializes
+	// the flushes, indexHalf asks for one once flushAt bytes are logged.
 	ilog              *indexLog
 	logReplayed       int // entries the last Open replayed
 	pending, flushing pendingIndex
 	logEnd            logPos
 	keyBuf            []byte
 	flushMu           sync.Mutex
+	flushAt           uint64
 	indexHalf         chan struct{}
 	stop              chan struct{}
 	wg                sync.WaitGroup
@@ -289,18 +292,12 @@ func (s *Store) open(ctx context.Context) error {
 		"generation", s.generation, "sync", opts.Sync, "journal_replayed", replayed, "index_log_replayed", s.logReplayed, "took", time.Since(start))
 	s.wg.Add(1)
 	go s.commitLoop()
-	if s.journaled() {
-		s.wg.Add(1)
-		go s.checkpointLoop()
-	}
 	if opts.Sync == SyncBatch {
 		s.wg.Add(1)
 		go s.syncLoop()
 	}
-	if s.logged() {
-		s.wg.Add(1)
-		go s.indexFlushLoop()
-	}
+	s.wg.Add(1)
+	go s.indexFlushLoop()
 	s.wg.Add(1)
 	go s.cleanLoop()
 	s.wg.Add(1)
@@ -541,12 +538,15 @@ func (s *Store) close(checkpoint bool) error {
 	close(s.stop)
 	s.wg.Wait()
 	var errs []error
-	if checkpoint && s.journaled() {
-		// A clean stop leaves nothing to replay.
-		errs = append(errs, s.checkpoint(s.journalNext.Load(), pebble.Sync))
-	}
-	if checkpoint {
-		errs = append(errs, s.flushIndex())
+	if checkpoint && s.brokenErr() == nil {
+		// A clean stop leaves nothing to replay, and a position an older
+		// rkv reads. (A broken store leaves the log to the next start's
+		// replay: what it holds is all that is known to be durable.)
+		err := s.flushIndex()
+		if err == nil && s.logFormat() != logFormatEntries {
+			err = s.db.Set(metaIndexLogKey, s.logEnd.encode(logFormatEntries), pebble.Sync)
+		}
+		errs = append(errs, err)
 	}
 	for _, l := range leases {
 		_ = l.region.reg.Release()
@@ -737,6 +737,14 @@ func (s *Store) brokenErr() error {
 		return *p
 	}
 	return nil
+}
+
+// breakOn makes every write fail from now on, after err, a failure that
+// leaves what is durable unknown (a failed sync).
+func (s *Store) breakOn(err error) {
+	s.log.Error("the store refuses writes until it is restarted", "err", err)
+	err = fmt.Errorf("store: %w: the store takes no more writes; restart the server", err)
+	s.fatal.CompareAndSwap(nil, &err)
 }
 
 // pebbleLogger routes Pebble's logs to the store's logger. After a fatal

@@ -169,7 +169,7 @@ func newFlagSet(o *options) *pflag.FlagSet {
 	fs.Var(newSize(&o.SegmentSize, 0), "segment-size", "unit the arenas are carved and cleaned in, a multiple of 4KiB and at least --lease-size (0: 4 leases, or one when that does not divide --arena-size); keep it across restarts")
 	fs.Var(newSize(&o.RegistrationUnit, 0), "registration-unit", "how much of an arena one memory registration covers, each advertised on its own so that the first serves while the rest are pinned; a multiple of --segment-size; beyond --arena-size, arenas register whole (0: 128MiB in whole segments)")
 	fs.StringVar(&o.Sync, "sync", "always", "durability: always (fsync before ack), batch (every 10ms), none (written out before ack, never synced: survives a process crash, not a machine crash)")
-	fs.Var(newSize(&o.IndexLogSize, 32<<20), "index-log-size", "under --sync none, the file commits log their index entries to until they are written into the index in the background, a multiple of 4KiB, at least 1MiB; if rkv_index_log_full_total grows, raise it")
+	fs.Var(newSize(&o.IndexLogSize, 0), "index-log-size", "the file commits log their index entries (and under --sync always or batch their records) to until they are written into the index in the background, a multiple of 4KiB, at least 1MiB and 4 --lease-size under always or batch (0: 32MiB, or 4 leases if more); if rkv_index_log_full_total grows, raise it")
 	fs.IntVar(&o.RegistrationWorkers, "registration-workers", 0, "memory registrations run at once (0: min(4, GOMAXPROCS))")
 	fs.StringVar(&o.Provider, "provider", "auto", "RDMA provider: auto (verbs if compiled in and a device exists, else soft), soft, verbs")
 	fs.StringVar(&o.Device, "device", "", "RDMA device name (default: the provider's first device)")
@@ -360,7 +360,7 @@ func (o *options) validate() error {
 	if o.MaxIndexSlots&(o.MaxIndexSlots-1) != 0 || o.MaxIndexSlots < o.IndexSlots {
 		return fmt.Errorf("--max-index-slots %d: must be a power of two, at least --index-slots %d", o.MaxIndexSlots, o.IndexSlots)
 	}
-	if o.IndexLogSize < 1<<20 || o.IndexLogSize%4096 != 0 {
+	if o.IndexLogSize != 0 && (o.IndexLogSize < 1<<20 || o.IndexLogSize%4096 != 0) {
 		return fmt.Errorf("--index-log-size %d: must be a multiple of 4KiB, at least 1MiB", o.IndexLogSize)
 	}
 	if o.MaxSessions < 1 {
@@ -378,6 +378,9 @@ func (o *options) validate() error {
 	var err error
 	if o.syncMode, err = store.ParseSyncPolicy(o.Sync); err != nil {
 		return fmt.Errorf("--sync %q: want always, batch or none", o.Sync)
+	}
+	if o.IndexLogSize != 0 && o.syncMode != store.SyncNone && o.IndexLogSize < 4*o.LeaseSize {
+		return fmt.Errorf("--index-log-size %d under --sync %s: must hold 4 leases of --lease-size %d (at least %d), as the log carries the records", o.IndexLogSize, o.syncMode, o.LeaseSize, 4*o.LeaseSize)
 	}
 	if o.RegistrationWorkers < 0 {
 		return fmt.Errorf("--registration-workers %d: must be 0 (default) or more", o.RegistrationWorkers)

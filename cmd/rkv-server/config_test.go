@@ -89,6 +89,7 @@ func TestOptionsErrors(t *testing.T) {
 		{[]string{"--name", "n", "--registration-unit", "-4MiB"}, nil, "bad size"},
 		{[]string{"--name", "n", "--arena-size", "64MiB", "--segment-size", "4MiB", "--registration-unit", "6MiB"}, nil, "multiple of --segment-size"},
 		{[]string{"--name", "n", "--index-slots", "1000"}, nil, "power of two"},
+		{[]string{"--name", "n", "--arena-size", "64MiB", "--lease-size", "16MiB", "--index-log-size", "32MiB"}, nil, "must hold 4 leases of --lease-size"},
 		{[]string{"--name", "n", "--max-sessions", "0"}, nil, "--max-sessions 0: must be at least 1"},
 		{[]string{"--name", "n", "--gossip-addr", "nowhere"}, nil, "host:port"},
 		{[]string{"--name", "n", "--gossip-key", "abcd"}, nil, "gossip key"},

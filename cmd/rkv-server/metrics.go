@@ -75,7 +75,7 @@ func newCollector(srv *server.Server) *collector {
 		indexMoves:           d("index_moves_total", "Hopscotch displacements."),
 		indexSlots:           d("index_slots", "Home slots of the hash index (it doubles while serving)."),
 		indexGrowths:         d("index_growths_total", "Times the hash index grew while serving."),
-		indexFlushes:         d("index_log_flushes_total", "Under --sync none, the index log's flushes into the index's Pebble."),
+		indexFlushes:         d("index_log_flushes_total", "The index log's flushes into the index's Pebble (under --sync always or batch, each a checkpoint of the arenas)."),
 		indexFlushed:         d("index_log_flushed_entries_total", "Entries the index log's flushes wrote: fewer than the commits logged when keys are written again between flushes."),
 		indexFlushSeconds:    d("index_log_flush_seconds_total", "Time the index log's flushes took."),
 		indexLogFull:         d("index_log_full_total", "Commits that waited for a flush because the index log was full. If it grows, raise --index-log-size."),
