@@ -725,7 +725,7 @@ func (s *Store) flush(checkpoint bool) error {
 	b := s.db.NewBatch()
 	defer b.Close()
 	for _, k := range doomed {
-		_ = b.Delete(k, nil) // before the sets: a session re-created since stays
+		_ = b.Delete(sessionKey(k.shard, k.session), nil) // before the sets: a session re-created since stays
 	}
 	for k := range s.flushing.sessions {
 		if ss := s.sess.m[k]; ss != nil && ss.applied {
@@ -783,6 +783,7 @@ func (s *Store) flush(checkpoint bool) error {
 		for k := range s.flushing.sessions {
 			s.pending.sessions[k] = struct{}{}
 		}
+		s.sess.undoom(doomed)
 		err = fmt.Errorf("store: flushing the index log: %w", err)
 	} else if checkpoint {
 		s.ilog.flushed, s.journalTrimmed = pos, journal

@@ -260,12 +260,6 @@ func (s *Store) applyIngest(c *pendingCommit) {
 	flushErr := s.flushIndex()
 	b := s.db.NewBatch()
 	defer b.Close()
-	s.mu.Lock()
-	doomed := s.sess.takeDoomed()
-	s.mu.Unlock()
-	for _, k := range doomed {
-		_ = b.Delete(k, nil)
-	}
 	seq, journaled := s.journalNext.Load(), int64(0)
 	errs := []error{flushErr}
 	for _, p := range job.puts {

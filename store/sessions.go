@@ -220,20 +220,28 @@ func (t *sessionTable) evict(now time.Time) {
 	}
 }
 
-// takeDoomed returns the Pebble keys of evicted entries not re-created
-// since, for a batch that is about to be committed, and forgets them.
-func (t *sessionTable) takeDoomed() [][]byte {
+// takeDoomed returns the evicted entries not re-created since, for a
+// batch that is about to be committed, and forgets them; a batch that
+// fails hands them back (undoom).
+func (t *sessionTable) takeDoomed() []sessKey {
 	if len(t.doomed) == 0 {
 		return nil
 	}
-	out := make([][]byte, 0, len(t.doomed))
+	out := make([]sessKey, 0, len(t.doomed))
 	for k := range t.doomed {
 		if ss := t.m[k]; ss == nil || !ss.applied && ss.pending == nil {
-			out = append(out, sessionKey(k.shard, k.session))
+			out = append(out, k)
 		}
 		delete(t.doomed, k)
 	}
 	return out
+}
+
+// undoom gives back entries takeDoomed returned, whose deletion failed.
+func (t *sessionTable) undoom(keys []sessKey) {
+	for _, k := range keys {
+		t.doomed[k] = struct{}{}
+	}
 }
 
 // unresolved returns the shard's applied entries of a put whose location
