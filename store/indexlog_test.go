@@ -1,4 +1,4 @@
-// Tests of SyncNone's index log: what Pebble had not received comes back from the log after a crash.
+// Tests of the index log: what Pebble had not received, and under the durable policies the records, come back from it after a crash.
 
 package store
 
@@ -270,12 +270,15 @@ func TestIndexLogScanSeesEveryCommit(t *testing.T) {
 
 // TestIndexLogReplaysUnderAnotherPolicyOrSize: a log left by a crash is
 // replayed by a start at another IndexLogSize, and by one under another
-// policy, which then removes it.
+// policy, either way round.
 func TestIndexLogReplaysUnderAnotherPolicyOrSize(t *testing.T) {
 	opts := loggedOptions()
-	sv, c, w := newLogged(t, opts)
-	crashAfter := func(tag string) {
+	sv, _, _ := newLogged(t, opts)
+	// crashAndRestart writes tag to ten keys, crashes, changes the
+	// options and starts again: the keys read tag.
+	crashAndRestart := func(tag string, change func(*Options)) {
 		t.Helper()
+		w := newClient(t, sv).newWriter()
 		for i := range 10 {
 			if _, err := w.put(key(i), []byte(tag)); err != nil {
 				t.Fatal(err)
@@ -284,36 +287,22 @@ func TestIndexLogReplaysUnderAnotherPolicyOrSize(t *testing.T) {
 		if err := sv.s.close(false); err != nil {
 			t.Fatal(err)
 		}
-	}
-	check := func(tag string) {
-		t.Helper()
+		change(&sv.opts)
+		sv.open()
 		for i := range 10 {
 			if v, err := sv.s.Get(key(i)); err != nil || string(v) != tag {
 				t.Fatalf("key %d: %q, %v; want %q", i, v, err, tag)
 			}
 		}
 	}
-	crashAfter("first")
-	sv.opts.IndexLogSize = 2 << 20
-	sv.open()
-	check("first")
+	crashAndRestart("first", func(o *Options) { o.IndexLogSize = 2 << 20 })
 	if st, err := os.Stat(filepath.Join(sv.opts.Dir, indexLogName)); err != nil || st.Size() != 2<<20 {
 		t.Fatalf("the log after a start at 2 MiB: %v, %v", st, err)
 	}
-	c = newClient(t, sv)
-	w = c.newWriter()
-	crashAfter("second")
-	sv.opts.Sync = SyncAlways
-	sv.open()
-	check("second")
+	crashAndRestart("second", func(o *Options) { o.Sync = SyncAlways })
 	// Under SyncAlways the log carries the records too, and a store
 	// started under SyncNone after a crash replays them.
-	c = newClient(t, sv)
-	w = c.newWriter()
-	crashAfter("third")
-	sv.opts.Sync = SyncNone
-	sv.open()
-	check("third")
+	crashAndRestart("third", func(o *Options) { o.Sync = SyncNone })
 	if sv.s.logReplayed != 10 {
 		t.Errorf("the start under SyncNone replayed %d entries, want the 10 of SyncAlways", sv.s.logReplayed)
 	}
