@@ -335,7 +335,7 @@ func (s *Store) reclaim(now time.Time) (int, error) {
 	if err := s.flushIndex(); err != nil { // the log past every entry naming them (a checkpoint under the durable policies)
 		return 0, fmt.Errorf("store: flushing the index log before freeing segments: %w", err)
 	}
-	if s.opts.Sync != SyncAlways { // under SyncAlways every batch was synced
+	if s.opts.Sync != SyncAlways { // the checkpoint above synced Pebble under SyncAlways (and SyncBatch, where this sync is redundant)
 		s.cleaner.onDisk.Add(1)
 		if s.testHookReclaimSync != nil {
 			s.testHookReclaimSync()
