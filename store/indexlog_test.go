@@ -357,3 +357,42 @@ func TestIndexLogPositionSaysWhetherRecordsAreLogged(t *testing.T) {
 		t.Errorf("IndexLogSize of 2 leases under SyncNone: %v", err)
 	}
 }
+
+// TestIndexLogDefaultsScaleWithTheArenas: under the durable policies the
+// default log, which the records pass through, grows with the arenas up
+// to maxDefaultLogSize, so that checkpoints come every half log or
+// CheckpointInterval; under SyncNone it holds entries alone and stays
+// small. Options set stay as they are.
+func TestIndexLogDefaultsScaleWithTheArenas(t *testing.T) {
+	for _, tc := range []struct {
+		sync                  SyncPolicy
+		arenaSize             int64
+		arenas                int
+		logSize, checkpointAt int64
+	}{
+		{SyncAlways, 64 << 20, 4, 32 << 20, 16 << 20}, // the defaults
+		{SyncAlways, 1 << 30, 2, 128 << 20, 64 << 20},
+		{SyncBatch, 1 << 30, 8, 256 << 20, 128 << 20},
+		{SyncAlways, 1 << 30, 64, 256 << 20, 128 << 20},
+		{SyncNone, 1 << 30, 8, 32 << 20, 16 << 20},
+	} {
+		o, err := Options{Dir: t.TempDir(), Sync: tc.sync, ArenaSize: tc.arenaSize, ArenaCount: tc.arenas}.withDefaults()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if o.IndexLogSize != tc.logSize || o.CheckpointBytes != tc.checkpointAt || o.CheckpointInterval != 10*time.Second {
+			t.Errorf("%v, %d arenas of %d: log %d, checkpoints every %d bytes or %v; want %d, %d, 10s",
+				tc.sync, tc.arenas, tc.arenaSize, o.IndexLogSize, o.CheckpointBytes, o.CheckpointInterval, tc.logSize, tc.checkpointAt)
+		}
+	}
+	o, err := Options{Dir: t.TempDir(), ArenaSize: 1 << 30, LeaseSize: 128 << 20, IndexLogSize: 1 << 30, CheckpointBytes: 1 << 20}.withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.IndexLogSize != 1<<30 || o.CheckpointBytes != 1<<20 {
+		t.Errorf("set options changed: log %d, checkpoints every %d bytes", o.IndexLogSize, o.CheckpointBytes)
+	}
+	if o, _ := (Options{Dir: t.TempDir(), ArenaSize: 1 << 30, LeaseSize: 128 << 20}).withDefaults(); o.IndexLogSize != 512<<20 {
+		t.Errorf("leases of 128 MiB: default log %d, want 4 leases", o.IndexLogSize)
+	}
+}

@@ -138,8 +138,11 @@ type Options struct {
 	// hold are written back to the arenas (one fdatasync each) and the
 	// log flushed into Pebble: every interval, or as soon as that many
 	// bytes were logged (or half the log). They bound the replay at the
-	// next start; each checkpoint costs the writers a page fault per page
-	// they write again. Defaults 1s and 16 MiB.
+	// next start. Each checkpoint also costs the writers a page fault per
+	// page they write again, and writes back again every page a record's
+	// death dirtied since the last one, so checkpoints are spaced out:
+	// durable PUTs ran 1.06x as fast at 5s and 1.14x at 10s as at 1s.
+	// Defaults 10s and half the index log, at least 16 MiB.
 	CheckpointInterval time.Duration
 	CheckpointBytes    int64
 	// IndexLogSize is the size of the index log (indexlog.go): the file
@@ -148,8 +151,11 @@ type Options struct {
 	// (4 LeaseSize). IndexFlushInterval is how often, under SyncNone, the
 	// log is written into Pebble, which a half-full log also forces; a
 	// longer interval writes a key updated often fewer times (the durable
-	// policies flush at each checkpoint instead). Defaults 32 MiB (at
-	// least 1 MiB, and 4 LeaseSize under the durable policies) and 100ms.
+	// policies flush at each checkpoint instead). Defaults 32 MiB, and
+	// under the durable policies, whose records pass through the log, a
+	// sixteenth of the arenas up to 256 MiB (at least 32 MiB and 4
+	// LeaseSize); and 100ms. A new log is filled with zeros when made
+	// (256 MiB took 0.23s here), so that its syncs write no metadata.
 	IndexLogSize       int64
 	IndexFlushInterval time.Duration
 	// SessionTTL is how long the last write of an idempotency session is
@@ -177,6 +183,10 @@ type Options struct {
 // of the log (Store.apply), so that one record of a lease's size always
 // fits beside a batch that fills what was free.
 const minLogLeases = 4
+
+// maxDefaultLogSize bounds the default IndexLogSize of the durable
+// policies, and so the log replayed after a crash (about half of it).
+const maxDefaultLogSize = 256 << 20
 
 // defaultRegistrationUnit is RegistrationUnit's default: registering one
 // takes about 20 ms here, so the first serves that soon after the index.
@@ -250,16 +260,17 @@ func (o Options) withDefaults() (Options, error) {
 		o.SyncWindow = 10 * time.Millisecond
 	}
 	if o.CheckpointInterval == 0 {
-		o.CheckpointInterval = time.Second
-	}
-	if o.CheckpointBytes == 0 {
-		o.CheckpointBytes = 16 << 20
+		o.CheckpointInterval = 10 * time.Second
 	}
 	if o.IndexLogSize == 0 {
 		o.IndexLogSize = 32 << 20
 		if o.Sync != SyncNone {
-			o.IndexLogSize = max(o.IndexLogSize, minLogLeases*o.LeaseSize)
+			arenas := min(o.ArenaSize*int64(o.ArenaCount)/16, maxDefaultLogSize) &^ 4095
+			o.IndexLogSize = max(o.IndexLogSize, arenas, minLogLeases*o.LeaseSize)
 		}
+	}
+	if o.CheckpointBytes == 0 {
+		o.CheckpointBytes = max(16<<20, o.IndexLogSize/2)
 	}
 	if o.IndexFlushInterval == 0 {
 		o.IndexFlushInterval = 100 * time.Millisecond
