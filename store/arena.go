@@ -168,6 +168,19 @@ func (a *arena) setState(off uint64, st uint32) {
 	}
 }
 
+// restore writes rec, the verified copy of the record at off, back over
+// it, all but its state word, through the mapping. A record an RDMA device
+// wrote (a NIC's DMA, rxe's copy in the kernel) went around the page
+// tables, into pages the kernel may hold clean since a checkpoint wrote
+// them back, which the next checkpoint's fdatasync would then skip: a
+// store through the mapping dirties every page it touches. It also undoes
+// what the lease's holder wrote there after the commit's check.
+func (a *arena) restore(off uint64, rec []byte) {
+	b := a.mem.Bytes()[off : off+uint64(len(rec))]
+	copy(b[:proto.RecordStateOffset], rec[:proto.RecordStateOffset])
+	copy(b[proto.RecordStateOffset+4:], rec[proto.RecordStateOffset+4:])
+}
+
 // recordState reads the state word of the record at the start of b, which
 // may be arena memory a client or a reader shares.
 func recordState(b []byte) uint32 {

@@ -752,6 +752,9 @@ func (s *Store) publish(c *pendingCommit) error {
 	var old proto.Location
 	var had bool
 	var err error
+	if c.rec != nil {
+		c.arena.restore(c.entry.loc.Offset, c.rec) // the durable policies': a checkpoint writes it back
+	}
 	if c.replica {
 		if !c.delete {
 			c.arena.setState(c.entry.loc.Offset, proto.RecordBackup)

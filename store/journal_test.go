@@ -4,12 +4,14 @@ package store
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"os"
 	"testing"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
+	"github.com/rkv-io/rkv/proto"
 )
 
 func journalEntries(t *testing.T, s *Store) int {
@@ -112,5 +114,38 @@ func TestCheckpointFlushesTheLog(t *testing.T) {
 	}
 	if _, ok := pebbleEntry(t, sv.s, key(0)); !ok {
 		t.Error("after a checkpoint Pebble lacks the first key's entry")
+	}
+}
+
+// TestDurableCommitRestoresTheVerifiedRecord: under the durable policies a
+// commit writes the copy it verified back over its record through the
+// mapping (arena.restore), so that a checkpoint writes every page of the
+// record back even where an RDMA device wrote it around the page tables,
+// and what the lease's holder writes over it after the check does not
+// stay.
+func TestDurableCommitRestoresTheVerifiedRecord(t *testing.T) {
+	for _, sync := range []SyncPolicy{SyncAlways, SyncBatch} {
+		t.Run(sync.String(), func(t *testing.T) {
+			sv := newServer(t, syncOptions(sync))
+			c := newClient(t, sv)
+			w := c.newWriter()
+			key, value := []byte("spans-pages"), bytes.Repeat([]byte("v"), 6000)
+			off, n := w.write(key, value)
+			sv.s.mu.Lock()
+			at := sv.s.leases[w.lease.ID].region.off + off
+			sv.s.mu.Unlock()
+			rec := sv.s.arena(w.lease.Arena).mem.Bytes()[at : at+n]
+			sv.s.testHookApply = func() { clear(rec[n-200:]) } // after the check
+			if _, err := sv.s.Commit(context.Background(), w.lease.ID, off, n, proto.Write{}); err != nil {
+				t.Fatal(err)
+			}
+			sv.s.testHookApply = nil
+			if got, ok := c.mustGet(key); !ok || !bytes.Equal(got, value) {
+				t.Fatalf("after the record was overwritten past its check: %d bytes, found %v", len(got), ok)
+			}
+			if _, err := proto.VerifyRecord(rec, key, 0); err != nil {
+				t.Fatalf("the arena does not hold the verified record: %v", err)
+			}
+		})
 	}
 }
