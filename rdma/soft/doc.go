@@ -15,7 +15,10 @@
 // to peer devices. Devices lists one name, "soft0"; Open accepts any name.
 //
 // Memory registration pins the buffer (rdma/internal/mem, mlock) and so
-// fails with an error naming RLIMIT_MEMLOCK where ibv_reg_mr would. Keys
+// fails with an error naming RLIMIT_MEMLOCK where ibv_reg_mr would. A
+// registration for remote writes also maps its pages writable at once, as
+// ibv_reg_mr does: mlock leaves a shared file mapping's pages read-only,
+// and the first write of a peer's to each would fault. Keys
 // come from a keyed bijection of a counter: they look random and are not
 // reused for 2^32 registrations, so a stale rkey cannot reach a newer MR.
 // MR.Addr is the buffer's real virtual address, as with verbs.

@@ -40,6 +40,9 @@ func (p *pd) Register(buf []byte, access rdma.Access) (rdma.MR, error) {
 		p.life.Release(life.PDMRs)
 		return nil, err
 	}
+	if access&rdma.AccessRemoteWrite != 0 {
+		ref.PrefaultWrite() // the peer's writes find the pages writable
+	}
 	m := &mr{
 		pd:     p,
 		buf:    buf,

@@ -167,7 +167,7 @@ func (m *Memory) Close() error {
 // stays mapped and, if pinned, the pages of its buffer stay locked in RAM.
 type Ref struct {
 	m          *Memory
-	first, end int // pinned pages [first, end), when pinned
+	first, end int // the pages held, [first, end): pinned if pinned
 	pinned     bool
 	released   bool
 }
@@ -190,10 +190,9 @@ func Acquire(buf []byte, pin bool) (*Ref, error) {
 	if m.closed {
 		return nil, fmt.Errorf("rdma: %d bytes at %#x: %w", len(buf), p, ErrNotMapped)
 	}
-	r := &Ref{m: m}
+	off := int(p - m.addr)
+	r := &Ref{m: m, first: off / PageSize, end: (off + len(buf) + PageSize - 1) / PageSize}
 	if pin {
-		off := int(p - m.addr)
-		r.first, r.end = off/PageSize, (off+len(buf)+PageSize-1)/PageSize
 		if err := m.pinLocked(r.first, r.end); err != nil {
 			return nil, err
 		}
@@ -201,6 +200,18 @@ func Acquire(buf []byte, pin bool) (*Ref, error) {
 	}
 	m.refs++
 	return r, nil
+}
+
+// PrefaultWrite maps the held pages writable ahead of the writes a
+// registration for writing expects, as ibv_reg_mr's pinning does. mlock
+// brings the pages of a shared file mapping in read-only, without
+// dirtying them, so the first store to each would take a fault on the
+// writer's path (7 µs a page in a server's profile here; 0.6 µs each in
+// one madvise). Best effort: before Linux 5.14 it does nothing.
+func (r *Ref) PrefaultWrite() {
+	if r.m.file {
+		_ = unix.Madvise(r.m.b[r.first*PageSize:r.end*PageSize], unix.MADV_POPULATE_WRITE)
+	}
 }
 
 // Release drops the hold. It is safe to call more than once.
