@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -144,11 +145,30 @@ type indexLog struct {
 	bufAt    uint64 // from this offset
 	next     logPos // where the writer appends
 	flushed  logPos // the entries before it are in Pebble
+
+	// A new log is filled with zeros in the background (fill), which
+	// the writer's appends wait for: filling is open while it runs.
+	filling  chan struct{}
+	fillErr  error
+	stopFill chan struct{}
 }
 
+// openIndexLog opens the log in dir, or makes a new one of size bytes
+// and fills it in the background (fill).
 func openIndexLog(dir string, size int64) (*indexLog, error) {
 	path := filepath.Join(dir, indexLogName)
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	f, err := os.OpenFile(path, os.O_RDWR, 0o600)
+	fresh := errors.Is(err, fs.ErrNotExist)
+	if fresh {
+		f, err = os.OpenFile(path+newSuffix, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
+		if err == nil {
+			if err = unix.Fallocate(int(f.Fd()), 0, 0, size); err != nil {
+				f.Close()
+				os.Remove(f.Name())
+				return nil, fmt.Errorf("store: index log %s: reserving %d bytes: %w", f.Name(), size, err)
+			}
+		}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("store: index log: %w", err)
 	}
@@ -157,20 +177,9 @@ func openIndexLog(dir string, size int64) (*indexLog, error) {
 		f.Close()
 		return nil, fmt.Errorf("store: index log: %w", err)
 	}
-	if st.Size() != size {
-		// A log of another size (IndexLogSize changed) is replayed at its
-		// own size first: see replayIndexLog.
-		if st.Size() == 0 {
-			err = writeZeros(f, size)
-		} else {
-			size = st.Size()
-		}
-		if err != nil {
-			f.Close()
-			os.Remove(path)
-			return nil, fmt.Errorf("store: index log %s: reserving %d bytes: %w", path, size, err)
-		}
-	}
+	// A log of another size (IndexLogSize changed) is replayed at its own
+	// size first: see replayIndexLog.
+	size = st.Size()
 	if size < logHeaderSize*16 || size%8 != 0 {
 		f.Close()
 		return nil, fmt.Errorf("store: index log %s is %d bytes: corrupt (want a multiple of 8, at least %d); move it away only if the store was stopped cleanly", path, size, logHeaderSize*16)
@@ -180,21 +189,71 @@ func openIndexLog(dir string, size int64) (*indexLog, error) {
 		f.Close()
 		return nil, fmt.Errorf("store: mapping the index log %s: %w", path, err)
 	}
-	return &indexLog{file: f, mem: mem}, nil
+	l := &indexLog{file: f, mem: mem}
+	if fresh {
+		l.filling, l.stopFill = make(chan struct{}), make(chan struct{})
+		go l.fill(path)
+	}
+	return l, nil
 }
 
-// writeZeros fills f, empty, with size zero bytes, durably.
-func writeZeros(f *os.File, size int64) error {
+// newSuffix names a new log until it is filled.
+const newSuffix = ".new"
+
+// testHookLogFill, when set, runs in the filler before it renames a new
+// log into place (tests, which run one store at a time when they set it).
+var testHookLogFill func()
+
+// fill writes zeros over the new log, durably, and renames it into place:
+// a log whose blocks the file system holds as written takes syncs that
+// write no metadata (fallocate's unwritten extents cost the first lap's
+// syncs 25% more here), and filling 256 MiB took 0.23s, which a new
+// store's reads need not wait for. A crash before the rename leaves a
+// file the next start makes again.
+func (l *indexLog) fill(path string) {
+	defer close(l.filling)
 	zeros := make([]byte, 1<<20)
-	for off := int64(0); off < size; off += int64(len(zeros)) {
-		if _, err := f.WriteAt(zeros[:min(int64(len(zeros)), size-off)], off); err != nil {
-			return err
+	for off := int64(0); off < int64(len(l.mem)); off += int64(len(zeros)) {
+		select {
+		case <-l.stopFill:
+			l.fillErr = ErrClosed
+			return
+		default:
+		}
+		if _, err := l.file.WriteAt(zeros[:min(int64(len(zeros)), int64(len(l.mem))-off)], off); err != nil {
+			l.fillErr = fmt.Errorf("store: filling the new index log %s: %w", l.file.Name(), err)
+			return
 		}
 	}
-	if err := f.Sync(); err != nil {
-		return err
+	if testHookLogFill != nil {
+		testHookLogFill()
 	}
-	return syncDir(filepath.Dir(f.Name()))
+	select {
+	case <-l.stopFill: // a Close: the next start makes the log again
+		l.fillErr = ErrClosed
+		return
+	default:
+	}
+	err := l.file.Sync()
+	if err == nil {
+		err = os.Rename(l.file.Name(), path)
+	}
+	if err == nil {
+		err = syncDir(filepath.Dir(path))
+	}
+	if err != nil {
+		l.fillErr = fmt.Errorf("store: making the new index log %s: %w", path, err)
+	}
+}
+
+// waitFilled waits for a new log's fill. The writer calls it before it
+// appends.
+func (l *indexLog) waitFilled() error {
+	if l.filling == nil {
+		return nil
+	}
+	<-l.filling
+	return l.fillErr
 }
 
 func syncDir(dir string) error {
@@ -235,6 +294,10 @@ func (l *indexLog) syncWritten() error {
 }
 
 func (l *indexLog) close() error {
+	if l.filling != nil {
+		close(l.stopFill)
+		<-l.filling
+	}
 	return errors.Join(unix.Munmap(l.mem), l.file.Close())
 }
 
@@ -586,6 +649,10 @@ func (s *Store) logCommits(batch []*pendingCommit, now int64) error {
 	}
 	if need == 0 {
 		return nil
+	}
+	if err := s.ilog.waitFilled(); err != nil {
+		s.breakOn(err)
+		return err
 	}
 	if err := s.logRoom(uint64(need + most)); err != nil {
 		return err

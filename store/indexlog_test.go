@@ -296,6 +296,7 @@ func TestIndexLogReplaysUnderAnotherPolicyOrSize(t *testing.T) {
 		}
 	}
 	crashAndRestart("first", func(o *Options) { o.IndexLogSize = 2 << 20 })
+	<-sv.s.ilog.filling // made anew, at that size
 	if st, err := os.Stat(filepath.Join(sv.opts.Dir, indexLogName)); err != nil || st.Size() != 2<<20 {
 		t.Fatalf("the log after a start at 2 MiB: %v, %v", st, err)
 	}
@@ -394,5 +395,85 @@ func TestIndexLogDefaultsScaleWithTheArenas(t *testing.T) {
 	}
 	if o, _ := (Options{Dir: t.TempDir(), ArenaSize: 1 << 30, LeaseSize: 128 << 20}).withDefaults(); o.IndexLogSize != 512<<20 {
 		t.Errorf("leases of 128 MiB: default log %d, want 4 leases", o.IndexLogSize)
+	}
+}
+
+// TestNewIndexLogFillsInTheBackground: a new store serves reads before
+// its log is filled with zeros, its first commit waits for the fill, and
+// the filled log is renamed into place; a store closed before then
+// leaves the new file, which the next start makes again.
+func TestNewIndexLogFillsInTheBackground(t *testing.T) {
+	entered, release := make(chan struct{}, 1), make(chan struct{})
+	testHookLogFill = func() {
+		entered <- struct{}{}
+		<-release
+	}
+	defer func() { testHookLogFill = nil }()
+	sv := newServer(t, syncOptions(SyncAlways))
+	<-entered
+	path := filepath.Join(sv.opts.Dir, indexLogName)
+	exists := func(p string) bool {
+		_, err := os.Stat(p)
+		return err == nil
+	}
+	if exists(path) || !exists(path+newSuffix) {
+		t.Fatalf("while the log fills: %s there %v, %s there %v", path, exists(path), path+newSuffix, exists(path+newSuffix))
+	}
+	c := newClient(t, sv)
+	if _, found, _ := c.get([]byte("absent")); found {
+		t.Fatal("found a key never written")
+	}
+	w := c.newWriter()
+	off, n := w.write([]byte("k"), []byte("v"))
+	done := make(chan error, 1)
+	go func() {
+		_, err := sv.s.Commit(context.Background(), w.lease.ID, off, n, proto.Write{})
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		t.Fatalf("a commit returned (%v) before the log was filled", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if st, err := os.Stat(path); err != nil || st.Size() != sv.s.opts.IndexLogSize || exists(path+newSuffix) {
+		t.Fatalf("after the fill: %s %v %v, %s there %v", path, st, err, path+newSuffix, exists(path+newSuffix))
+	}
+
+	// Closed while a new log fills: the next start makes it again.
+	if err := sv.s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(path); err != nil { // a clean Close leaves nothing to replay
+		t.Fatal(err)
+	}
+	entered, release = make(chan struct{}, 1), make(chan struct{})
+	sv.open()
+	<-entered
+	stopped := sv.s.ilog.stopFill
+	closed := make(chan error, 1)
+	go func() { closed <- sv.s.Close() }()
+	<-stopped
+	close(release)
+	if err := <-closed; err != nil {
+		t.Fatal(err)
+	}
+	if exists(path) || !exists(path+newSuffix) {
+		t.Fatalf("closed while the log filled: %s there %v, %s there %v", path, exists(path), path+newSuffix, exists(path+newSuffix))
+	}
+	testHookLogFill = nil
+	sv.open()
+	if got, ok := c.mustGet([]byte("k")); !ok || string(got) != "v" {
+		t.Fatalf("after the log was made again: %q, %v", got, ok)
+	}
+	w = c.newWriter()
+	if _, err := w.put([]byte("k2"), []byte("v2")); err != nil {
+		t.Fatal(err)
+	}
+	if !exists(path) || exists(path+newSuffix) {
+		t.Fatalf("after the second fill: %s there %v, %s there %v", path, exists(path), path+newSuffix, exists(path+newSuffix))
 	}
 }

@@ -154,8 +154,9 @@ type Options struct {
 	// policies flush at each checkpoint instead). Defaults 32 MiB, and
 	// under the durable policies, whose records pass through the log, a
 	// sixteenth of the arenas up to 256 MiB (at least 32 MiB and 4
-	// LeaseSize); and 100ms. A new log is filled with zeros when made
-	// (256 MiB took 0.23s here), so that its syncs write no metadata.
+	// LeaseSize); and 100ms. A new log is filled with zeros when made,
+	// in the background (256 MiB took 0.23s here; commits wait for it),
+	// so that its syncs write no metadata.
 	IndexLogSize       int64
 	IndexFlushInterval time.Duration
 	// SessionTTL is how long the last write of an idempotency session is
