@@ -162,7 +162,11 @@ func openIndexLog(dir string, size int64) (*indexLog, error) {
 	if fresh {
 		f, err = os.OpenFile(path+newSuffix, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
 		if err == nil {
-			if err = unix.Fallocate(int(f.Fd()), 0, 0, size); err != nil {
+			// Reserved now, so that a full disk fails the open, not the fill.
+			if err = unix.Fallocate(int(f.Fd()), 0, 0, size); errors.Is(err, unix.EOPNOTSUPP) {
+				err = f.Truncate(size)
+			}
+			if err != nil {
 				f.Close()
 				os.Remove(f.Name())
 				return nil, fmt.Errorf("store: index log %s: reserving %d bytes: %w", f.Name(), size, err)

@@ -170,13 +170,17 @@ type Env struct {
 
 // Config is what a session ran.
 type Config struct {
-	Quick        bool          `json:"quick"`
-	Runs         int           `json:"runs"`
-	Duration     time.Duration `json:"duration_ns"` // measured phase per point
-	Warmup       time.Duration `json:"warmup_ns"`   // unmeasured phase before it
-	Keys         int           `json:"keys"`        // key space (fewer for large values: see KeysFor)
-	Distribution string        `json:"distribution"`
-	RKVServers   int           `json:"rkv_servers"`
+	Quick    bool          `json:"quick"`
+	Runs     int           `json:"runs"`
+	Duration time.Duration `json:"duration_ns"` // measured phase per point
+	Warmup   time.Duration `json:"warmup_ns"`   // unmeasured phase before it
+	// DurableDuration, if longer, is the measured phase of the durable
+	// PUT points: long enough to hold what a durable server pays now and
+	// then (an rkv checkpoint), not only its first seconds.
+	DurableDuration time.Duration `json:"durable_duration_ns,omitempty"`
+	Keys            int           `json:"keys"` // key space (fewer for large values: see KeysFor)
+	Distribution    string        `json:"distribution"`
+	RKVServers      int           `json:"rkv_servers"`
 	// BaseSize and BaseConcurrency are the comparisons' value size and
 	// concurrency against Redis.
 	BaseSize        int   `json:"base_size"`

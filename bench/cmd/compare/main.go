@@ -33,29 +33,30 @@ import (
 
 // options are the command's flags.
 type options struct {
-	out          string
-	quick        bool
-	runs         int
-	duration     time.Duration
-	warmup       time.Duration
-	keys         int
-	rkvServers   int
-	arenas       []int
-	arenaBytes   int64
-	concurrency  []int
-	sizes        []int
-	echoSizes    []int
-	baseSize     int
-	baseConc     int
-	batch        int
-	batchOps     []string
-	scaleServers []int
-	distribution string
-	work         string
-	keep         bool
-	serveEcho    string
-	from         string
-	only         string
+	out             string
+	quick           bool
+	runs            int
+	duration        time.Duration
+	durableDuration time.Duration // durable PUT points' (durablePoint; the duration with --quick)
+	warmup          time.Duration
+	keys            int
+	rkvServers      int
+	arenas          []int
+	arenaBytes      int64
+	concurrency     []int
+	sizes           []int
+	echoSizes       []int
+	baseSize        int
+	baseConc        int
+	batch           int
+	batchOps        []string
+	scaleServers    []int
+	distribution    string
+	work            string
+	keep            bool
+	serveEcho       string
+	from            string
+	only            string
 }
 
 func main() {
@@ -123,6 +124,10 @@ func parseFlags(args []string) (*options, error) {
 	def(&o.keys, 10000, 1000)
 	defDur(&o.duration, 4*time.Second, 300*time.Millisecond)
 	defDur(&o.warmup, time.Second, 100*time.Millisecond)
+	o.durableDuration = durablePoint
+	if o.quick {
+		o.durableDuration = o.duration
+	}
 	pick := func(s *string, full, quick string) {
 		if *s == "" {
 			*s = map[bool]string{false: full, true: quick}[o.quick]
@@ -236,7 +241,7 @@ func run(ctx context.Context, o *options) (err error) {
 	}
 	logf("session: %d run(s), %v per point after %v of warm-up; working directory %s", o.runs, o.duration, o.warmup, work)
 	res := &report.Results{Env: env, Config: report.Config{
-		Quick: o.quick, Runs: o.runs, Duration: o.duration, Warmup: o.warmup, Keys: o.keys,
+		Quick: o.quick, Runs: o.runs, Duration: o.duration, DurableDuration: max(o.duration, o.durableDuration), Warmup: o.warmup, Keys: o.keys,
 		Distribution: o.distribution, RKVServers: o.rkvServers, BaseSize: o.baseSize, BaseConcurrency: o.baseConc,
 		EchoSizes: o.echoSizes, Concurrencies: o.concurrency, Sizes: o.sizes, Arenas: o.arenas, ArenaBytes: o.arenaBytes,
 		Batch: o.batch, BatchOps: o.batchOps, ScaleServers: o.scaleServers,

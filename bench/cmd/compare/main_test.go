@@ -34,6 +34,19 @@ func TestParseFlagsDefaults(t *testing.T) {
 	if !slices.Equal(o.scaleServers, []int{1, 2, 4}) || o.batch != 16 || !slices.Equal(o.batchOps, []string{report.OpMultiGet, report.OpMultiPut}) {
 		t.Fatalf("defaults: %d server processes, batches of %d %v", o.scaleServers, o.batch, o.batchOps)
 	}
+	// Durable PUT points run long enough to hold an rkv checkpoint.
+	put := report.Point{Op: report.OpPut, ValueSize: 1024, Concurrency: 16}
+	durable := put
+	durable.Durable = true
+	for _, tc := range []struct {
+		o             *options
+		plain, stored time.Duration
+	}{{o, 4 * time.Second, 12 * time.Second}, {q, 300 * time.Millisecond, 300 * time.Millisecond}} {
+		s := &systems{o: tc.o}
+		if got, gotDurable := s.options(put, 1).Duration, s.options(durable, 1).Duration; got != tc.plain || gotDurable != tc.stored {
+			t.Errorf("quick %v: PUT points %v, durable ones %v; want %v and %v", tc.o.quick, got, gotDurable, tc.plain, tc.stored)
+		}
+	}
 	if s, err := parseFlags([]string{"--scale-servers", "1,3", "--only", "servers"}); err != nil || !slices.Equal(s.scaleServers, []int{1, 3}) {
 		t.Fatalf("--scale-servers 1,3: %v, %v", s, err)
 	}

@@ -272,10 +272,20 @@ var workloads = map[string]loadgen.Workload{
 // options returns the loadgen options of p in run: the same keys, in
 // the same order, for every system of a run.
 func (s *systems) options(p report.Point, run int) loadgen.Options {
+	d := s.o.duration
+	if p.Durable {
+		d = max(d, s.o.durableDuration)
+	}
 	return loadgen.Options{Workload: workloads[p.Op], Keys: keysFor(s.o, p.ValueSize), KeyPrefix: keyPrefix(p.ValueSize),
 		ValueSize: p.ValueSize, Distribution: s.o.distribution, BatchSize: s.o.batch, Concurrency: p.Concurrency,
-		Duration: s.o.duration, Warmup: s.o.warmup, Seed: int64(run)}
+		Duration: d, Warmup: s.o.warmup, Seed: int64(run)}
 }
+
+// durablePoint is the least measured phase of a durable PUT point: an
+// rkv-server checkpoints every 10 s (CheckpointInterval), or sooner when
+// half its log is written, and a point of a few seconds would measure a
+// durable server before its first, flattering it.
+const durablePoint = 12 * time.Second
 
 // measure loads the GET data sets, then measures every group in every
 // run, systems back to back in alternating order.
