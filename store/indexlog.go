@@ -134,9 +134,10 @@ func decodeLogPos(b []byte) (logPos, error) {
 // Under the durable policies entries are written with pwrite, a batch at
 // a time (buffered), not stored through the mapping: an fdatasync after
 // stores through a mapping took 0.84 ms here against 0.20 ms after a
-// pwrite of the same 17 KiB. The file is written whole when it is made,
-// not reserved: an fdatasync over blocks allocated but never written
-// would also commit the file system's journal, to record them written.
+// pwrite of the same 17 KiB. A new file is written whole before the
+// first append (fill), not only reserved: an fdatasync over blocks
+// allocated but never written would also write the file system's
+// metadata, to record them written.
 type indexLog struct {
 	file     *os.File
 	mem      []byte // the mapping: read by the replay, written unless buffered
