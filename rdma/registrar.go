@@ -12,6 +12,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // RegistrarOptions configures a Registrar. Zero fields take the documented
@@ -26,6 +28,14 @@ type RegistrarOptions struct {
 	// the arenas of a start that are still waiting to be pinned. Default
 	// 16 MiB.
 	SmallBytes int
+	// BackgroundNice is how far below the program's priority the requests
+	// marked Background are pinned: the thread that pins one raises its
+	// nice value by this much (to 19 at most), so that the pinning, whose
+	// page faults are CPU work in the kernel, yields the CPUs to the rest
+	// of the program (and of the machine). Negative: Background requests
+	// are pinned like the others. Default 10, which gives such a thread
+	// about a tenth of a CPU that a thread of the program wants too.
+	BackgroundNice int
 }
 
 // Registrar registers memory off the caller's goroutine. Register returns a
@@ -44,6 +54,7 @@ type Registrar struct {
 	pd      PD
 	workers int
 	small   int
+	nice    int // BackgroundNice; 0: Background requests are not set apart
 
 	mu      sync.Mutex
 	wake    *sync.Cond
@@ -71,7 +82,13 @@ func NewRegistrar(pd PD, opts RegistrarOptions) *Registrar {
 	if opts.SmallBytes <= 0 {
 		opts.SmallBytes = 16 << 20
 	}
-	r := &Registrar{pd: pd, workers: opts.Workers, small: opts.SmallBytes, live: map[*Registration]struct{}{}}
+	switch {
+	case opts.BackgroundNice == 0:
+		opts.BackgroundNice = 10
+	case opts.BackgroundNice < 0:
+		opts.BackgroundNice = 0
+	}
+	r := &Registrar{pd: pd, workers: opts.Workers, small: opts.SmallBytes, nice: opts.BackgroundNice, live: map[*Registration]struct{}{}}
 	r.wake = sync.NewCond(&r.mu)
 	r.running.Add(opts.Workers)
 	for range opts.Workers {
@@ -84,6 +101,12 @@ func NewRegistrar(pd PD, opts RegistrarOptions) *Registrar {
 type RegisterRequest struct {
 	Buf    []byte
 	Access Access
+	// Background pins Buf at a lower priority than the program's
+	// (RegistrarOptions.BackgroundNice): for memory the program can do
+	// without for a while, such as a start's arenas after the first,
+	// whose pinning should not take the CPUs from the work that serves
+	// meanwhile. The order in which workers take requests is the same.
+	Background bool
 }
 
 // Register queues buf for registration with access and returns at once:
@@ -92,7 +115,7 @@ type RegisterRequest struct {
 // registered (a registration being pinned finishes and is deregistered at
 // once). After Close the future has already failed with ErrClosed.
 func (r *Registrar) Register(ctx context.Context, buf []byte, access Access) *Registration {
-	return r.RegisterBatch(ctx, []RegisterRequest{{buf, access}})[0]
+	return r.RegisterBatch(ctx, []RegisterRequest{{Buf: buf, Access: access}})[0]
 }
 
 // RegisterIn is Register with another PD than the Registrar's: the same
@@ -103,7 +126,7 @@ func (r *Registrar) Register(ctx context.Context, buf []byte, access Access) *Re
 // region) be registered in a PD of that peer's own, so that only its QPs
 // reach it, without a pool of workers per PD.
 func (r *Registrar) RegisterIn(ctx context.Context, pd PD, buf []byte, access Access) *Registration {
-	return r.registerBatch(ctx, pd, []RegisterRequest{{buf, access}})[0]
+	return r.registerBatch(ctx, pd, []RegisterRequest{{Buf: buf, Access: access}})[0]
 }
 
 // RegisterBatch queues several buffers at once, in order, under one ctx,
@@ -116,7 +139,7 @@ func (r *Registrar) registerBatch(ctx context.Context, pd PD, reqs []RegisterReq
 	futures := make([]*Registration, len(reqs))
 	now := time.Now()
 	for i, req := range reqs {
-		f := &Registration{r: r, pd: pd, ctx: ctx, buf: req.Buf, access: req.Access, queued: now, done: make(chan struct{})}
+		f := &Registration{r: r, pd: pd, ctx: ctx, buf: req.Buf, access: req.Access, background: req.Background, queued: now, done: make(chan struct{})}
 		// Watch ctx before queueing: a cancel that fires first finds nothing
 		// queued, and the worker then sees ctx.Err() itself.
 		f.stopWatch = context.AfterFunc(ctx, func() { r.cancelQueued(f) })
@@ -173,9 +196,33 @@ func (r *Registrar) work() {
 		r.inFlight.Add(1)
 		r.mu.Unlock()
 
-		r.register(f)
+		if f.background && r.nice > 0 {
+			r.registerNiced(f)
+		} else {
+			r.register(f)
+		}
 		r.inFlight.Add(-1)
 	}
+}
+
+// registerNiced registers f on a thread of its own, whose priority it
+// lowers first (Linux keeps a nice value per thread). The goroutine exits
+// locked to the thread, which ends the thread with it, so no other
+// goroutine ever runs at that priority; the worker waits for it. Where the
+// nice value cannot be read or set, the thread keeps the program's.
+func (r *Registrar) registerNiced(f *Registration) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		runtime.LockOSThread()
+		tid := unix.Gettid()
+		if prio, err := unix.Getpriority(unix.PRIO_PROCESS, tid); err == nil {
+			nice := 20 - prio // the system call's value, unlike nice(1)'s
+			_ = unix.Setpriority(unix.PRIO_PROCESS, tid, min(nice+r.nice, 19))
+		}
+		r.register(f)
+	}()
+	<-done
 }
 
 // nextLocked picks the queued request a worker takes: the first small
@@ -324,13 +371,14 @@ func latencyBucket(d time.Duration) int {
 
 // Registration is the future of one Register call.
 type Registration struct {
-	r         *Registrar
-	pd        PD // the Registrar's, or RegisterIn's
-	ctx       context.Context
-	buf       []byte
-	access    Access
-	queued    time.Time
-	stopWatch func() bool
+	r          *Registrar
+	pd         PD // the Registrar's, or RegisterIn's
+	ctx        context.Context
+	buf        []byte
+	access     Access
+	background bool
+	queued     time.Time
+	stopWatch  func() bool
 
 	once sync.Once
 	done chan struct{}

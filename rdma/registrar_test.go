@@ -3,11 +3,16 @@ package rdma_test
 import (
 	"context"
 	"errors"
+	"os"
+	"runtime"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/rkv-io/rkv/rdma"
 )
@@ -232,4 +237,107 @@ func TestRegistrarRegisterIn(t *testing.T) {
 	if st := r.Stats(); st.Done != 2 {
 		t.Errorf("Stats().Done = %d, want 2", st.Done)
 	}
+}
+
+// nicePD is a countingPD that records the nice value of the thread each
+// registration runs on, by the buffer's length.
+type nicePD struct {
+	countingPD
+	mu   sync.Mutex
+	nice map[int]int
+}
+
+func (pd *nicePD) Register(buf []byte, access rdma.Access) (rdma.MR, error) {
+	nice, err := threadNice(unix.Gettid())
+	if err != nil {
+		return nil, err
+	}
+	pd.mu.Lock()
+	pd.nice[len(buf)] = nice
+	pd.mu.Unlock()
+	return pd.countingPD.Register(buf, access)
+}
+
+// threadNice is the nice value of thread tid of this process.
+func threadNice(tid int) (int, error) {
+	prio, err := unix.Getpriority(unix.PRIO_PROCESS, tid)
+	return 20 - prio, err // the system call's value, unlike nice(1)'s
+}
+
+// TestRegistrarPinsBackgroundRequestsAtALowerPriority: a Background
+// request is pinned on a thread BackgroundNice below the program's, the
+// others at the program's, and no thread stays lowered after: the
+// threads that pinned in the background ended with their goroutines.
+func TestRegistrarPinsBackgroundRequestsAtALowerPriority(t *testing.T) {
+	runtime.LockOSThread() // the test's thread has the program's priority
+	defer runtime.UnlockOSThread()
+	base, err := threadNice(unix.Gettid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if base >= 19 {
+		t.Skipf("the test runs at nice %d: no lower priority to pin at", base)
+	}
+	for _, tc := range []struct {
+		name string
+		opt  int
+		want int
+	}{{"default", 0, min(base+10, 19)}, {"BackgroundNice 3", 3, base + 3}, {"BackgroundNice -1", -1, base}} {
+		t.Run(tc.name, func(t *testing.T) {
+			pd := &nicePD{nice: map[int]int{}}
+			r := rdma.NewRegistrar(pd, rdma.RegistrarOptions{Workers: 1, BackgroundNice: tc.opt})
+			var reqs []rdma.RegisterRequest
+			for n := 1; n <= 32; n++ {
+				reqs = append(reqs, rdma.RegisterRequest{Buf: make([]byte, n), Access: rdma.AccessRemoteRead, Background: n%2 == 1})
+			}
+			for _, f := range r.RegisterBatch(context.Background(), reqs) {
+				if _, err := f.Wait(context.Background()); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := r.Close(); err != nil {
+				t.Fatal(err)
+			}
+			pd.mu.Lock()
+			defer pd.mu.Unlock()
+			for n := 1; n <= 32; n++ {
+				want := base
+				if n%2 == 1 {
+					want = tc.want
+				}
+				if pd.nice[n] != want {
+					t.Errorf("request %d (background: %v) pinned at nice %d, want %d (the program's: %d)", n, n%2 == 1, pd.nice[n], want, base)
+				}
+			}
+			// A thread ends shortly after its goroutine.
+			for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+				lowered, err := loweredThreads(base)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(lowered) == 0 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("threads %v are still at another nice value than the program's (%d): goroutines may run on them", lowered, base)
+				}
+			}
+		})
+	}
+}
+
+// loweredThreads lists this process's threads whose nice value is not base.
+func loweredThreads(base int) ([]int, error) {
+	tasks, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		return nil, err
+	}
+	var lowered []int
+	for _, task := range tasks {
+		tid, _ := strconv.Atoi(task.Name())
+		if nice, err := threadNice(tid); err == nil && nice != base {
+			lowered = append(lowered, tid)
+		}
+	}
+	return lowered, nil
 }

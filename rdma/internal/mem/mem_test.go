@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -183,5 +184,80 @@ func TestPrefaultWriteTakesTheWritersFaults(t *testing.T) {
 	without, with := faults(false), faults(true)
 	if without < pages/2 || with > pages/8 {
 		t.Fatalf("stores to %d pinned pages faulted %d times without PrefaultWrite and %d with it", pages, without, with)
+	}
+}
+
+// TestPinYieldsBetweenChunks: a large pin holds the mapping's mutex one
+// chunk at a time, so another registration of the same mapping goes
+// ahead between chunks instead of waiting for the whole buffer, a Close
+// meanwhile is refused (the pages are held), and a pin that fails past
+// its first chunk unlocks every chunk it locked.
+func TestPinYieldsBetweenChunks(t *testing.T) {
+	defer func(n int) { pinChunk = n }(pinChunk)
+	pinChunk = 16
+	chunk := pinChunk * PageSize
+	m, err := Alloc(3 * chunk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	paused, resume := make(chan struct{}), make(chan struct{})
+	testHookPinChunk = func() { paused <- struct{}{}; <-resume }
+	defer func() { testHookPinChunk = nil }()
+	type acquired struct {
+		r   *Ref
+		err error
+	}
+	large := make(chan acquired, 1)
+	go func() {
+		r, err := Acquire(m.Bytes()[:2*chunk], true)
+		large <- acquired{r, err}
+	}()
+	select {
+	case <-paused: // the first chunk is pinned, the second not yet
+	case a := <-large:
+		t.Fatalf("a pin of two chunks returned (%v) without a pause between them", a.err)
+	}
+	small := make(chan acquired, 1)
+	go func() {
+		r, err := Acquire(m.Bytes()[2*chunk:][:PageSize], true)
+		small <- acquired{r, err}
+	}()
+	select {
+	case a := <-small:
+		if a.err != nil {
+			t.Fatal(a.err)
+		}
+		a.r.Release()
+	case <-time.After(10 * time.Second):
+		t.Fatal("a registration of other pages waited for the whole of a large pin")
+	}
+	if err := m.Close(); !errors.Is(err, ErrBusy) {
+		t.Fatalf("Close during a pin: %v, want ErrBusy", err)
+	}
+	close(resume)
+	a := <-large
+	if a.err != nil {
+		t.Fatal(a.err)
+	}
+	for i, n := range m.pins[:3*pinChunk] {
+		if want := uint32(1); i >= 2*pinChunk && n != 0 || i < 2*pinChunk && n != want {
+			t.Fatalf("page %d counted %d pins after pinning pages 0 to %d", i, n, 2*pinChunk-1)
+		}
+	}
+	a.r.Release()
+
+	testHookPinChunk = nil
+	limit := uint64(chunk + 2*PageSize) // the first chunk fits, the second not
+	if rerr := memlimit.Run(limit, func() error { _, err = Acquire(m.Bytes()[:2*chunk], true); return nil }); rerr != nil {
+		t.Fatal(rerr)
+	}
+	if _, ok := errors.AsType[*MemlockError](err); !ok {
+		t.Fatalf("pinning two chunks under a limit of one and two pages: %v, want a MemlockError", err)
+	}
+	for i, n := range m.pins {
+		if n != 0 {
+			t.Fatalf("page %d still counted pinned after a failure in the second chunk", i)
+		}
 	}
 }
