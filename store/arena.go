@@ -99,17 +99,22 @@ func openArena(dir string, id int, size, unit int64) (*arena, error) {
 	return a, nil
 }
 
-// register submits the registrations of every unit, in order.
+// register submits the registrations of every unit, in order, at the
+// program's priority: an arena added while serving, because free space
+// runs short, is wanted soon.
 func (a *arena) register(ctx context.Context, r *rdma.Registrar) {
 	for i := range a.units {
-		a.registerUnit(ctx, r, i)
+		a.registerUnit(ctx, r, i, false)
 	}
 }
 
-// registerUnit submits the registration of unit i.
-func (a *arena) registerUnit(ctx context.Context, r *rdma.Registrar, i int) {
+// registerUnit submits the registration of unit i; in the background
+// (rdma.RegisterRequest.Background) unless the store cannot serve without
+// it.
+func (a *arena) registerUnit(ctx context.Context, r *rdma.Registrar, i int, background bool) {
 	u := &a.units[i]
-	u.reg.Store(r.Register(ctx, a.mem.Bytes()[u.off:u.off+u.n], rdma.AccessRemoteRead))
+	req := rdma.RegisterRequest{Buf: a.mem.Bytes()[u.off : u.off+u.n], Access: rdma.AccessRemoteRead, Background: background}
+	u.reg.Store(r.RegisterBatch(ctx, []rdma.RegisterRequest{req})[0])
 }
 
 // registration returns unit i's registration, nil before it is submitted.

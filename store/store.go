@@ -275,10 +275,11 @@ func (s *Store) open(ctx context.Context) error {
 	// The index first: nothing is readable without it. Then the first
 	// arena's first unit alone, so that it serves after one unit's
 	// pinning rather than after sharing the workers, the disk and the
-	// cores with the others; then the rest (registerRest). Each unit is
-	// announced as its own registration completes.
+	// cores with the others; then the rest (registerRest), in the
+	// background, at a lower priority than serving: the start they slowed
+	// is over. Each unit is announced as its own registration completes.
 	region.reg = s.registrar.Register(ctx, region.mem.Bytes(), rdma.AccessRemoteRead)
-	s.arena(0).registerUnit(ctx, s.registrar, 0)
+	s.arena(0).registerUnit(ctx, s.registrar, 0, false)
 	s.wg.Add(1)
 	go s.registerRest(ctx, s.registrar, s.arenaList()) // not those added while serving: they register themselves
 	owned := 0
@@ -377,9 +378,10 @@ func (s *Store) exit() { s.inflight.Done() }
 // closes first. Announcing the first here, before the others are
 // submitted, keeps it first on Ready. The others go round the arenas (the
 // first unit of each, then the second...), so that the workers pin units
-// of different arenas at once: soft locks a mapping while it pins part of
-// it, so in arena order the workers took one arena's units one at a time
-// (8 GiB took 1.0 s cold and 100 ms warm, against 0.75 s and 55 ms whole).
+// of different arenas at once: soft locks a mapping while it pins a chunk
+// of it, so in arena order the workers took one arena's units one at a
+// time (8 GiB took 1.0 s cold and 100 ms warm, against 0.75 s and 55 ms
+// whole, when a unit was one chunk).
 func (s *Store) registerRest(ctx context.Context, registrar *rdma.Registrar, arenas []*arena) {
 	defer s.wg.Done()
 	first := arenas[0]
@@ -392,7 +394,7 @@ func (s *Store) registerRest(ctx context.Context, registrar *rdma.Registrar, are
 	for u := range first.units { // every arena has as many
 		for _, a := range arenas {
 			if a != first || u > 0 {
-				a.registerUnit(ctx, registrar, u)
+				a.registerUnit(ctx, registrar, u, true)
 			}
 		}
 	}

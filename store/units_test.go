@@ -4,9 +4,14 @@ package store
 
 import (
 	"context"
+	"runtime"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/rkv-io/rkv/rdma"
 )
@@ -93,5 +98,75 @@ func TestLeasesWaitForTheirUnitsRegistration(t *testing.T) {
 	waitArenas(t, sv.s, 2)
 	if n := len(sv.s.Arenas()); n != 8 {
 		t.Fatalf("%d units registered, want 8 (2 arenas of 4 MiB in 1 MiB)", n)
+	}
+}
+
+// nicePD records the nice value of the thread that registers each arena
+// unit (REMOTE_READ registrations of unit bytes), by its address.
+type nicePD struct {
+	rdma.PD
+	unit int
+	mu   sync.Mutex
+	nice map[uintptr]int
+}
+
+func (p *nicePD) Register(buf []byte, access rdma.Access) (rdma.MR, error) {
+	if access == rdma.AccessRemoteRead && len(buf) == p.unit {
+		prio, err := unix.Getpriority(unix.PRIO_PROCESS, unix.Gettid())
+		if err != nil {
+			return nil, err
+		}
+		p.mu.Lock()
+		p.nice[uintptr(unsafe.Pointer(unsafe.SliceData(buf)))] = 20 - prio // the system call's value
+		p.mu.Unlock()
+	}
+	return p.PD.Register(buf, access)
+}
+
+// TestUnitsAfterTheFirstRegisterInTheBackground: the unit a start serves
+// first is pinned at the program's priority, the start's others at a
+// lower one, so that their pinning yields the CPUs to the serving the
+// first made possible; an arena added while serving, because free space
+// runs short, at the program's.
+func TestUnitsAfterTheFirstRegisterInTheBackground(t *testing.T) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	prio, err := unix.Getpriority(unix.PRIO_PROCESS, unix.Gettid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := 20 - prio
+	if base >= 19 {
+		t.Skipf("the test runs at nice %d: no lower priority to pin at", base)
+	}
+	opts := smallOptions() // 2 arenas of 2 units
+	opts.MaxArenaCount = 3
+	var pd *nicePD
+	wrap := func(inner rdma.PD) rdma.PD {
+		pd = &nicePD{PD: inner, unit: int(opts.RegistrationUnit), nice: map[uintptr]int{}}
+		return pd
+	}
+	sv := newBareServerWith(t, opts, wrap, rdma.RegistrarOptions{})
+	waitArenas(t, sv.s, 2)
+	sv.s.mu.Lock()
+	sv.s.growing = true // as maybeGrowLocked does when free space runs short
+	sv.s.wg.Add(1)
+	sv.s.mu.Unlock()
+	sv.s.grow(2)
+	waitArenas(t, sv.s, 3)
+	units := sv.s.Arenas()
+	if len(units) != 6 {
+		t.Fatalf("%d units registered, want 6 (3 arenas of 2)", len(units))
+	}
+	pd.mu.Lock()
+	defer pd.mu.Unlock()
+	for _, u := range units {
+		want := min(base+10, 19) // RegistrarOptions.BackgroundNice's default
+		if u.ID == 0 && u.Offset == 0 || u.ID == 2 {
+			want = base
+		}
+		if got, ok := pd.nice[uintptr(u.Addr)]; !ok || got != want {
+			t.Errorf("arena %d's unit at %d registered at nice %d (seen: %v), want %d (the program's: %d)", u.ID, u.Offset, got, ok, want, base)
+		}
 	}
 }

@@ -40,6 +40,7 @@ type options struct {
 	Sync                string
 	IndexLogSize        int64
 	RegistrationWorkers int
+	RegistrationNice    int
 	Provider            string
 	Device              string
 	DataAddr            string
@@ -171,6 +172,7 @@ func newFlagSet(o *options) *pflag.FlagSet {
 	fs.StringVar(&o.Sync, "sync", "always", "durability: always (fsync before ack), batch (every 10ms), none (written out before ack, never synced: survives a process crash, not a machine crash)")
 	fs.Var(newSize(&o.IndexLogSize, 0), "index-log-size", "the file commits log their index entries (and under --sync always or batch their records) to until they are written into the index in the background, a multiple of 4KiB, at least 1MiB and 4 --lease-size under always or batch (0: 32MiB; under always or batch, whose records pass through it, a sixteenth of the arenas up to 256MiB, or 4 leases if more); if rkv_index_log_full_total grows, raise it")
 	fs.IntVar(&o.RegistrationWorkers, "registration-workers", 0, "memory registrations run at once (0: min(4, GOMAXPROCS))")
+	fs.IntVar(&o.RegistrationNice, "registration-nice", 10, "how far below the server's CPU priority the arenas' units after the first are pinned (the nice value of the threads pinning them rises by this much, to 19 at most), so that their pinning yields the CPUs to serving; 0 to 19, 0: at the server's")
 	fs.StringVar(&o.Provider, "provider", "auto", "RDMA provider: auto (verbs if compiled in and a device exists, else soft), soft, verbs")
 	fs.StringVar(&o.Device, "device", "", "RDMA device name (default: the provider's first device)")
 	fs.StringVar(&o.DataAddr, "data-addr", "127.0.0.1:0", "soft provider's data endpoint host:port")
@@ -384,6 +386,9 @@ func (o *options) validate() error {
 	}
 	if o.RegistrationWorkers < 0 {
 		return fmt.Errorf("--registration-workers %d: must be 0 (default) or more", o.RegistrationWorkers)
+	}
+	if o.RegistrationNice < 0 || o.RegistrationNice > 19 {
+		return fmt.Errorf("--registration-nice %d: must be 0 to 19 (nice values go no further)", o.RegistrationNice)
 	}
 	switch o.Provider {
 	case "auto", "soft", "verbs":

@@ -91,6 +91,8 @@ func TestOptionsErrors(t *testing.T) {
 		{[]string{"--name", "n", "--index-slots", "1000"}, nil, "power of two"},
 		{[]string{"--name", "n", "--arena-size", "64MiB", "--lease-size", "16MiB", "--index-log-size", "32MiB"}, nil, "must hold 4 leases of --lease-size"},
 		{[]string{"--name", "n", "--max-sessions", "0"}, nil, "--max-sessions 0: must be at least 1"},
+		{[]string{"--name", "n", "--registration-nice", "20"}, nil, "--registration-nice 20: must be 0 to 19"},
+		{[]string{"--name", "n", "--registration-nice", "-5"}, nil, "--registration-nice -5: must be 0 to 19"},
 		{[]string{"--name", "n", "--gossip-addr", "nowhere"}, nil, "host:port"},
 		{[]string{"--name", "n", "--gossip-key", "abcd"}, nil, "gossip key"},
 		{[]string{"--name", "n", "--log-format", "xml"}, nil, "--log-format"},
@@ -378,5 +380,19 @@ func TestReplicasAndZoneOptions(t *testing.T) {
 		!strings.Contains(out.String(), "--replicas int") || !strings.Contains(out.String(), "as many as there are servers when fewer") || !strings.Contains(out.String(), "(default 3)") ||
 		!strings.Contains(out.String(), "--zone string") {
 		t.Fatalf("--help: %d\n%s", code, out.String())
+	}
+}
+
+// --registration-nice defaults to 10, and its 0 pins every unit at the
+// server's priority: the Registrar's "none" (negative), not its default.
+func TestRegistrationNice(t *testing.T) {
+	o, err := parseOptions([]string{"--name", "n"}, env(nil), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ flag, want int }{{o.RegistrationNice, 10}, {0, -1}, {19, 19}} {
+		if got := registrationNice(tc.flag); got != tc.want {
+			t.Errorf("--registration-nice %d gives BackgroundNice %d, want %d", tc.flag, got, tc.want)
+		}
 	}
 }

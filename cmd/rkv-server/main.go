@@ -131,7 +131,7 @@ func run(args []string, environ []string, stdout, stderr io.Writer, sigs <-chan 
 		TLS:               o.tls,
 		PeerTLS:           o.peerTLS,
 		Logger:            log,
-		Registrar:         rdma.RegistrarOptions{Workers: o.RegistrationWorkers},
+		Registrar:         rdma.RegistrarOptions{Workers: o.RegistrationWorkers, BackgroundNice: registrationNice(o.RegistrationNice)},
 	}
 
 	if o.replicasGiven || o.Bootstrap { // else the map's: a restart or a join without the flag logs nothing about it
@@ -283,4 +283,13 @@ func logArenas(srv *server.Server, log *slog.Logger, t0 time.Time, stop <-chan s
 		case <-tick.C:
 		}
 	}
+}
+
+// registrationNice is rdma.RegistrarOptions.BackgroundNice for
+// --registration-nice n, whose 0 means none rather than the default.
+func registrationNice(n int) int {
+	if n == 0 {
+		return -1
+	}
+	return n
 }
