@@ -336,13 +336,16 @@ func (s *Store) reclaim(now time.Time) (int, error) {
 		return 0, fmt.Errorf("store: flushing the index log before freeing segments: %w", err)
 	}
 	if s.opts.Sync != SyncAlways { // the checkpoint above synced Pebble under SyncAlways (and SyncBatch, where this sync is redundant)
+		// Counted on the disk until the segments are freed: a waiting
+		// writer that saw the sync end before its space came free
+		// counted the moment between as a stall, which a loaded machine
+		// stretched past fullWait in a test.
 		s.cleaner.onDisk.Add(1)
+		defer s.cleaner.onDisk.Add(-1)
 		if s.testHookReclaimSync != nil {
 			s.testHookReclaimSync()
 		}
-		err := s.db.LogData(nil, pebble.Sync)
-		s.cleaner.onDisk.Add(-1)
-		if err != nil {
+		if err := s.db.LogData(nil, pebble.Sync); err != nil {
 			return 0, fmt.Errorf("store: syncing the index before freeing segments: %w", err)
 		}
 	}
