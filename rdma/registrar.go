@@ -41,7 +41,8 @@ type RegistrarOptions struct {
 // Registrar registers memory off the caller's goroutine. Register returns a
 // future at once; a bounded pool of workers pins and registers the buffers in
 // the order they were submitted, the small ones (RegistrarOptions.SmallBytes)
-// ahead of larger ones still queued. It owns the MRs it produces: each is
+// ahead of larger ones still queued, those marked Background at a lower CPU
+// priority (RegistrarOptions.BackgroundNice). It owns the MRs it produces: each is
 // deregistered exactly once, by Registration.Release or, at the latest, by
 // Close; the program must not call Deregister on them. All methods of the
 // Registrar and of its Registrations are safe for concurrent use with each
