@@ -218,6 +218,7 @@ var testHookLogFill func()
 func (l *indexLog) fill(path string) {
 	defer close(l.filling)
 	zeros := make([]byte, 1<<20)
+	fd := int(l.file.Fd())
 	for off := int64(0); off < int64(len(l.mem)); off += int64(len(zeros)) {
 		select {
 		case <-l.stopFill:
@@ -225,10 +226,12 @@ func (l *indexLog) fill(path string) {
 			return
 		default:
 		}
-		if _, err := l.file.WriteAt(zeros[:min(int64(len(zeros)), int64(len(l.mem))-off)], off); err != nil {
+		n := min(int64(len(zeros)), int64(len(l.mem))-off)
+		if _, err := l.file.WriteAt(zeros[:n], off); err != nil {
 			l.fillErr = fmt.Errorf("store: filling the new index log %s: %w", l.file.Name(), err)
 			return
 		}
+		writeOutBehind(fd, off, n)
 	}
 	if testHookLogFill != nil {
 		testHookLogFill()
@@ -248,6 +251,24 @@ func (l *indexLog) fill(path string) {
 	}
 	if err != nil {
 		l.fillErr = fmt.Errorf("store: making the new index log %s: %w", path, err)
+	}
+}
+
+// fillDirty is the most of a new log's fill left in the page cache unwritten.
+const fillDirty = 2 << 20
+
+// writeOutBehind starts the write-out of the n bytes the fill wrote at off
+// and waits for those written fillDirty before. Left to the kernel's
+// writeback, a fill of 256 MiB had every other file's sync meanwhile
+// (Raft's, Pebble's, as a new server takes up its first map) wait behind
+// much of it: a fresh server of 8 GiB of arenas led and gossiped its
+// first map 200-266 ms after it was ready in 6 starts of 12 (10-38 ms in
+// the others), and 46-99 ms after in 10 starts with this (the fill took
+// as long). Best effort: the fill's final sync makes it durable.
+func writeOutBehind(fd int, off, n int64) {
+	_ = unix.SyncFileRange(fd, off, n, unix.SYNC_FILE_RANGE_WRITE)
+	if off >= fillDirty {
+		_ = unix.SyncFileRange(fd, off-fillDirty, n, unix.SYNC_FILE_RANGE_WAIT_BEFORE|unix.SYNC_FILE_RANGE_WRITE|unix.SYNC_FILE_RANGE_WAIT_AFTER)
 	}
 }
 
