@@ -112,15 +112,21 @@ type nicePD struct {
 
 func (p *nicePD) Register(buf []byte, access rdma.Access) (rdma.MR, error) {
 	if access == rdma.AccessRemoteRead && len(buf) == p.unit {
-		prio, err := unix.Getpriority(unix.PRIO_PROCESS, unix.Gettid())
+		nice, err := threadNice()
 		if err != nil {
 			return nil, err
 		}
 		p.mu.Lock()
-		p.nice[uintptr(unsafe.Pointer(unsafe.SliceData(buf)))] = 20 - prio // the system call's value
+		p.nice[uintptr(unsafe.Pointer(unsafe.SliceData(buf)))] = nice
 		p.mu.Unlock()
 	}
 	return p.PD.Register(buf, access)
+}
+
+// threadNice is the nice value of the calling thread.
+func threadNice() (int, error) {
+	prio, err := unix.Getpriority(unix.PRIO_PROCESS, unix.Gettid())
+	return 20 - prio, err // the system call's value, unlike nice(1)'s
 }
 
 // TestUnitsAfterTheFirstRegisterInTheBackground: the unit a start serves
@@ -131,11 +137,10 @@ func (p *nicePD) Register(buf []byte, access rdma.Access) (rdma.MR, error) {
 func TestUnitsAfterTheFirstRegisterInTheBackground(t *testing.T) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	prio, err := unix.Getpriority(unix.PRIO_PROCESS, unix.Gettid())
+	base, err := threadNice()
 	if err != nil {
 		t.Fatal(err)
 	}
-	base := 20 - prio
 	if base >= 19 {
 		t.Skipf("the test runs at nice %d: no lower priority to pin at", base)
 	}
