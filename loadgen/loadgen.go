@@ -159,6 +159,13 @@ type Options struct {
 	// Classify names the kind of a failed operation's error, for
 	// Result.Errors. Default DefaultClassify. It is called concurrently.
 	Classify func(error) string `json:"-"`
+
+	// Counters, if set, counts things outside the Target worth reporting
+	// beside the latencies (the machine's CPUs going idle, a server's
+	// metrics). Run reads it as it reads a Target's Counters (just before
+	// and just after the measured phase) and stores each count's growth
+	// in Result.Extra; a name the Target counts too is the Target's.
+	Counters func() map[string]uint64 `json:"-"`
 }
 
 // Snapshot is a run's (or a load's) state so far.

@@ -578,6 +578,36 @@ func TestWorkerTargetsAndCounters(t *testing.T) {
 	}
 }
 
+func TestOptionsCounters(t *testing.T) {
+	s := &splitTarget{memTarget: newMem(), workers: map[int]int{}}
+	var idles atomic.Uint64
+	o := Options{Keys: 30, ValueSize: 16, Concurrency: 2, Ops: 200, Warmup: 20 * time.Millisecond,
+		Counters: func() map[string]uint64 {
+			// Both counts grow by 7 between reads: only the Target's
+			// "reads" may stand for a name both count.
+			n := idles.Add(7)
+			return map[string]uint64{"idles": n, "reads": n}
+		}}
+	if err := Load(context.Background(), s, o); err != nil {
+		t.Fatal(err)
+	}
+	r, err := Run(context.Background(), s, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Extra["idles"] != 7 || r.Extra["reads"] != 400 {
+		t.Fatalf("Extra %v, want idles 7 (one read before the measured phase, one after) and the Target's reads 400", r.Extra)
+	}
+	// Without a Target that counts, Options.Counters alone.
+	r, err = Run(context.Background(), s.memTarget, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Extra) != 2 || r.Extra["idles"] != 7 {
+		t.Fatalf("Extra %v, want idles 7 and reads 7", r.Extra)
+	}
+}
+
 func TestResultJSON(t *testing.T) {
 	o := Options{Keys: 10, ValueSize: 8, Ops: 100, Concurrency: 1, Progress: func(Snapshot) {}}
 	m := loaded(t, o)

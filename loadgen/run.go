@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"runtime"
@@ -527,21 +528,16 @@ func Run(ctx context.Context, t Target, o Options) (Result, error) {
 	for _, w := range ws {
 		w.measure = true
 	}
-	counters, _ := t.(Counters)
-	var before map[string]uint64
-	if counters != nil {
-		before = counters.Counters()
-	}
+	count := countersOf(t, o.Counters)
+	before := count()
 	p := &phase{name: "run", o: &o, ws: ws, ops: int64(o.Ops)}
 	if o.Ops == 0 {
 		p.dur = o.Duration
 	}
 	el := p.run(ctx, body)
 	res := result(&o, ws, p.start, el)
-	if counters != nil {
-		for k, v := range counters.Counters() {
-			res.Extra[k] = float64(v - before[k])
-		}
+	for k, v := range count() {
+		res.Extra[k] = float64(v - before[k])
 	}
 	if err := ctx.Err(); err != nil {
 		return res, err
@@ -614,4 +610,25 @@ func result(o *Options, ws []*worker, start time.Time, el time.Duration) Result 
 		r.OpsPerS = float64(r.Ops) / r.Seconds
 	}
 	return r
+}
+
+// countersOf returns a reader of t's Counters, if it has them, and of
+// extra, if set, together (t's count wins a name both have); what it
+// reads is nil when neither counts.
+func countersOf(t Target, extra func() map[string]uint64) func() map[string]uint64 {
+	own, _ := t.(Counters)
+	return func() map[string]uint64 {
+		var m map[string]uint64
+		if extra != nil {
+			m = extra()
+		}
+		if own == nil {
+			return m
+		}
+		if m == nil {
+			return own.Counters()
+		}
+		maps.Copy(m, own.Counters())
+		return m
+	}
 }
