@@ -4,6 +4,7 @@ PKGS     ?= ./...
 BIN      := bin
 TESTTIME ?= 10m
 FUZZTIME ?= 10s
+IDLE_POLL ?= 200us
 
 .PHONY: help build test test-allocs test-short test-chaos test-soak lint fmt bench bench-once bench-grow bench-compare bench-ab bench-rxe fuzz demo demo-rxe demo-up demo-down demo-rdma test-rxe test-vm vm-prepare clean
 
@@ -48,8 +49,8 @@ bench-once: ## every benchmark of make bench run once, short, so that none break
 bench-grow: ## migration: a 4th server takes its share of 1e6 keys of 1 KiB under a get/put load (RKV_BENCH_GROW_KEYS; ~2 min)
 	$(GO) test -run '^$$' -bench Grow -benchtime 1x -count 1 -timeout 30m ./server/
 
-bench-compare: build ## rkv vs Redis vs raw TCP echo, registration, scaling: regenerates docs/BENCHMARKS.md and its plots (~15 min; needs redis-server)
-	cd bench && $(GO) run ./cmd/compare --out ../docs
+bench-compare: build ## rkv vs Redis vs raw TCP echo, registration, scaling: regenerates docs/BENCHMARKS.md and its plots (~17 min; needs redis-server; in a guest, idle CPUs poll IDLE_POLL before halting meanwhile)
+	cd bench && $(GO) run ./cmd/compare --out ../docs --idle-poll $(IDLE_POLL)
 
 bench-ab: build ## a git revision against the working tree, side by side, runs alternating: BASE=rev (default HEAD), WORKLOAD=put, CONCURRENCY=16, PAIRS=8, SYNC=none (~1 min)
 	bash scripts/bench-ab.sh $(BASE)

@@ -200,7 +200,7 @@ func BuildView(r *Results) View {
 	other := func(sys string, p Point) Point { p.System = sys; return p }
 
 	// 1. rkv against the echo, concurrency 1.
-	v.Echo.Header = []string{"size", "op", "rkv p50", "echo p50", "p50 ratio", "rkv p99", "echo p99", "p99 ratio", "READs/GET"}
+	v.Echo.Header = []string{"size", "op", "rkv p50", "echo p50", "p50 ratio", "rkv p99", "echo p99", "p99 ratio", "READs/GET", "CPU idles/op, rkv / echo"}
 	for _, size := range c.EchoSizes {
 		for _, op := range []string{OpGet, OpPut} {
 			a := rkv(op, size, 1, false)
@@ -215,7 +215,8 @@ func BuildView(r *Results) View {
 			ratio := r.Ratio(a, b, P50)
 			v.Echo.Rows = append(v.Echo.Rows, []string{fmtSize(size), op,
 				fmtStat(r.Stat(a, P50), durUnit), fmtStat(r.Stat(b, P50), durUnit), fmtStat(ratio, ratioUnit),
-				fmtStat(r.Stat(a, P99), durUnit), fmtStat(r.Stat(b, P99), durUnit), fmtStat(r.Ratio(a, b, P99), ratioUnit), reads})
+				fmtStat(r.Stat(a, P99), durUnit), fmtStat(r.Stat(b, P99), durUnit), fmtStat(r.Ratio(a, b, P99), ratioUnit), reads,
+				fmtIdles(r.Stat(a, IdleEntriesPerOp)) + " / " + fmtIdles(r.Stat(b, IdleEntriesPerOp))})
 			if op == OpGet {
 				v.Targets = append(v.Targets, target(fmt.Sprintf("warm GET p50, rkv / raw TCP echo, %s, concurrency 1", fmtSize(size)), ratio, 1.25, true))
 			}
@@ -456,6 +457,16 @@ func fmtRatio(x float64) string { return sig3(x) + "×" }
 func ratioUnit(x, _ float64) (string, string) { return sig3(x), "×" }
 
 func plainUnit(x, _ float64) (string, string) { return sig3(x), "" }
+
+// fmtIdles formats CPU idles per operation: the median to two decimals,
+// which says whether a system let the CPUs halt about once a request or
+// hardly ever, without the spread that would crowd the column.
+func fmtIdles(s Stat) string {
+	if s.N == 0 {
+		return "–"
+	}
+	return strconv.FormatFloat(s.Median, 'f', 2, 64)
+}
 
 // sig3 formats x with three significant digits (no exponent).
 func sig3(x float64) string {

@@ -6,6 +6,7 @@ package report
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"os"
 	"slices"
 	"time"
@@ -31,6 +32,12 @@ const (
 // CleanerMovedBytes is the name, in an rkv point's Result.Extra, of the
 // bytes the servers' cleaners copied during its measured phase.
 const CleanerMovedBytes = "cleaner_moved_bytes"
+
+// CPUIdleEntries is the name, in a point's Result.Extra, of the times the
+// machine's CPUs entered an idle state that halts them during its
+// measured phase: at one request in flight, each such entry between a
+// request's steps puts a CPU's wake-up on its latency.
+const CPUIdleEntries = "cpu_idle_entries"
 
 // Point is one measured configuration: a system, an operation, a value
 // size and a concurrency (loadgen workers, each with one request in
@@ -166,6 +173,11 @@ type Env struct {
 	GoVersion         string    `json:"go_version"`
 	Redis             string    `json:"redis"`
 	Commit            string    `json:"commit"` // the rkv commit measured, "+dirty" if modified
+
+	// CPUIdle is the kernel's cpuidle driver and, in a guest with the
+	// haltpoll driver, how long an idle CPU polls before it halts: what a
+	// CPU's wake-up from idle costs depends on both ("" without cpuidle).
+	CPUIdle string `json:"cpu_idle,omitempty"`
 }
 
 // Config is what a session ran.
@@ -305,6 +317,17 @@ var (
 		}
 		return m.Result.Extra[CleanerMovedBytes] / n
 	}
+	// IdleEntriesPerOp is the times a CPU of the machine went idle, in
+	// an idle state that halts it (CPUIdleEntries), per operation: NaN
+	// where the run did not count them.
+	IdleEntriesPerOp Metric = func(m Measurement) float64 {
+		v, ok := m.Result.Extra[CPUIdleEntries]
+		n := m.Result.Latency[m.Op].Count
+		if !ok || n == 0 {
+			return math.NaN()
+		}
+		return v / float64(n)
+	}
 	// ReadsPerGet is the RDMA READs an rkv GET posted, on average.
 	ReadsPerGet Metric = func(m Measurement) float64 {
 		n := m.Result.Latency[m.Op].Count
@@ -325,11 +348,14 @@ func keysPerOp(m Measurement) float64 {
 	return 1
 }
 
-// Stat summarizes metric over p's runs.
+// Stat summarizes metric over p's runs, leaving out the runs where it is
+// NaN (not measured).
 func (r *Results) Stat(p Point, metric Metric) Stat {
 	var xs []float64
 	for _, m := range r.Runs(p) {
-		xs = append(xs, metric(m))
+		if x := metric(m); !math.IsNaN(x) {
+			xs = append(xs, x)
+		}
 	}
 	return Summarize(xs)
 }

@@ -57,6 +57,7 @@ type options struct {
 	serveEcho       string
 	from            string
 	only            string
+	idlePoll        time.Duration // --idle-poll; 0: the machine's setting stays
 }
 
 func main() {
@@ -103,6 +104,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.BoolVar(&o.keep, "keep", false, "keep the working directory (logs) at the end")
 	fs.StringVar(&o.only, "only", "", "measure only this part: throughput (comparisons 1, 2, 4), registration (3), batch (2's batches against Redis pipelines) or servers (4's server processes)")
 	fs.StringVar(&o.from, "from", "", "measure nothing: render the report and plots into --out from this results.json")
+	fs.DurationVar(&o.idlePoll, "idle-poll", 0, "in a guest whose cpuidle driver is haltpoll, have idle CPUs poll up to this long before they halt during the session, restoring the setting after (root; 0: leave it)")
 	fs.StringVar(&o.serveEcho, "serve-echo", "", "internal: serve the raw TCP echo on this address")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -158,6 +160,9 @@ func parseFlags(args []string) (*options, error) {
 	o.arenaBytes = int64(ab)
 	if !slices.Contains([]string{"", "throughput", "registration", partBatch, partServers}, o.only) {
 		return nil, fmt.Errorf("--only %q: want throughput, registration, %s or %s", o.only, partBatch, partServers)
+	}
+	if o.idlePoll < 0 {
+		return nil, fmt.Errorf("--idle-poll %v: want a duration of 0 or more", o.idlePoll)
 	}
 	if o.distribution != "zipfian" && o.distribution != "uniform" {
 		return nil, fmt.Errorf("--distribution %q: want zipfian or uniform", o.distribution)
@@ -234,6 +239,17 @@ func run(ctx context.Context, o *options) (err error) {
 	benchDir := filepath.Join(o.out, "bench")
 	if err := os.MkdirAll(benchDir, 0o755); err != nil {
 		return err
+	}
+	if o.idlePoll > 0 {
+		restore, perr := setIdlePoll(haltPollParam, o.idlePoll)
+		switch {
+		case errors.Is(perr, os.ErrNotExist):
+			logf("--idle-poll: this kernel has no haltpoll cpuidle driver (%s): idle CPUs stay as they are", haltPollParam)
+		case perr != nil:
+			return fmt.Errorf("--idle-poll %v: %w", o.idlePoll, perr)
+		default:
+			defer func() { err = errors.Join(err, restore()) }()
+		}
 	}
 	env, err := collectEnv(ctx)
 	if err != nil {

@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
@@ -232,5 +233,81 @@ func TestRerender(t *testing.T) {
 		if !strings.Contains(string(md), "bench/"+p) {
 			t.Errorf("%s not embedded", p)
 		}
+	}
+}
+
+// fakeCPUs writes a CPU sysfs tree: per CPU, a POLL state and a halting
+// one, with usage counts.
+func fakeCPUs(t *testing.T, usage map[string]string) string {
+	t.Helper()
+	root := t.TempDir()
+	for _, cpu := range []string{"cpu0", "cpu1"} {
+		for state, name := range map[string]string{"state0": "POLL", "state1": "haltpoll idle"} {
+			dir := filepath.Join(root, cpu, "cpuidle", state)
+			if err := os.MkdirAll(dir, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(dir, "name"), []byte(name+"\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(dir, "usage"), []byte(usage[cpu+"/"+state]+"\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	return root
+}
+
+func TestIdleCounterCountsHaltsOnly(t *testing.T) {
+	root := fakeCPUs(t, map[string]string{"cpu0/state0": "1000", "cpu0/state1": "7", "cpu1/state0": "2000", "cpu1/state1": "5"})
+	count := idleCounter(root)
+	if count == nil {
+		t.Fatal("no counter over a tree with idle states")
+	}
+	if got := count()[report.CPUIdleEntries]; got != 12 {
+		t.Fatalf("halts %d, want 12 (the POLL states left out)", got)
+	}
+	// An unreadable counter stops the counting for good: a later sum
+	// without it would look like a decrease.
+	if err := os.Remove(filepath.Join(root, "cpu1", "cpuidle", "state1", "usage")); err != nil {
+		t.Fatal(err)
+	}
+	if got := count(); got != nil {
+		t.Fatalf("counts %v with a counter gone, want none", got)
+	}
+	if err := os.WriteFile(filepath.Join(root, "cpu1", "cpuidle", "state1", "usage"), []byte("9\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := count(); got != nil {
+		t.Fatalf("counts %v once a counter failed, want none", got)
+	}
+	if idleCounter(t.TempDir()) != nil {
+		t.Fatal("a counter over a tree without cpuidle")
+	}
+}
+
+func TestSetIdlePollRestores(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "guest_halt_poll_ns")
+	if err := os.WriteFile(path, []byte("0\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	restore, err := setIdlePoll(path, 200*time.Microsecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(path); string(b) != "200000" {
+		t.Fatalf("set to %q, want 200000", b)
+	}
+	if err := restore(); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(path); string(b) != "0\n" {
+		t.Fatalf("restored to %q, want the old %q", b, "0\n")
+	}
+	if _, err := setIdlePoll(filepath.Join(t.TempDir(), "none"), time.Millisecond); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("a kernel without haltpoll: %v, want os.ErrNotExist", err)
+	}
+	if _, err := parseFlags([]string{"--idle-poll", "-1ms"}); err == nil || !strings.Contains(err.Error(), "--idle-poll") {
+		t.Fatalf("a negative --idle-poll: %v", err)
 	}
 }

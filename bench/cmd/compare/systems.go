@@ -178,6 +178,9 @@ type systems struct {
 	// redisN is comparison 4's redis-servers on more processes, while
 	// its groups are measured.
 	redisN *redisN
+	// idle counts the CPUs' halts over each point (idleCounter; nil
+	// where the kernel does not say).
+	idle func() map[string]uint64
 }
 
 // clientLogger is the rkv clients' logger: errors only (the cluster runs
@@ -185,7 +188,7 @@ type systems struct {
 var clientLogger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
 
 func startSystems(ctx context.Context, o *options, work, bin string) (_ *systems, err error) {
-	s := &systems{o: o, work: work, bin: bin, groups: plan(o)}
+	s := &systems{o: o, work: work, bin: bin, groups: plan(o), idle: idleCounter(cpuSysfs)}
 	defer func() {
 		if err != nil {
 			_ = s.close()
@@ -278,7 +281,7 @@ func (s *systems) options(p report.Point, run int) loadgen.Options {
 	}
 	return loadgen.Options{Workload: workloads[p.Op], Keys: keysFor(s.o, p.ValueSize), KeyPrefix: keyPrefix(p.ValueSize),
 		ValueSize: p.ValueSize, Distribution: s.o.distribution, BatchSize: s.o.batch, Concurrency: p.Concurrency,
-		Duration: d, Warmup: s.o.warmup, Seed: int64(run)}
+		Duration: d, Warmup: s.o.warmup, Seed: int64(run), Counters: s.idle}
 }
 
 // durablePoint is the least measured phase of a durable PUT point: an
@@ -356,6 +359,9 @@ func (s *systems) measure(ctx context.Context, res *report.Results) error {
 				}
 				if p.System == report.SystemRKV && !isWrite(p.Op) && keys > 0 {
 					extra += fmt.Sprintf(" READs/key %.2f", r.Extra[target.CounterReads]/keys)
+				}
+				if idles, ok := r.Extra[report.CPUIdleEntries]; ok && lat.Count > 0 {
+					extra += fmt.Sprintf(" CPU idles/op %.2f", idles/float64(lat.Count))
 				}
 				var errs int64
 				for _, e := range r.Errors {
