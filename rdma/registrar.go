@@ -211,11 +211,20 @@ func (r *Registrar) work() {
 // locked to the thread, which ends the thread with it, so no other
 // goroutine ever runs at that priority; the worker waits for it. Where the
 // nice value cannot be read or set, the thread keeps the program's.
+//
+// The runtime never ends the main thread: lowered, it would stay lowered.
+// A goroutine that lands on it keeps it locked, so that it cannot run
+// another goroutine, while another thread does the work.
 func (r *Registrar) registerNiced(f *Registration) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		runtime.LockOSThread()
+		if onMainThread() {
+			r.registerNiced(f)
+			runtime.UnlockOSThread()
+			return
+		}
 		tid := unix.Gettid()
 		if prio, err := unix.Getpriority(unix.PRIO_PROCESS, tid); err == nil {
 			nice := 20 - prio // the system call's value, unlike nice(1)'s
@@ -225,6 +234,11 @@ func (r *Registrar) registerNiced(f *Registration) {
 	}()
 	<-done
 }
+
+// onMainThread reports whether the calling goroutine, locked to its
+// thread, runs on the process's main thread (a variable for tests, which
+// cannot choose the thread a goroutine lands on).
+var onMainThread = func() bool { return unix.Gettid() == unix.Getpid() }
 
 // nextLocked picks the queued request a worker takes: the first small
 // one, else the first.

@@ -245,15 +245,20 @@ type nicePD struct {
 	countingPD
 	mu   sync.Mutex
 	nice map[int]int
+	tid  map[int]int // the thread, by the buffer's length too
 }
 
 func (pd *nicePD) Register(buf []byte, access rdma.Access) (rdma.MR, error) {
-	nice, err := threadNice(unix.Gettid())
+	tid := unix.Gettid()
+	nice, err := threadNice(tid)
 	if err != nil {
 		return nil, err
 	}
 	pd.mu.Lock()
 	pd.nice[len(buf)] = nice
+	if pd.tid != nil {
+		pd.tid[len(buf)] = tid
+	}
 	pd.mu.Unlock()
 	return pd.countingPD.Register(buf, access)
 }
@@ -323,6 +328,55 @@ func TestRegistrarPinsBackgroundRequestsAtALowerPriority(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestRegistrarNeverLowersTheMainThread: the runtime never ends the main
+// thread, so a Background request whose goroutine lands on it is pinned,
+// lowered, on another thread, and the main thread keeps the program's
+// priority. (A goroutine on the main thread cannot be arranged: the first
+// thread to ask plays it.)
+func TestRegistrarNeverLowersTheMainThread(t *testing.T) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	base, err := threadNice(unix.Gettid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if base >= 19 {
+		t.Skipf("the test runs at nice %d: no lower priority to pin at", base)
+	}
+	var mu sync.Mutex
+	main := 0
+	defer rdma.SetOnMainThread(func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		if main == 0 {
+			main = unix.Gettid()
+		}
+		return unix.Gettid() == main
+	})()
+	pd := &nicePD{nice: map[int]int{}, tid: map[int]int{}}
+	r := rdma.NewRegistrar(pd, rdma.RegistrarOptions{Workers: 1})
+	f := r.RegisterBatch(context.Background(), []rdma.RegisterRequest{{Buf: make([]byte, 1), Access: rdma.AccessRemoteRead, Background: true}})
+	if _, err := f[0].Wait(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if main == 0 {
+		t.Fatal("the Registrar never asked whether it was on the main thread")
+	}
+	if pd.tid[1] == main || pd.nice[1] != min(base+10, 19) {
+		t.Fatalf("pinned on thread %d at nice %d; want a thread other than the main one (%d), at nice %d", pd.tid[1], pd.nice[1], main, min(base+10, 19))
+	}
+	// The thread that played the main one went back to the runtime: it
+	// must have the program's priority.
+	if nice, err := threadNice(main); err == nil && nice != base {
+		t.Fatalf("the main thread %d was left at nice %d, the program's is %d", main, nice, base)
 	}
 }
 
