@@ -263,6 +263,23 @@ func (pd *nicePD) Register(buf []byte, access rdma.Access) (rdma.MR, error) {
 	return pd.countingPD.Register(buf, access)
 }
 
+// programNice locks the test's goroutine to its thread, which has the
+// program's priority, for the rest of the test, and returns that nice
+// value; it skips the test where no lower priority is left to pin at.
+func programNice(t *testing.T) int {
+	t.Helper()
+	runtime.LockOSThread()
+	t.Cleanup(runtime.UnlockOSThread)
+	base, err := threadNice(unix.Gettid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if base >= 19 {
+		t.Skipf("the test runs at nice %d: no lower priority to pin at", base)
+	}
+	return base
+}
+
 // threadNice is the nice value of thread tid of this process.
 func threadNice(tid int) (int, error) {
 	prio, err := unix.Getpriority(unix.PRIO_PROCESS, tid)
@@ -274,15 +291,7 @@ func threadNice(tid int) (int, error) {
 // others at the program's, and no thread stays lowered after: the
 // threads that pinned in the background ended with their goroutines.
 func TestRegistrarPinsBackgroundRequestsAtALowerPriority(t *testing.T) {
-	runtime.LockOSThread() // the test's thread has the program's priority
-	defer runtime.UnlockOSThread()
-	base, err := threadNice(unix.Gettid())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if base >= 19 {
-		t.Skipf("the test runs at nice %d: no lower priority to pin at", base)
-	}
+	base := programNice(t)
 	for _, tc := range []struct {
 		name string
 		opt  int
@@ -337,15 +346,7 @@ func TestRegistrarPinsBackgroundRequestsAtALowerPriority(t *testing.T) {
 // priority. (A goroutine on the main thread cannot be arranged: the first
 // thread to ask plays it.)
 func TestRegistrarNeverLowersTheMainThread(t *testing.T) {
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	base, err := threadNice(unix.Gettid())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if base >= 19 {
-		t.Skipf("the test runs at nice %d: no lower priority to pin at", base)
-	}
+	base := programNice(t)
 	var mu sync.Mutex
 	main := 0
 	defer rdma.SetOnMainThread(func() bool {
