@@ -5,7 +5,6 @@ package soft
 import (
 	"sync"
 	"sync/atomic"
-	"syscall"
 
 	"github.com/rkv-io/rkv/rdma"
 )
@@ -105,46 +104,5 @@ func (w *linkWriter) hold(b []byte, from *atomic.Uint64) (held, took bool) {
 // writeNoWait writes as much of p as the socket takes at once. A full
 // socket buffer is no error: it returns what was written.
 func (w *linkWriter) writeNoWait(p []byte) (int, error) {
-	if w.raw.conn == nil {
-		return 0, nil // the caller's goroutine writes it
-	}
-	w.raw.p = p
-	err := w.raw.conn.Write(w.raw.write)
-	n, werr := w.raw.n, w.raw.err
-	w.raw.p = nil
-	switch {
-	case err != nil:
-		return 0, err
-	case werr == syscall.EAGAIN:
-		return 0, nil
-	}
-	return n, werr
-}
-
-// rawWriter is writeNoWait's: a socket write made once per writer, so
-// that a call allocates nothing.
-type rawWriter struct {
-	conn  syscall.RawConn
-	write func(fd uintptr) bool
-	p     []byte
-	n     int
-	err   error
-}
-
-func (r *rawWriter) init(c syscall.Conn) error {
-	var err error
-	if r.conn, err = c.SyscallConn(); err != nil {
-		return err
-	}
-	r.write = func(fd uintptr) bool {
-		for {
-			n, err := syscall.Write(int(fd), r.p)
-			if err == syscall.EINTR {
-				continue
-			}
-			r.n, r.err = max(n, 0), err
-			return true // done, even if the socket is full: never wait
-		}
-	}
-	return nil
+	return w.sock.WriteOnce(p)
 }

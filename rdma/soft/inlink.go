@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/rkv-io/rkv/internal/rawsock"
 	"github.com/rkv-io/rkv/rdma"
 )
 
@@ -27,6 +28,7 @@ const handshakeTimeout = 10 * time.Second
 type inLink struct {
 	dev  *device
 	conn *net.TCPConn
+	sock rawsock.Reader // reads conn, under br
 	br   *bufio.Reader
 	w    linkWriter
 	done chan struct{} // closed when the link ends
@@ -81,8 +83,10 @@ func (d *device) handshake(c *net.TCPConn) {
 		d.reject(c, "malformed hello", err)
 		return
 	}
-	l := &inLink{dev: d, conn: c, br: bufio.NewReaderSize(c, readBufSize), done: make(chan struct{}),
+	l := &inLink{dev: d, conn: c, done: make(chan struct{}),
 		out: make([]byte, 0, answerBatch), gen: 1, qps: map[uint32]*qp{}, base: base}
+	_ = l.sock.Init(c) // cannot fail for a TCPConn
+	l.br = bufio.NewReaderSize(&l.sock, readBufSize)
 	l.view.Store(&map[uint32]*qp{})
 	l.w.init(c, func(error) { _ = c.Close() }, &d.wg)
 	d.mu.Lock()

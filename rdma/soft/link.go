@@ -8,6 +8,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/rkv-io/rkv/internal/rawsock"
 )
 
 const (
@@ -70,8 +72,7 @@ type linkWriter struct {
 
 	// Owned by the holder of the flusher role.
 	iov  [3][]byte
-	bufs net.Buffers
-	raw  rawWriter
+	sock rawsock.Writer
 
 	// writes counts the write and writev calls begun, settled those that
 	// returned: a write is under way while they differ.
@@ -84,7 +85,7 @@ type linkWriter struct {
 // init readies w to write to c; wg counts the goroutines post starts.
 func (w *linkWriter) init(c *net.TCPConn, onError func(error), wg *sync.WaitGroup) {
 	w.conn, w.onError, w.wg = c, onError, wg
-	_ = w.raw.init(c) // fails only on a closed connection, whose writes fail anyway
+	_ = w.sock.Init(c) // cannot fail for a TCPConn
 	w.async = func() {
 		defer w.wg.Done()
 		_ = w.drain(nil)
@@ -262,7 +263,7 @@ func (w *linkWriter) drainWaiting(err error, wait bool) error {
 // flusher role, then drains.
 func (w *linkWriter) writeRest(p []byte) {
 	defer w.wg.Done()
-	_, err := w.conn.Write(p)
+	_, err := w.sock.Write(p)
 	w.settled.Add(1)
 	_ = w.drain(err)
 }
@@ -271,7 +272,7 @@ func (w *linkWriter) writeRest(p []byte) {
 // flusher role.
 func (w *linkWriter) write(p []byte, one *atomic.Uint64, many []*atomic.Uint64) error {
 	w.count(one, many)
-	_, err := w.conn.Write(p)
+	_, err := w.sock.Write(p)
 	w.settled.Add(1)
 	return err
 }
@@ -344,11 +345,10 @@ func (w *linkWriter) writeFrame(batch []byte, one *atomic.Uint64, many []*atomic
 				w.count(nil, nil)
 			}
 			first = false
-			w.bufs = w.iov[:]
 			if timeout > 0 {
 				_ = w.conn.SetWriteDeadline(time.Now().Add(timeout))
 			}
-			_, err = w.bufs.WriteTo(w.conn)
+			_, err = w.sock.WriteBuffers(w.iov[:])
 			w.settled.Add(1)
 			w.iov = [3][]byte{}
 			p = p[n:]
@@ -359,13 +359,12 @@ func (w *linkWriter) writeFrame(batch []byte, one *atomic.Uint64, many []*atomic
 	}
 	if first && err == nil {
 		w.iov = [3][]byte{pend, batch}
-		w.bufs = w.iov[:2]
 		w.count(one, many)
 		for _, c := range pfrom {
 			c.Add(1)
 		}
 		clear(pfrom)
-		_, err = w.bufs.WriteTo(w.conn)
+		_, err = w.sock.WriteBuffers(w.iov[:2])
 		w.settled.Add(1)
 		w.iov = [3][]byte{}
 	}

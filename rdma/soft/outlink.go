@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/rkv-io/rkv/internal/rawsock"
 	"github.com/rkv-io/rkv/rdma"
 )
 
@@ -31,6 +32,7 @@ type outLink struct {
 
 	mu        sync.Mutex // the fields below; taken after dev.outMu
 	conn      *net.TCPConn
+	sock      rawsock.Reader // reads conn, under br
 	dialErr   error
 	members   map[uint32]member
 	attaching int  // members waiting for the peer's attach acknowledgement
@@ -185,7 +187,8 @@ func (l *outLink) dial(timeout time.Duration) {
 	if err == nil {
 		l.conn = c
 		l.w.init(c, l.broken, &l.dev.wg)
-		l.br.Reset(c)
+		_ = l.sock.Init(c) // cannot fail for a TCPConn
+		l.br.Reset(&l.sock)
 		l.progress.Store(now())
 	} else {
 		l.dialErr = fmt.Errorf("dialing %s: %w", l.addr, err)
