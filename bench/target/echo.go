@@ -11,8 +11,10 @@ import (
 	"io"
 	"net"
 	"sync"
+	"syscall"
 	"time"
 
+	"github.com/rkv-io/rkv/internal/rawsock"
 	"github.com/rkv-io/rkv/loadgen"
 )
 
@@ -96,7 +98,11 @@ func (s *EchoServer) accept() {
 
 // serveEcho answers one connection's requests until it closes.
 func serveEcho(c net.Conn) error {
-	r := bufio.NewReaderSize(c, 256<<10)
+	rd, wr, err := rawIO(c)
+	if err != nil {
+		return err
+	}
+	r := bufio.NewReaderSize(rd, 256<<10)
 	var hdr [echoHeader]byte
 	var reply []byte
 	for {
@@ -113,10 +119,26 @@ func serveEcho(c net.Conn) error {
 		if int(m) > len(reply) {
 			reply = make([]byte, m)
 		}
-		if _, err := c.Write(reply[:m]); err != nil {
+		if _, err := wr.Write(reply[:m]); err != nil {
 			return err
 		}
 	}
+}
+
+// rawIO reads and writes c with raw system calls, as rkv's soft provider
+// does its links: without it the echo paid the runtime's hand-offs around
+// each call that rkv no longer does, and would be no floor.
+func rawIO(c net.Conn) (*rawsock.Reader, *rawsock.Writer, error) {
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return nil, nil, fmt.Errorf("connection to %s has no file descriptor", c.RemoteAddr())
+	}
+	r, err := rawsock.NewReader(sc)
+	if err != nil {
+		return nil, nil, err
+	}
+	w, err := rawsock.NewWriter(sc)
+	return r, w, err
 }
 
 // EchoOptions configure an Echo target.
@@ -152,7 +174,13 @@ func NewEcho(ctx context.Context, opts EchoOptions) (*Echo, error) {
 			e.Close()
 			return nil, fmt.Errorf("echo target: dialing %s: %w", opts.Addr, err)
 		}
-		e.workers = append(e.workers, &echoWorker{conn: c, size: opts.ValueSize})
+		r, w, err := rawIO(c)
+		if err != nil {
+			c.Close()
+			e.Close()
+			return nil, fmt.Errorf("echo target: %w", err)
+		}
+		e.workers = append(e.workers, &echoWorker{conn: c, r: r, w: w, size: opts.ValueSize})
 	}
 	return e, nil
 }
@@ -185,6 +213,8 @@ func (e *Echo) Close() error {
 type echoWorker struct {
 	mu   sync.Mutex
 	conn net.Conn
+	r    *rawsock.Reader
+	w    *rawsock.Writer
 	size int
 	buf  []byte
 	ack  [EchoAckSize]byte
@@ -228,10 +258,10 @@ func (w *echoWorker) roundTrip(ctx context.Context, op byte, a, b, reply []byte)
 		_ = w.conn.SetDeadline(time.Time{})
 		w.deadline = false
 	}
-	if _, err := w.conn.Write(f); err != nil {
+	if _, err := w.w.Write(f); err != nil {
 		return fmt.Errorf("echo %c to %s: %w", op, w.conn.RemoteAddr(), err)
 	}
-	if _, err := io.ReadFull(w.conn, reply); err != nil {
+	if _, err := io.ReadFull(w.r, reply); err != nil {
 		return fmt.Errorf("echo %c reply from %s: %w", op, w.conn.RemoteAddr(), err)
 	}
 	return nil
