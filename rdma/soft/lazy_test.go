@@ -211,3 +211,30 @@ func TestLazyQPDemoted(t *testing.T) {
 		expectStatus(t, a.cq, uint64(100+i), rdma.StatusSuccess)
 	}
 }
+
+// The sweeper slows down once Waits have read every response for
+// sweepQuiet, to sweepMax, and is back at sweepEvery at the first tick
+// that finds one left unread.
+func TestSweepPeriodBacksOffWhileNothingIsLate(t *testing.T) {
+	if got := sweepPeriod(sweepEvery, sweepQuiet/2); got != sweepEvery {
+		t.Fatalf("%v after a late response: %v, want %v", sweepQuiet/2, got, sweepEvery)
+	}
+	p := sweepEvery
+	for i := 0; i < 10; i++ {
+		next := sweepPeriod(p, sweepQuiet)
+		if next < p || next > sweepMax || (p < sweepMax && next == p) {
+			t.Fatalf("after a tick of %v with nothing late: %v; want longer, up to %v", p, next, sweepMax)
+		}
+		p = next
+	}
+	if p != sweepMax {
+		t.Fatalf("after 10 quiet ticks the period is %v, want %v", p, sweepMax)
+	}
+	if got := sweepPeriod(p, 0); got != sweepEvery {
+		t.Fatalf("after a tick that found a late response: %v, want %v", got, sweepEvery)
+	}
+	// A response nobody reads waits at most a slowed tick and lazyDelay.
+	if sweepMax+lazyDelay > 50*time.Millisecond {
+		t.Fatalf("sweepMax %v: TestSweeperReadsUnwatchedResponses waits 50 ms", sweepMax)
+	}
+}

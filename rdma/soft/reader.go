@@ -29,7 +29,8 @@ const (
 )
 
 // lazyDelay is how long responses may wait for a Wait to read them before
-// the device's sweeper hands them to the link's goroutine (see sweep.go).
+// the device's sweeper hands them to the link's goroutine, at its next tick
+// (see sweep.go).
 const lazyDelay = 500 * time.Microsecond
 
 // linkReader is the read side of an outLink.
