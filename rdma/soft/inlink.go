@@ -449,10 +449,10 @@ func (l *inLink) resetBatch() {
 }
 
 // writeLarge writes the queued answers and then p, a READ's data, straight
-// from registered memory; each chunk must leave within timeout.
-func (l *inLink) writeLarge(p []byte, timeout time.Duration) error {
+// from registered memory.
+func (l *inLink) writeLarge(p []byte) error {
 	pieces := [1][]byte{p}
-	err := l.w.writeFrame(l.out, nil, l.from, pieces[:], timeout, nil)
+	err := l.w.writeFrame(l.out, nil, l.from, pieces[:], nil)
 	l.resetBatch()
 	return err
 }

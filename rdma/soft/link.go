@@ -307,10 +307,11 @@ func (w *linkWriter) stuck(t int64) bool {
 // writeFrame writes the pending frames, then batch (counted by one and
 // many) and pieces, without copying the pieces, by writev in chunks; it
 // waits for the flusher role and holds it until the last piece is out, so
-// no other frame comes between. With a timeout, each chunk must leave
-// within it; after each chunk it stores now() in progress, if not nil:
-// the peer is reading.
-func (w *linkWriter) writeFrame(batch []byte, one *atomic.Uint64, many []*atomic.Uint64, pieces [][]byte, timeout time.Duration, progress *atomic.Int64) error {
+// no other frame comes between. After each chunk it stores now() in
+// progress, if not nil: the peer is reading. A chunk that does not leave
+// within the link's timeout breaks the link (stuck, the watchdog's), as
+// any write does.
+func (w *linkWriter) writeFrame(batch []byte, one *atomic.Uint64, many []*atomic.Uint64, pieces [][]byte, progress *atomic.Int64) error {
 	w.mu.Lock()
 	for w.flushing && w.err == nil {
 		w.waiters++
@@ -345,9 +346,6 @@ func (w *linkWriter) writeFrame(batch []byte, one *atomic.Uint64, many []*atomic
 				w.count(nil, nil)
 			}
 			first = false
-			if timeout > 0 {
-				_ = w.conn.SetWriteDeadline(time.Now().Add(timeout))
-			}
 			_, err = w.sock.WriteBuffers(w.iov[:])
 			w.settled.Add(1)
 			w.iov = [3][]byte{}
@@ -367,9 +365,6 @@ func (w *linkWriter) writeFrame(batch []byte, one *atomic.Uint64, many []*atomic
 		_, err = w.sock.WriteBuffers(w.iov[:2])
 		w.settled.Add(1)
 		w.iov = [3][]byte{}
-	}
-	if timeout > 0 {
-		_ = w.conn.SetWriteDeadline(time.Time{})
 	}
 	return w.drain(err)
 }

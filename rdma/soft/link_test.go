@@ -702,7 +702,7 @@ func TestLinkWriterKeepsOrder(t *testing.T) {
 				switch seq % 7 {
 				case 3: // large, straight from "registered memory"
 					hdr, payload := frame(src, seq, 20<<10+seq)
-					if err := w.writeFrame(hdr, &count.writes, nil, [][]byte{payload[:1000], payload[1000:]}, 0, nil); err != nil {
+					if err := w.writeFrame(hdr, &count.writes, nil, [][]byte{payload[:1000], payload[1000:]}, nil); err != nil {
 						return // the test failed, and closed the connection
 					}
 				case 5:

@@ -81,7 +81,7 @@ func (q *qp) doRead(l *inLink, req *request) (rdma.Status, string, error) {
 		l.out = append(l.out, data...)
 		return rdma.StatusSuccess, "", nil
 	}
-	return rdma.StatusSuccess, "", l.writeLarge(data, q.budget)
+	return rdma.StatusSuccess, "", l.writeLarge(data)
 }
 
 func (q *qp) doWrite(l *inLink, req *request) (rdma.Status, string, error) {

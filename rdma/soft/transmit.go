@@ -322,7 +322,7 @@ func (q *qp) writeRequest(l *outLink, w *sendWQE, seq uint32) error {
 			q.tx.pieces = append(q.tx.pieces, e.m.buf[e.off:e.off+e.n])
 		}
 	}
-	err := l.w.writeFrame(b.buf, &b.writes, nil, q.tx.pieces, 0, &l.progress)
+	err := l.w.writeFrame(b.buf, &b.writes, nil, q.tx.pieces, &l.progress)
 	clear(q.tx.pieces)
 	b.buf = b.buf[:0]
 	q.tx.nonRead = false
