@@ -23,7 +23,7 @@ const (
 	readBufSize = 64 << 10
 	answerBatch = 64 << 10 // the responder's batch
 	copyMax     = 4 << 10  // payloads up to this size are copied into batches
-	chunkSize   = 1 << 20  // large payloads are written, and deadlines renewed, per chunk
+	chunkSize   = 1 << 20  // large payloads are written, and their progress noted, per chunk
 )
 
 // writeCount counts the link writes that carried a QP's frames: what tests
