@@ -37,10 +37,11 @@ func (d *device) sweepSoon(t int64) {
 
 // sweeper runs for the device's life, ticking only while links are read
 // lazily: each tick hands the links whose responses have waited lazyDelay
-// for a Wait to their goroutines. While no tick finds such a link, they
-// slow down (sweepPeriod), so one nobody reads is handed over within
-// lazyDelay and sweepMax, and within lazyDelay and sweepEvery while such
-// responses keep coming. Every watchEvery it is also the links' watchdog.
+// for a Wait to their goroutines. Once no tick has found such a link for
+// sweepQuiet, they slow down (sweepPeriod), so one nobody reads is handed
+// over within lazyDelay and sweepMax, and within lazyDelay and sweepEvery
+// while such responses keep coming. Every watchEvery it is also the links'
+// watchdog.
 func (d *device) sweeper() {
 	defer d.wg.Done()
 	t := time.NewTicker(sweepEvery)
