@@ -146,6 +146,7 @@ type indexLog struct {
 	bufAt    uint64 // from this offset
 	next     logPos // where the writer appends
 	flushed  logPos // the entries before it are in Pebble
+	calls    writerCalls
 
 	// A new log is filled with zeros in the background (fill), which
 	// the writer's appends wait for: filling is open while it runs.
@@ -295,7 +296,7 @@ func (l *indexLog) writeOut() error {
 	if len(l.buf) == 0 {
 		return nil
 	}
-	if _, err := l.file.WriteAt(l.buf, int64(l.bufAt)); err != nil {
+	if err := l.calls.pwrite(l.file, l.buf, int64(l.bufAt)); err != nil {
 		return fmt.Errorf("store: writing the index log %s: %w", l.file.Name(), err)
 	}
 	l.buf = l.buf[:0]
@@ -307,11 +308,14 @@ func (l *indexLog) sync() error {
 	if err := l.writeOut(); err != nil {
 		return err
 	}
-	return l.syncWritten()
+	if err := l.calls.fdatasync(l.file); err != nil {
+		return fmt.Errorf("store: fdatasync of the index log %s: %w", l.file.Name(), err)
+	}
+	return nil
 }
 
 // syncWritten makes the entries written out durable. It is safe to call
-// from any goroutine.
+// from any goroutine: its call is an ordinary one (writerCalls).
 func (l *indexLog) syncWritten() error {
 	if err := unix.Fdatasync(int(l.file.Fd())); err != nil {
 		return fmt.Errorf("store: fdatasync of the index log %s: %w", l.file.Name(), err)
