@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/rkv-io/rkv/rdma"
 	"github.com/rkv-io/rkv/rdma/rdmatest"
 )
 
@@ -13,6 +14,14 @@ func TestConformance(t *testing.T) {
 	// The full 1 GiB large-region case (about 20 s under -race here); -short
 	// skips it.
 	rdmatest.Run(t, rdmatest.Config{Provider: ProviderName})
+}
+
+// TestConformanceOverLinks runs the suite again on devices that spread
+// their QPs to a peer over three links, as a client's do; the large
+// region is 64 MiB there, its 1 GiB case having run above.
+func TestConformanceOverLinks(t *testing.T) {
+	opts := rdma.Options{Links: 3}
+	rdmatest.Run(t, rdmatest.Config{Provider: ProviderName, OptionsA: opts, OptionsB: opts, LargeSize: 64 << 20})
 }
 
 // BenchmarkRegistrar is the server-shaped registration case: 8 arenas of

@@ -32,8 +32,9 @@ type device struct {
 	qps     map[uint32]*qp
 	nextQPN uint32
 
-	outMu sync.Mutex          // guards outs; taken before an outLink's mu
-	outs  map[string]*outLink // this device's links, by the peer device's address
+	links uint32               // Options.Links
+	outMu sync.Mutex           // guards outs; taken before an outLink's mu
+	outs  map[linkKey]*outLink // this device's links to peers
 
 	life life.Lifetime // children: PDs and CQs
 
@@ -57,6 +58,9 @@ type device struct {
 }
 
 func openDevice(name string, opts rdma.Options) (*device, error) {
+	if opts.Links < 0 {
+		return nil, fmt.Errorf("rdma/soft: device %s: Options.Links %d: must not be negative", name, opts.Links)
+	}
 	laddr := opts.ListenAddr
 	if laddr == "" {
 		laddr = defaultListenAddr
@@ -79,7 +83,8 @@ func openDevice(name string, opts rdma.Options) (*device, error) {
 		lkeys:     newKeyGen(),
 		qps:       map[uint32]*qp{},
 		nextQPN:   rand.Uint32(),
-		outs:      map[string]*outLink{},
+		links:     uint32(max(opts.Links, 1)),
+		outs:      map[linkKey]*outLink{},
 		conns:     map[*net.TCPConn]struct{}{},
 		ins:       map[*inLink]struct{}{},
 		closing:   make(chan struct{}),

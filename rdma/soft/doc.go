@@ -25,11 +25,14 @@
 //
 // # Links
 //
-// All QPs between two devices share one TCP connection, a link, per
-// direction of requests: this device's link to a peer device carries the
-// requests of every QP here connected to a QP there, and their answers.
-// ModifyToRTS starts the QP's sender goroutine, which joins the device's
-// link to the peer's data endpoint, dialing it (and saying hello) if
+// The QPs between two devices share one TCP connection, a link, per
+// direction of requests, or a few: this device's links to a peer device,
+// as many as Options.Links (default 1), carry the requests of every QP here
+// connected to a QP there, and their answers, each QP on one link chosen
+// by its number (consecutive QPs take different links). More links let
+// more Waits read their own responses (below); fewer put more frames in
+// each write. ModifyToRTS starts the QP's sender goroutine, which joins
+// its link to the peer's data endpoint, dialing it (and saying hello) if
 // there is none, and attaches the QP: an attach frame names the peer QP,
 // this QP and this QP's PSN; the peer device waits (up to 10 s, on a
 // goroutine of its own, so the link serves on) for that QP to reach RTR,

@@ -17,9 +17,11 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // openDev opens a soft device closed at cleanup.
-func openDev(t testing.TB) rdma.Device {
+func openDev(t testing.TB) rdma.Device { t.Helper(); return openDevWith(t, rdma.Options{}) }
+
+func openDevWith(t testing.TB, opts rdma.Options) rdma.Device {
 	t.Helper()
-	d, err := rdma.Open("soft", "", rdma.Options{})
+	d, err := rdma.Open("soft", "", opts)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 	"io"
 	"net"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -52,7 +53,7 @@ func eventually(t *testing.T, what string, check func() error) {
 	}
 }
 
-// Every QP between two devices shares one link each way.
+// With Options.Links 1, every QP between two devices shares one link each way.
 func TestQPsShareOneLink(t *testing.T) {
 	const n = 8
 	p := newDevicePair(t, n, 256, rdma.QPConfig{})
@@ -80,6 +81,77 @@ func TestQPsShareOneLink(t *testing.T) {
 		if got := q.x.(*qp).out.Load(); got != l {
 			t.Errorf("QP %d on link %p, QP 0 on %p", i, got, l)
 		}
+	}
+}
+
+// With Options.Links, a device's QPs to one peer are spread over that
+// many links, QPs made one after another on different ones, all in use
+// at once; a link that breaks fails its own QPs only.
+func TestQPsSpreadOverLinks(t *testing.T) {
+	const nLinks, n = 3, 6
+	p := newDevicePairWith(t, rdma.Options{Links: nLinks}, n, 256, rdma.QPConfig{})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for i, q := range p.qps {
+		wg.Go(func() {
+			for round := range 100 {
+				if err := q.roundTrip(ctx, i, round); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	out, _ := links(p.dx)
+	if _, in := links(p.dy); len(out) != nLinks || in != nLinks {
+		t.Fatalf("%d links out and %d in for %d QP pairs, want %d each way", len(out), in, n, nLinks)
+	}
+	for _, l := range out {
+		l.mu.Lock()
+		members := len(l.members)
+		l.mu.Unlock()
+		if members != n/nLinks {
+			t.Errorf("a link carries %d QPs, want %d", members, n/nLinks)
+		}
+	}
+	for i := 1; i < n; i++ {
+		if p.qps[i].x.(*qp).out.Load() == p.qps[i-1].x.(*qp).out.Load() {
+			t.Errorf("QPs %d and %d, made one after the other, share a link", i-1, i)
+		}
+	}
+
+	broken := p.qps[0].x.(*qp).out.Load()
+	onBroken := map[int]bool{}
+	for i, q := range p.qps {
+		onBroken[i] = q.x.(*qp).out.Load() == broken
+	}
+	broken.mu.Lock()
+	_ = broken.conn.Close()
+	broken.mu.Unlock()
+	for i, q := range p.qps {
+		err := q.roundTrip(ctx, i, 100)
+		if onBroken[i] && err == nil {
+			t.Errorf("QP %d, on the broken link, completed a round trip", i)
+		}
+		if !onBroken[i] && err != nil {
+			t.Errorf("QP %d, on another link: %v", i, err)
+		}
+	}
+}
+
+func TestLinksMustNotBeNegative(t *testing.T) {
+	if d, err := rdma.Open("soft", "", rdma.Options{Links: -1}); err == nil || !strings.Contains(err.Error(), "Links -1") {
+		if d != nil {
+			d.Close()
+		}
+		t.Fatalf("Open with Links -1: %v; want an error naming it", err)
 	}
 }
 

@@ -17,13 +17,14 @@ import (
 	"github.com/rkv-io/rkv/rdma"
 )
 
-// outLink is this device's link to the device at addr: its QPs' requests
-// go out on it and their responses come back on it. It is dialed by the
-// first QP that needs it and closed when the last leaves; a QP leaves when
-// it closes or goes to ERR.
+// outLink is one of this device's links to the device at addr: its QPs'
+// requests go out on it and their responses come back on it. It is dialed
+// by the first QP that needs it and closed when the last leaves; a QP
+// leaves when it closes or goes to ERR.
 type outLink struct {
 	dev  *device
 	addr string
+	key  linkKey
 	w    linkWriter
 	up   chan struct{} // closed once dialed (conn set) or failed (dialErr set)
 	// life is done when the link closes, for whatever reason: close does it.
@@ -42,6 +43,19 @@ type outLink struct {
 	werr      atomic.Pointer[error] // why a write failed, which broke the link
 
 	linkReader
+}
+
+// linkKey names one of a device's links: the peer device's address and
+// the link's index among the Options.Links to it.
+type linkKey struct {
+	addr  string
+	index uint32
+}
+
+// linkFor is the key of the link to addr that carries q: QP numbers are
+// consecutive, so QPs made one after another take different links.
+func (d *device) linkFor(q *qp, addr string) linkKey {
+	return linkKey{addr: addr, index: q.num % d.links}
 }
 
 type member struct {
@@ -81,8 +95,8 @@ var (
 	errPeerGone   = errors.New("peer QP left RTS")
 )
 
-func newOutLink(d *device, addr string) *outLink {
-	l := &outLink{dev: d, addr: addr, up: make(chan struct{}), members: map[uint32]member{}}
+func newOutLink(d *device, key linkKey) *outLink {
+	l := &outLink{dev: d, addr: key.addr, key: key, up: make(chan struct{}), members: map[uint32]member{}}
 	l.life, l.close = context.WithCancel(context.Background())
 	l.view.Store(emptyView)
 	l.kick = make(chan struct{}, 1)
@@ -123,15 +137,16 @@ func (q *qp) connect(ctx context.Context, remote rdma.QPInfo) error {
 
 func (r attachResult) timedOut() bool { return r.err != nil && !r.linkDied }
 
-// joinOut makes q a member of the device's link to addr, dialing it if
+// joinOut makes q a member of its link to addr (linkFor), dialing it if
 // there is none, and waits (up to timeout) until it is up. dialed says
 // that q's call made the link.
 func (d *device) joinOut(ctx context.Context, q *qp, addr string, timeout time.Duration) (l *outLink, dialed bool, err error) {
+	key := d.linkFor(q, addr)
 	d.outMu.Lock()
-	l = d.outs[addr]
+	l = d.outs[key]
 	if l == nil {
-		l = newOutLink(d, addr)
-		d.outs[addr] = l
+		l = newOutLink(d, key)
+		d.outs[key] = l
 		dialed = true
 	}
 	l.mu.Lock()
@@ -344,8 +359,8 @@ func (l *outLink) leave(q *qp, detach bool) {
 	last := len(l.members) == 0 && !l.closed
 	if last {
 		l.closed = true
-		if d.outs[l.addr] == l {
-			delete(d.outs, l.addr)
+		if d.outs[l.key] == l {
+			delete(d.outs, l.key)
 		}
 	}
 	l.publishLocked()
@@ -375,8 +390,8 @@ func (l *outLink) broken(err error) {
 	l.werr.CompareAndSwap(nil, &err)
 	d := l.dev
 	d.outMu.Lock()
-	if d.outs[l.addr] == l {
-		delete(d.outs, l.addr)
+	if d.outs[l.key] == l {
+		delete(d.outs, l.key)
 	}
 	d.outMu.Unlock()
 	_ = l.conn.Close()
@@ -396,8 +411,8 @@ func (l *outLink) fail(err error) {
 	}
 	d := l.dev
 	d.outMu.Lock()
-	if d.outs[l.addr] == l {
-		delete(d.outs, l.addr)
+	if d.outs[l.key] == l {
+		delete(d.outs, l.key)
 	}
 	l.mu.Lock()
 	wasClosed := l.closed

@@ -38,7 +38,14 @@ type devicePair struct {
 
 func newDevicePair(t *testing.T, n, slot int, cfg rdma.QPConfig) *devicePair {
 	t.Helper()
-	p := &devicePair{dx: openDev(t), dy: openDev(t)}
+	return newDevicePairWith(t, rdma.Options{Links: 1}, n, slot, cfg)
+}
+
+// newDevicePairWith is newDevicePair of devices opened with opts
+// (newDevicePair's have every QP between them on one link).
+func newDevicePairWith(t *testing.T, opts rdma.Options, n, slot int, cfg rdma.QPConfig) *devicePair {
+	t.Helper()
+	p := &devicePair{dx: openDevWith(t, opts), dy: openDevWith(t, opts)}
 	p.px, p.py = allocPD(t, p.dx), allocPD(t, p.dy)
 	for range n {
 		q := &qpPair{cx: createCQ(t, p.dx, 64), cy: createCQ(t, p.dy, 64), slotSize: slot}
