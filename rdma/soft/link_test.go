@@ -92,22 +92,8 @@ func TestQPsSpreadOverLinks(t *testing.T) {
 	p := newDevicePairWith(t, rdma.Options{Links: nLinks}, n, 256, rdma.QPConfig{})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	var wg sync.WaitGroup
-	errs := make(chan error, n)
-	for i, q := range p.qps {
-		wg.Go(func() {
-			for round := range 100 {
-				if err := q.roundTrip(ctx, i, round); err != nil {
-					errs <- err
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
+	if p.roundTripsAtOnce(t, ctx, 100); t.Failed() {
+		return
 	}
 	out, _ := links(p.dx)
 	if _, in := links(p.dy); len(out) != nLinks || in != nLinks {

@@ -131,8 +131,15 @@ func TestManyQPsBetweenTwoDevices(t *testing.T) {
 	p := newDevicePair(t, n, 256, rdma.QPConfig{})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	p.roundTripsAtOnce(t, ctx, rounds)
+}
+
+// roundTripsAtOnce runs rounds round trips on every QP of p, all QPs at
+// once, and fails t on the first error of each.
+func (p *devicePair) roundTripsAtOnce(t *testing.T, ctx context.Context, rounds int) {
+	t.Helper()
 	var wg sync.WaitGroup
-	errs := make(chan error, n)
+	errs := make(chan error, len(p.qps))
 	for i, q := range p.qps {
 		wg.Go(func() {
 			for r := range rounds {
