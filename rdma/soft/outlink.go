@@ -17,16 +17,15 @@ import (
 	"github.com/rkv-io/rkv/rdma"
 )
 
-// outLink is one of this device's links to the device at addr: its QPs'
+// outLink is one of this device's links to the device at key.addr: its QPs'
 // requests go out on it and their responses come back on it. It is dialed
 // by the first QP that needs it and closed when the last leaves; a QP
 // leaves when it closes or goes to ERR.
 type outLink struct {
-	dev  *device
-	addr string
-	key  linkKey
-	w    linkWriter
-	up   chan struct{} // closed once dialed (conn set) or failed (dialErr set)
+	dev *device
+	key linkKey // the peer's address, and which of the links to it
+	w   linkWriter
+	up  chan struct{} // closed once dialed (conn set) or failed (dialErr set)
 	// life is done when the link closes, for whatever reason: close does it.
 	life  context.Context
 	close context.CancelFunc
@@ -96,7 +95,7 @@ var (
 )
 
 func newOutLink(d *device, key linkKey) *outLink {
-	l := &outLink{dev: d, addr: key.addr, key: key, up: make(chan struct{}), members: map[uint32]member{}}
+	l := &outLink{dev: d, key: key, up: make(chan struct{}), members: map[uint32]member{}}
 	l.life, l.close = context.WithCancel(context.Background())
 	l.view.Store(emptyView)
 	l.kick = make(chan struct{}, 1)
@@ -206,7 +205,7 @@ func (l *outLink) dial(timeout time.Duration) {
 		l.br.Reset(&l.sock)
 		l.progress.Store(now())
 	} else {
-		l.dialErr = fmt.Errorf("dialing %s: %w", l.addr, err)
+		l.dialErr = fmt.Errorf("dialing %s: %w", l.key.addr, err)
 	}
 	l.mu.Unlock()
 	close(l.up)
@@ -219,7 +218,7 @@ func (l *outLink) dial(timeout time.Duration) {
 
 func (l *outLink) connect(ctx context.Context, timeout time.Duration) (*net.TCPConn, error) {
 	d := net.Dialer{Timeout: timeout}
-	c, err := d.DialContext(ctx, "tcp", l.addr)
+	c, err := d.DialContext(ctx, "tcp", l.key.addr)
 	if err != nil {
 		return nil, err
 	}
@@ -252,7 +251,7 @@ func (q *qp) attach(ctx context.Context, l *outLink, remote rdma.QPInfo, timeout
 	var b [requestHeaderSize]byte
 	encodeAttach(b[:], attach{dst: remote.QPNum, src: q.num, psn: q.psn})
 	if err := l.w.submit(b[:], nil); err != nil {
-		return attachResult{err: fmt.Errorf("link to %s: %w", l.addr, err), linkDied: true}
+		return attachResult{err: fmt.Errorf("link to %s: %w", l.key.addr, err), linkDied: true}
 	}
 	t := time.NewTimer(timeout)
 	defer t.Stop()
@@ -434,7 +433,7 @@ func (l *outLink) fail(err error) {
 		if errors.Is(err, errBadResponse) {
 			log = d.log.Warn
 		}
-		log("rdma/soft: link failed", "device", d.name, "peer", l.addr, "qps", len(members), "err", err)
+		log("rdma/soft: link failed", "device", d.name, "peer", l.key.addr, "qps", len(members), "err", err)
 	}
 	for _, m := range members {
 		m.q.linkFailed(l, m.attached, err)
@@ -454,7 +453,7 @@ func (q *qp) linkFailed(l *outLink, attached bool, err error) {
 	q.mu.Unlock()
 	if !attached {
 		select {
-		case q.ackc <- attachResult{err: fmt.Errorf("link to %s: %w", l.addr, err), linkDied: true}:
+		case q.ackc <- attachResult{err: fmt.Errorf("link to %s: %w", l.key.addr, err), linkDied: true}:
 		default:
 		}
 		return

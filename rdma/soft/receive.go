@@ -92,11 +92,11 @@ func (l *outLink) noteBunched(q *qp) {
 func (l *outLink) readError(err error) error {
 	switch {
 	case errors.Is(err, os.ErrDeadlineExceeded):
-		return fmt.Errorf("peer device %s stalled in mid-frame", l.addr)
+		return fmt.Errorf("peer device %s stalled in mid-frame", l.key.addr)
 	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
-		return fmt.Errorf("peer device %s closed the link", l.addr)
+		return fmt.Errorf("peer device %s closed the link", l.key.addr)
 	}
-	return fmt.Errorf("link to %s: %w", l.addr, err)
+	return fmt.Errorf("link to %s: %w", l.key.addr, err)
 }
 
 // acked hands an attach acknowledgement to the QP waiting for it.
