@@ -632,6 +632,9 @@ func (s *Store) applyPart(batch []*pendingCommit) {
 			c.signal()
 			s.inflight.Done()
 		}
+		if s.opts.Sync == SyncAlways {
+			s.ilog.calls.yieldBeforeSync()
+		}
 	}
 	fail := func(err error) {
 		for _, c := range batch {

@@ -93,4 +93,16 @@ func (c *writerCalls) fdatasync(f *os.File) error {
 	}
 }
 
+// yieldBeforeSync lets the goroutines the writer has just woken run
+// before its next sync, when that sync is raw: they are queued on the
+// writer's P, which a raw call keeps, so unless another P stole them
+// they would wait through the sync, and the replies of the commits just
+// applied would leave a sync late. Durable PUTs at 16 clients ran 1.06x
+// (0.98-1.17, 8 pairs side by side) as fast with it.
+func (c *writerCalls) yieldBeforeSync() {
+	if c.raw() {
+		runtime.Gosched()
+	}
+}
+
 func (c *writerCalls) took(start time.Time) { c.slow = time.Since(start) >= rawCallLimit }

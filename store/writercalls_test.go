@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -106,5 +107,52 @@ func TestWriterCallsRawOnlyWhileShort(t *testing.T) {
 	runtime.GOMAXPROCS(1)
 	if c.raw() {
 		t.Error("raw with one P")
+	}
+}
+
+// TestYieldBeforeSyncRunsWokenGoroutines: a goroutine the writer woke,
+// queued on the writer's P while the other P is busy (so that nothing
+// steals it), runs at the yield, before the raw sync would keep the P.
+func TestYieldBeforeSyncRunsWokenGoroutines(t *testing.T) {
+	withProcs(t, 2)
+	stop := make(chan struct{})
+	defer close(stop)
+	busy := make(chan struct{})
+	go func() { // the other P's: spins until the test ends
+		close(busy)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+		}
+	}()
+	<-busy
+	const trials = 100
+	ranAtYield := 0
+	for range trials {
+		var ran atomic.Bool
+		parked, wake, done := make(chan struct{}), make(chan struct{}), make(chan struct{})
+		go func() {
+			close(parked)
+			<-wake
+			ran.Store(true)
+			close(done)
+		}()
+		<-parked
+		wake <- struct{}{} // readies it on this goroutine's P
+		var c writerCalls
+		c.yieldBeforeSync()
+		if ran.Load() {
+			ranAtYield++
+		}
+		<-done
+	}
+	// Not every trial: a test run under the race detector queues a woken
+	// goroutine behind the yielder now and then. Without the yield it
+	// runs in none (the other P is busy).
+	if ranAtYield < trials/2 {
+		t.Fatalf("the woken goroutine ran at the yield in %d of %d trials", ranAtYield, trials)
 	}
 }
