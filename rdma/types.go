@@ -269,6 +269,14 @@ type QPConfig struct {
 	// AckTimeout up to 4.096µs*2^n.)
 	AckTimeout time.Duration
 	RetryCount int
+
+	// Lane (soft) keeps QPs to one peer device together when the device
+	// has several links to it (Options.Links): the QPs of one lane above
+	// 0 ride one link, lane k the link k-1 (modulo the links), so that
+	// their requests leave in the same writes and reach the peer in the
+	// same reads; lane 0, the default, spreads QPs over the links by
+	// number. verbs ignores it. Must not be negative.
+	Lane int
 }
 
 // Defaults applied by WithDefaults.
@@ -300,8 +308,8 @@ func (c QPConfig) WithDefaults() (QPConfig, error) {
 	if c.RetryCount == 0 {
 		c.RetryCount = DefaultRetryCount
 	}
-	if c.MaxSendWR < 0 || c.MaxRecvWR < 0 || c.MaxSGE < 0 || c.AckTimeout < 0 || c.RetryCount < 0 {
-		return c, fmt.Errorf("rdma: QPConfig has a negative limit: %+v", c)
+	if c.MaxSendWR < 0 || c.MaxRecvWR < 0 || c.MaxSGE < 0 || c.AckTimeout < 0 || c.RetryCount < 0 || c.Lane < 0 {
+		return c, fmt.Errorf("rdma: QPConfig has a negative limit or lane: %+v", c)
 	}
 	return c, nil
 }

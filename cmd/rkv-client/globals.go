@@ -27,6 +27,9 @@ import (
 // errNoCluster wraps failures to join the cluster or to find a server in it.
 var errNoCluster = errors.New("cluster unavailable")
 
+// maxSoftLinks bounds --soft-links.
+const maxSoftLinks = 16
+
 // globals are the flags every command takes.
 type globals struct {
 	env    map[string]string // the process environment
@@ -47,6 +50,7 @@ type globals struct {
 	provider      string
 	device        string
 	dataAddr      string
+	softLinks     int
 	bind          string
 	logLevel      string
 	conns         int
@@ -77,6 +81,7 @@ func (g *globals) register(fs *pflag.FlagSet) {
 	fs.StringVar(&g.provider, "provider", "auto", "RDMA provider: auto, soft or verbs")
 	fs.StringVar(&g.device, "device", "", "RDMA device (default: the provider's first)")
 	fs.StringVar(&g.dataAddr, "data-addr", "127.0.0.1:0", "soft provider's local data endpoint")
+	fs.IntVar(&g.softLinks, "soft-links", client.SoftLinks, "soft provider's TCP links to each server: the connections' read QPs spread over them (concurrent GETs each read their own answers), their write QPs share one (commits arrive together)")
 	fs.StringVar(&g.bind, "bind", "127.0.0.1:0", "local gossip address with --join; servers must reach it by UDP and TCP")
 	fs.IntVar(&g.conns, "conns", 0, "connections to each server: the requests in flight per server (default 4; bench: its concurrency)")
 	fs.StringVar(&g.cpuProfile, "cpuprofile", "", "write a Go CPU profile of the command to this file (go tool pprof)")
@@ -114,6 +119,9 @@ func (g *globals) finish(cmd *cobra.Command) error {
 	}
 	if g.conns < 0 {
 		return fmt.Errorf("--conns %d: must not be negative", g.conns)
+	}
+	if g.softLinks < 1 || g.softLinks > maxSoftLinks {
+		return fmt.Errorf("--soft-links %d: want 1 to %d", g.softLinks, maxSoftLinks)
 	}
 	var err error
 	if g.profile, err = record(g.cpuProfile, "--cpuprofile", pprof.StartCPUProfile); err != nil {
@@ -242,7 +250,7 @@ func (g *globals) connect(cmd *cobra.Command) (*client.Client, error) {
 		via = "--join " + strings.Join(g.join, ",")
 	}
 	if g.dev == nil {
-		dev, err := rdma.Open(g.provider, g.device, rdma.Options{ListenAddr: g.dataAddr, Logger: log})
+		dev, err := rdma.Open(g.provider, g.device, rdma.Options{ListenAddr: g.dataAddr, Links: g.softLinks, Logger: log})
 		if err != nil {
 			return nil, &exitError{exitOther, fmt.Errorf("opening the RDMA device (--provider %s): %w", g.provider, err)}
 		}

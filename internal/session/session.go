@@ -146,7 +146,7 @@ func Dial(ctx context.Context, addr, target string, cfg Config) (_ *Conn, err er
 	if c.WriteCQ, err = cfg.Device.CreateCQ(writeCQSize); err != nil {
 		return nil, err
 	}
-	qcfg.SendCQ, qcfg.RecvCQ = c.WriteCQ, c.WriteCQ
+	qcfg.SendCQ, qcfg.RecvCQ, qcfg.Lane = c.WriteCQ, c.WriteCQ, writeLane
 	if c.WriteQP, err = cfg.PD.CreateQP(qcfg); err != nil {
 		return nil, err
 	}
@@ -164,6 +164,12 @@ func Dial(ctx context.Context, addr, target string, cfg Config) (_ *Conn, err er
 
 // writeCQSize is the depth of the write QP's CQ.
 const writeCQSize = 16
+
+// writeLane is the write QPs' lane (rdma.QPConfig.Lane): on a soft device
+// with several links to a server, every session's commits ride one link,
+// so that they reach the server in the same reads, which it commits
+// together, while the read QPs spread over the links.
+const writeLane = 1
 
 // refusal marks a TLS failure that no retry can fix (a certificate one
 // side refused) as ErrRefused; any other error is returned as it is.

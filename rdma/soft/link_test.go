@@ -89,7 +89,7 @@ func TestQPsShareOneLink(t *testing.T) {
 // at once; a link that breaks fails its own QPs only.
 func TestQPsSpreadOverLinks(t *testing.T) {
 	const nLinks, n = 3, 6
-	p := newDevicePairWith(t, rdma.Options{Links: nLinks}, n, 256, rdma.QPConfig{})
+	p := newDevicePairWith(t, rdma.Options{Links: nLinks}, n, 256, func(int) rdma.QPConfig { return rdma.QPConfig{} })
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	if p.roundTripsAtOnce(t, ctx, 100); t.Failed() {
@@ -129,6 +129,43 @@ func TestQPsSpreadOverLinks(t *testing.T) {
 		if !onBroken[i] && err != nil {
 			t.Errorf("QP %d, on another link: %v", i, err)
 		}
+	}
+}
+
+// The QPs of a lane above 0 share its link whatever their numbers, while
+// those of lane 0 spread by number: a session's read QP (lane 0) and write
+// QP (lane 1), made one after the other.
+func TestLanesKeepQPsTogether(t *testing.T) {
+	const nLinks, n = 3, 6
+	lane := func(pair int) int { return pair % 2 }
+	p := newDevicePairWith(t, rdma.Options{Links: nLinks}, n, 256, func(pair int) rdma.QPConfig { return rdma.QPConfig{Lane: lane(pair)} })
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if p.roundTripsAtOnce(t, ctx, 100); t.Failed() {
+		return
+	}
+	spread := map[*outLink]bool{}
+	for i, q := range p.qps {
+		l := q.x.(*qp).out.Load()
+		if lane(i) == 0 {
+			spread[l] = true
+		} else if l.key.index != 0 {
+			t.Errorf("QP %d of lane 1 is on link %d, want 0", i, l.key.index)
+		}
+	}
+	if len(spread) != nLinks {
+		t.Errorf("the %d QPs of lane 0 ride %d links, want %d", n/2, len(spread), nLinks)
+	}
+}
+
+func TestLaneMustNotBeNegative(t *testing.T) {
+	d := openDevWith(t, rdma.Options{})
+	cq := createCQ(t, d, 4)
+	if q, err := allocPD(t, d).CreateQP(rdma.QPConfig{SendCQ: cq, RecvCQ: cq, Lane: -1}); err == nil || !strings.Contains(err.Error(), "Lane:-1") {
+		if q != nil {
+			q.Close()
+		}
+		t.Fatalf("CreateQP with Lane -1: %v; want an error naming it", err)
 	}
 }
 

@@ -51,9 +51,13 @@ type linkKey struct {
 	index uint32
 }
 
-// linkFor is the key of the link to addr that carries q: QP numbers are
-// consecutive, so QPs made one after another take different links.
+// linkFor is the key of the link to addr that carries q: its lane's
+// (QPConfig.Lane), or else the one its number picks (QP numbers are
+// consecutive, so QPs made one after another take different links).
 func (d *device) linkFor(q *qp, addr string) linkKey {
+	if lane := q.cfg.Lane; lane > 0 {
+		return linkKey{addr: addr, index: uint32(lane-1) % d.links}
+	}
 	return linkKey{addr: addr, index: q.num % d.links}
 }
 

@@ -38,18 +38,18 @@ type devicePair struct {
 
 func newDevicePair(t *testing.T, n, slot int, cfg rdma.QPConfig) *devicePair {
 	t.Helper()
-	return newDevicePairWith(t, rdma.Options{Links: 1}, n, slot, cfg)
+	return newDevicePairWith(t, rdma.Options{Links: 1}, n, slot, func(int) rdma.QPConfig { return cfg })
 }
 
 // newDevicePairWith is newDevicePair of devices opened with opts
 // (newDevicePair's have every QP between them on one link).
-func newDevicePairWith(t *testing.T, opts rdma.Options, n, slot int, cfg rdma.QPConfig) *devicePair {
+func newDevicePairWith(t *testing.T, opts rdma.Options, n, slot int, cfgOf func(pair int) rdma.QPConfig) *devicePair {
 	t.Helper()
 	p := &devicePair{dx: openDevWith(t, opts), dy: openDevWith(t, opts)}
 	p.px, p.py = allocPD(t, p.dx), allocPD(t, p.dy)
-	for range n {
+	for i := range n {
 		q := &qpPair{cx: createCQ(t, p.dx, 64), cy: createCQ(t, p.dy, 64), slotSize: slot}
-		cx, cy := cfg, cfg
+		cx, cy := cfgOf(i), cfgOf(i)
 		cx.SendCQ, cx.RecvCQ = q.cx, q.cx
 		cy.SendCQ, cy.RecvCQ = q.cy, q.cy
 		q.x, q.y = createQP(t, p.px, cx), createQP(t, p.py, cy)
