@@ -71,9 +71,8 @@ type Config struct {
 	// Default 1s.
 	ViewRefresh time.Duration
 	// Device is the RDMA device the client reads and writes through
-	// (rdma.Open; the command or program chooses the provider; a soft
-	// device is best opened with SoftLinks links). Required; the client
-	// does not close it.
+	// (rdma.Open; the command or program chooses the provider). Required;
+	// the client does not close it.
 	Device rdma.Device
 	// Name is the client's gossip name, and the name its Hellos give.
 	// Default "client-<host>-<random>".
@@ -120,15 +119,6 @@ type Config struct {
 	// Logger receives the client's logs. Default slog.Default().
 	Logger *slog.Logger
 }
-
-// SoftLinks is how many links (rdma.Options.Links) a client's soft device
-// is best opened with: each connection's read QP takes the link its
-// number picks, so that concurrent GETs read their own answers, and every
-// write QP rides the first (session's write lane), so that commits reach
-// a server together. rkv-client opens its device so. Side by side with one
-// link: GETs 1.91x as fast at two goroutines, 1.39x at four, 1.01-1.06x
-// at 1, 16 and 64; PUTs 0.995x, durable 1.03x.
-const SoftLinks = 3
 
 // Errors. Every error an operation returns for one of these reasons wraps
 // it, for errors.Is.

@@ -43,16 +43,16 @@ type Options struct {
 	// Links (soft) is how many TCP links the device opens to each peer
 	// device; its QPs connected to QPs there are spread over them by QP
 	// number, so QPs made one after another take different links, unless
-	// their QPConfig.Lane keeps them together. A
-	// waiting goroutine reads its own responses off a link only while no
-	// other goroutine reads that link, so more links let more concurrent
-	// Waits read for themselves, with no hand-off between goroutines;
-	// fewer put more requests and answers in each write. Default 1: every
+	// their QPConfig.Lane keeps them together. A waiting goroutine reads
+	// its own responses off a link only while no other goroutine reads
+	// that link, so more links let more concurrent Waits read for
+	// themselves, with no hand-off between goroutines; fewer put more
+	// requests and answers in each write. Default 1: every
 	// QP to a peer on one link. (rkv's client, its write QPs on one lane,
-	// on three links side by side with one: GETs 1.91x as fast at two
-	// goroutines, 1.39x at four, about 1x at one, sixteen and sixty-four;
-	// PUTs 1x. Its write QPs spread as well, durable PUTs were 0.93x:
-	// their commits came in more, smaller reads.)
+	// on three links side by side with one, a connection per goroutine:
+	// GETs 1.91x as fast at two goroutines, 1.39x at four, about 1x at
+	// one, sixteen and sixty-four; PUTs 1x. Its write QPs spread as well,
+	// durable PUTs were 0.93x: their commits came in more, smaller reads.)
 	Links int
 	// Logger (soft) receives the provider's logs: data connections
 	// refused or dropped, QPs moved to ERR and why. The command that opens

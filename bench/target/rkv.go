@@ -463,9 +463,9 @@ type RKV struct {
 }
 
 // OpenDevice opens the soft RDMA device a client of the comparison runs
-// on (loopback), with the links rkv-client opens.
+// on (loopback).
 func OpenDevice() (rdma.Device, error) {
-	return rdma.Open("soft", "", rdma.Options{ListenAddr: "127.0.0.1:0", Links: client.SoftLinks})
+	return rdma.Open("soft", "", rdma.Options{ListenAddr: "127.0.0.1:0"})
 }
 
 // NewRKV creates the client and waits for its view (bounded by ctx).

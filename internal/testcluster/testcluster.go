@@ -289,7 +289,7 @@ func (c *Cluster) WaitSettled(d time.Duration) {
 // configuration. It closes with the test.
 func (c *Cluster) Client(t testing.TB, mod func(*client.Config)) *client.Client {
 	t.Helper()
-	dev, err := rdma.Open("soft", "", rdma.Options{ListenAddr: "127.0.0.1:0", Links: client.SoftLinks})
+	dev, err := rdma.Open("soft", "", rdma.Options{ListenAddr: "127.0.0.1:0"})
 	if err != nil {
 		t.Fatal(err)
 	}
