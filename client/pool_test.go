@@ -44,3 +44,82 @@ func TestServerPoolBoundsRequestsInFlight(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A goroutine's next request gets the connection it released last.
+func TestServerPoolGivesTheLastReleasedFirst(t *testing.T) {
+	p := newServerPool(&Client{}, "s1", 3)
+	ctx := context.Background()
+	var scs []*serverConn
+	for range 3 {
+		sc, err := p.acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		scs = append(scs, sc)
+	}
+	for _, sc := range scs {
+		p.release(sc)
+	}
+	for round := range 3 {
+		sc, err := p.acquire(ctx)
+		if err != nil || sc != scs[2] {
+			t.Fatalf("round %d: %p, %v; want the connection released last, %p", round, sc, err, scs[2])
+		}
+		p.release(sc)
+	}
+}
+
+// A released connection goes to the request waiting longest that has not
+// given up.
+func TestServerPoolWaitersInOrder(t *testing.T) {
+	p := newServerPool(&Client{}, "s1", 1)
+	ctx := context.Background()
+	sc, err := p.acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gaveUp, cancel := context.WithCancel(ctx)
+	quit := make(chan error, 1)
+	go func() {
+		_, err := p.acquire(gaveUp)
+		quit <- err
+	}()
+	got := make(chan *serverConn, 1)
+	waitUntil(t, func() bool { return p.waiters() == 1 })
+	go func() {
+		c, err := p.acquire(ctx)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- c
+	}()
+	waitUntil(t, func() bool { return p.waiters() == 2 })
+	cancel()
+	if err := <-quit; !errors.Is(err, context.Canceled) {
+		t.Fatalf("the request that gave up: %v", err)
+	}
+	p.release(sc)
+	select {
+	case c := <-got:
+		if c != sc {
+			t.Fatalf("the waiting request got %p, want %p", c, sc)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the connection released while a request waited never reached it")
+	}
+}
+
+func (p *serverPool) waiters() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.waiting)
+}
+
+func waitUntil(t *testing.T, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); !cond(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not reached in 5s")
+		}
+	}
+}
