@@ -67,12 +67,13 @@ func (p *serverPool) acquire(ctx context.Context) (*serverConn, error) {
 		return sc, nil
 	case <-ctx.Done():
 		p.mu.Lock()
-		p.waiting = slices.DeleteFunc(p.waiting, func(o chan *serverConn) bool { return o == w })
+		i := slices.Index(p.waiting, w)
+		if i >= 0 {
+			p.waiting = slices.Delete(p.waiting, i, 1+i)
+		}
 		p.mu.Unlock()
-		select {
-		case sc := <-w: // released to it before it left the queue
-			p.release(sc)
-		default:
+		if i < 0 { // a release took it off the queue, and sends it a connection
+			p.release(<-w)
 		}
 		return nil, retry(p.name, "waiting for a connection to %s: %w", p.name, ctx.Err())
 	}

@@ -5,6 +5,8 @@ package client
 import (
 	"context"
 	"errors"
+	"runtime"
+	"sync"
 	"testing"
 	"time"
 )
@@ -120,6 +122,35 @@ func waitUntil(t *testing.T, cond func() bool) {
 	for deadline := time.Now().Add(5 * time.Second); !cond(); time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("condition not reached in 5s")
+		}
+	}
+}
+
+// Requests that give up while connections are released lose none of them.
+func TestServerPoolKeepsConnectionsOfRequestsThatGiveUp(t *testing.T) {
+	const size = 2
+	p := newServerPool(&Client{}, "s1", size)
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Go(func() {
+			for i := range 500 {
+				ctx, cancel := context.WithTimeout(context.Background(), time.Duration((g+i)%50)*time.Microsecond)
+				sc, err := p.acquire(ctx)
+				cancel()
+				if err == nil {
+					runtime.Gosched()
+					p.release(sc)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for i := range size {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_, err := p.acquire(ctx)
+		cancel()
+		if err != nil {
+			t.Fatalf("connection %d of %d after the requests that gave up: %v", i+1, size, err)
 		}
 	}
 }
