@@ -28,8 +28,9 @@
 // The QPs between two devices share one TCP connection, a link, per
 // direction of requests, or a few: this device's links to a peer device,
 // as many as Options.Links (default 1), carry the requests of every QP here
-// connected to a QP there, and their answers, each QP on one link chosen
-// by its number (consecutive QPs take different links). More links let
+// connected to a QP there, and their answers, each QP on one link: its
+// lane's (QPConfig.Lane above 0), or else the one its number picks
+// (consecutive QPs take different links). More links let
 // more Waits read their own responses (below); fewer put more frames in
 // each write. ModifyToRTS starts the QP's sender goroutine, which joins
 // its link to the peer's data endpoint, dialing it (and saying hello) if
