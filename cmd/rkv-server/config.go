@@ -56,6 +56,7 @@ type options struct {
 	Zone                string
 	RaftVoters          int
 	MoveTimeout         time.Duration
+	MaxMoves            int
 	FailoverTimeout     time.Duration
 	ReadLease           time.Duration
 	MaxClockDrift       time.Duration
@@ -188,6 +189,7 @@ func newFlagSet(o *options) *pflag.FlagSet {
 	fs.StringVar(&o.Zone, "zone", "", "this server's failure domain (a rack, an availability zone): a label of up to 64 printable characters without spaces; replicas of a shard go to distinct zones first (empty: none)")
 	fs.IntVar(&o.RaftVoters, "raft-voters", 3, "servers voting in the cluster map's Raft group (an odd number is kept: 1 with one or two servers); the others follow without voting")
 	fs.DurationVar(&o.MoveTimeout, "move-timeout", 30*time.Second, "abort a shard move whose source or target has been down this long")
+	fs.IntVar(&o.MaxMoves, "max-moves", 32, fmt.Sprintf("shard moves in progress at once, 1 to %d, started by the map's leader in batches of at least half: more place the shards of new or empty servers sooner, and freeze more shards' writes at once for a move's last copy", proto.NumShards))
 	fs.DurationVar(&o.FailoverTimeout, "failover-timeout", time.Second, "hand the shards of a primary declared dead by gossip this long ago to their backups (with more than one replica)")
 	fs.DurationVar(&o.ReadLease, "read-lease", 4*time.Second, "the read lease the map's leader grants each server: clients trust reads of a server within it, and a paused or cut-off primary fails over only after it (the same on every server)")
 	fs.DurationVar(&o.MaxClockDrift, "max-clock-drift", 500*time.Millisecond, "how far clocks may run apart over a read lease: the leader waits this much longer than a lease before a failover")
@@ -440,6 +442,9 @@ func (o *options) validate() error {
 	}
 	if o.MoveTimeout <= 0 {
 		return fmt.Errorf("--move-timeout %v: must be positive", o.MoveTimeout)
+	}
+	if o.MaxMoves < 1 || o.MaxMoves > proto.NumShards {
+		return fmt.Errorf("--max-moves %d: must be 1 to %d", o.MaxMoves, proto.NumShards)
 	}
 	if o.FailoverTimeout <= 0 {
 		return fmt.Errorf("--failover-timeout %v: must be positive", o.FailoverTimeout)

@@ -48,7 +48,7 @@ log-level = debug
 	if len(o.Join) != 2 || o.Join[1] != "10.0.0.2:7946" || o.LogLevel != "debug" {
 		t.Fatalf("file values: %+v", o)
 	}
-	if o.DataDir != "rkv-data/from-file" || o.Provider != "auto" || o.GossipAddr != "127.0.0.1:7946" || o.LeaseSize != 1<<20 {
+	if o.DataDir != "rkv-data/from-file" || o.Provider != "auto" || o.GossipAddr != "127.0.0.1:7946" || o.LeaseSize != 1<<20 || o.MaxMoves != 32 {
 		t.Fatalf("defaults: %+v", o)
 	}
 	// RKV_CONFIG names the file too.
@@ -100,6 +100,8 @@ func TestOptionsErrors(t *testing.T) {
 		{[]string{"--name", "n", "--replicas", "0"}, nil, "--replicas 0: must be 1 to"},
 		{[]string{"--name", "n", "--replicas", "17"}, nil, "--replicas 17: must be 1 to"},
 		{[]string{"--name", "n", "--failover-timeout", "0s"}, nil, "--failover-timeout 0s: must be positive"},
+		{[]string{"--name", "n", "--max-moves", "0"}, nil, "--max-moves 0: must be 1 to 1024"},
+		{[]string{"--name", "n", "--max-moves", "1025"}, nil, "--max-moves 1025: must be 1 to 1024"},
 		{[]string{"--name", "n", "--read-lease", "50ms"}, nil, "--read-lease 50ms: must be at least 100ms"},
 		{[]string{"--name", "n", "--max-clock-drift", "5s"}, nil, "--max-clock-drift 5s: must be positive and less than --read-lease (4s)"},
 		{[]string{"--name", "n", "--max-clock-drift", "0s"}, nil, "--max-clock-drift 0s: must be positive"},

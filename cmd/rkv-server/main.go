@@ -119,6 +119,7 @@ func run(args []string, environ []string, stdout, stderr io.Writer, sigs <-chan 
 		FrameTimeout:      o.FrameTimeout,
 		Voters:            o.RaftVoters,
 		MoveTimeout:       o.MoveTimeout,
+		MaxMoves:          o.MaxMoves,
 		FailoverTimeout:   o.FailoverTimeout,
 		ReadLease:         o.ReadLease,
 		MaxClockDrift:     o.MaxClockDrift,
