@@ -23,7 +23,7 @@ func TestDeadVotersGiveTheirVotes(t *testing.T) {
 	}
 	c := testcluster.Start(t, 5, testcluster.Options{
 		Store:  store.Options{ArenaSize: 4 << 20, ArenaCount: 1, IndexSlots: 1 << 12, LeaseSize: 256 << 10},
-		Server: func(cfg *server.Config) { cfg.FailoverTimeout = 200 * time.Millisecond },
+		Server: func(cfg *server.Config) { cfg.FailoverTimeout, cfg.MaxMoves = 200*time.Millisecond, replicatedMaxMoves },
 		Settle: 90 * time.Second,
 	})
 	// voters are the names of the Raft voters the leader's configuration
