@@ -185,6 +185,7 @@ type Client struct {
 	cfg   Config
 	log   *slog.Logger
 	dev   rdma.Device
+	lanes int // the device's links to each server (rdma.Multilink), for the pools' read lanes
 	pd    rdma.PD
 	name  string
 	ml    *membership.Membership // with Config.Seeds; nil with Endpoints
@@ -274,6 +275,9 @@ func New(ctx context.Context, cfg Config) (_ *Client, err error) {
 	c := &Client{name: cfg.Name, cfg: cfg, log: cfg.Logger, dev: cfg.Device, servers: map[poolKey]*serverPool{}, cache: map[uint64]cachedLoc{}, cacheSeed: maphash.MakeSeed(),
 		deadlines: sharedDeadlines{timeout: cfg.RetryTimeout}, liveChecks: sharedDeadlines{timeout: liveCheckEvery}}
 	c.maps.init()
+	if ml, ok := c.dev.(rdma.Multilink); ok {
+		c.lanes = ml.Links()
+	}
 	if c.pd, err = c.dev.AllocPD(); err != nil {
 		return nil, fmt.Errorf("rkv: %w", err)
 	}

@@ -22,6 +22,7 @@ type serverConn struct {
 	c    *Client
 	name string
 	node uint64 // name's xxhash, as the location cache names servers
+	lane int    // of the pool's lanes (serverPool), for its read QP's
 
 	mu     chanMutex
 	closed bool
@@ -152,7 +153,7 @@ func (sc *serverConn) ready(ctx context.Context, mb *membership.Member) error {
 	}
 	s, err := session.Dial(ctx, mb.Meta.ControlAddr, mb.Meta.ServerID, session.Config{
 		Name: c.name, Token: []byte(c.cfg.AuthToken), Kind: proto.SessionClient, TLS: c.cfg.TLS,
-		Device: c.dev, PD: c.pd, QP: rdma.QPConfig{AckTimeout: c.cfg.AckTimeout, RetryCount: c.cfg.RetryCount},
+		Device: c.dev, PD: c.pd, QP: rdma.QPConfig{AckTimeout: c.cfg.AckTimeout, RetryCount: c.cfg.RetryCount, Lane: sc.readLane()},
 		CQSize: 2 * maxReadBatch,
 	})
 	switch {
@@ -522,4 +523,14 @@ func (sc *serverConn) awaitPosted(ctx context.Context, s *session.Conn) {
 			sc.c.log.Debug("a copy's WRITE failed", "server", sc.name, "err", err)
 		}
 	}
+}
+
+// readLane is the lane of sc's read QP (rdma.QPConfig.Lane): on a device
+// with several links, lanes 2 to 1+links, which ride distinct links, one
+// for each of the pool's lanes; 0 (spread by QP number) on one link.
+func (sc *serverConn) readLane() int {
+	if sc.c.lanes <= 1 {
+		return 0
+	}
+	return 2 + sc.lane
 }

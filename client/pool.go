@@ -16,36 +16,44 @@ import (
 // for its whole duration (a GET's READs, a PUT's WRITE and commit), so a
 // connection's buffer and lease are never shared.
 //
-// Idle connections are taken last released first, so that a goroutine
-// whose requests come one after another keeps the connection it used
-// last: on a soft device with several links (rdma.Options.Links) its
-// connections' read QPs are on different links, and taken in turn they
-// had a lone goroutine's GETs go over one link after another (0.88x the
-// GETs a second over a pool of 16 on three links, against one link).
+// On a device with several links to the server (rdma.Multilink: soft's
+// Options.Links), each connection's read QP has a lane of its own, so
+// that connections of distinct lanes read over distinct links, and a
+// request takes an idle connection of the lane fewest requests hold: two
+// goroutines' GETs then read their answers off two links, each for
+// itself. Among those, it takes the one released last, so that a
+// goroutine whose requests come one after another keeps the connection it
+// used last: taken in turn, connections on different links had a lone
+// goroutine's GETs go over one link after another (0.88x the GETs a
+// second over a pool of 16 on three links, against one link).
 type serverPool struct {
-	c    *Client
-	name string
-	size int
+	c     *Client
+	name  string
+	size  int
+	lanes int // the read lanes the connections take in turn, at least 1
 
 	mu      sync.Mutex
 	idle    []*serverConn      // connections no request holds, the last released at the end
 	waiting []chan *serverConn // requests waiting for one, first come first served
 	all     []*serverConn
+	busy    []int // by lane: connections requests hold
 	closed  bool
 }
 
 func newServerPool(c *Client, name string, size int) *serverPool {
-	return &serverPool{c: c, name: name, size: size}
+	lanes := max(c.lanes, 1)
+	return &serverPool{c: c, name: name, size: size, lanes: lanes, busy: make([]int, lanes)}
 }
 
-// acquire returns the idle connection released last, or a new one while
-// the pool has room, or waits for one to be released.
+// acquire returns an idle connection (of the lane fewest requests hold,
+// the one released last among them), or a new one while the pool has
+// room, or waits for one to be released.
 func (p *serverPool) acquire(ctx context.Context) (*serverConn, error) {
 	p.mu.Lock()
-	if n := len(p.idle); n > 0 {
-		sc := p.idle[n-1]
-		p.idle[n-1] = nil
-		p.idle = p.idle[:n-1]
+	if i := p.pickIdle(); i >= 0 {
+		sc := p.idle[i]
+		p.idle = slices.Delete(p.idle, i, i+1)
+		p.busy[sc.lane]++
 		p.mu.Unlock()
 		return sc, nil
 	}
@@ -54,8 +62,10 @@ func (p *serverPool) acquire(ctx context.Context) (*serverConn, error) {
 		return nil, ErrClosed
 	}
 	if len(p.all) < p.size {
-		sc := &serverConn{c: p.c, name: p.name, node: xxhash.Sum64String(p.name), mu: chanMutex{ch: make(chan struct{}, 1)}}
+		lane := len(p.all) % p.lanes
+		sc := &serverConn{c: p.c, name: p.name, node: xxhash.Sum64String(p.name), lane: lane, mu: chanMutex{ch: make(chan struct{}, 1)}}
 		p.all = append(p.all, sc)
+		p.busy[lane]++
 		p.mu.Unlock()
 		return sc, nil
 	}
@@ -79,6 +89,25 @@ func (p *serverPool) acquire(ctx context.Context) (*serverConn, error) {
 	}
 }
 
+// pickIdle returns the index in idle of the connection to take: of the
+// lane fewest requests hold, the one released last; -1 when none is
+// idle. With one lane it is the last.
+func (p *serverPool) pickIdle() int {
+	if p.lanes == 1 {
+		return len(p.idle) - 1
+	}
+	best := -1
+	for i := len(p.idle) - 1; i >= 0; i-- {
+		if best < 0 || p.busy[p.idle[i].lane] < p.busy[p.idle[best].lane] {
+			best = i
+			if p.busy[p.idle[i].lane] == 0 {
+				break
+			}
+		}
+	}
+	return best
+}
+
 // release gives sc to the request waiting longest, or makes it idle.
 func (p *serverPool) release(sc *serverConn) {
 	p.mu.Lock()
@@ -86,9 +115,10 @@ func (p *serverPool) release(sc *serverConn) {
 		w := p.waiting[0]
 		p.waiting = slices.Delete(p.waiting, 0, 1)
 		p.mu.Unlock()
-		w <- sc
+		w <- sc // still held, now by the waiter
 		return
 	}
+	p.busy[sc.lane]--
 	p.idle = append(p.idle, sc)
 	p.mu.Unlock()
 }

@@ -71,6 +71,50 @@ func TestServerPoolGivesTheLastReleasedFirst(t *testing.T) {
 	}
 }
 
+// On a device with three links, concurrent requests take connections of
+// distinct lanes, while a lone goroutine keeps the connection it released
+// last.
+func TestServerPoolSpreadsRequestsOverLanes(t *testing.T) {
+	p := newServerPool(&Client{lanes: 3}, "s1", 6)
+	ctx := context.Background()
+	var scs []*serverConn
+	for i := range 6 {
+		sc, err := p.acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sc.lane != i%3 || sc.readLane() != 2+i%3 {
+			t.Fatalf("connection %d: lane %d, read QP's lane %d; want %d and %d", i, sc.lane, sc.readLane(), i%3, 2+i%3)
+		}
+		scs = append(scs, sc)
+	}
+	// Released in this order, their lanes 1, 2, 1, 2, 0, 0: two of lane 0
+	// on top.
+	for _, i := range []int{4, 5, 1, 2, 0, 3} {
+		p.release(scs[i])
+	}
+	held, err := p.acquire(ctx)
+	if err != nil || held != scs[3] {
+		t.Fatalf("the first request got %p, %v; want the connection released last, %p", held, err, scs[3])
+	}
+	for round := range 3 {
+		// scs[0] (lane 0, released before scs[3]) is on top now, but a
+		// request holds lane 0: the next takes lane 2's scs[2].
+		sc, err := p.acquire(ctx)
+		if err != nil || sc != scs[2] {
+			t.Fatalf("round %d, with a lane-0 connection held: %p (lane %d), %v; want lane 2's released last, %p", round, sc, sc.lane, err, scs[2])
+		}
+		p.release(sc)
+	}
+	p.release(held)
+	if sc, _ := p.acquire(ctx); sc != scs[3] {
+		t.Fatalf("a lone request after the others: %p; want the connection released last, %p", sc, scs[3])
+	}
+	if p.busy[0] != 1 || p.busy[1] != 0 || p.busy[2] != 0 {
+		t.Fatalf("requests holding each lane: %v; want [1 0 0]", p.busy)
+	}
+}
+
 // A released connection goes to the request waiting longest that has not
 // given up.
 func TestServerPoolWaitersInOrder(t *testing.T) {

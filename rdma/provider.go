@@ -253,6 +253,16 @@ type PostHolding interface {
 	ReleasePosts()
 }
 
+// Multilink is implemented by the devices of a provider that carries the
+// QPs to one peer device over several links (soft: Options.Links). A
+// program checks for it to give concurrent work QPs of distinct lanes
+// (QPConfig.Lane): lanes 1 to Links ride distinct links.
+type Multilink interface {
+	// Links is how many links the device opens to each peer device, at
+	// least 1. It never blocks.
+	Links() int
+}
+
 // QP is a reliable-connected queue pair.
 //
 // A new QP is in RESET. ModifyToInit, ModifyToRTR and ModifyToRTS move it,

@@ -34,7 +34,8 @@ type Config struct {
 	// PD and Device, when set, get two QPs connected over the connection
 	// after the Hello (rdma.ConnectQP): the read QP and the write QP
 	// (Conn.QP, Conn.WriteQP); QP gives their AckTimeout and RetryCount,
-	// CQSize the depth of the read QP's CQ (default 128). Without them
+	// and the read QP's Lane (the write QP's is writeLane), CQSize the
+	// depth of the read QP's CQ (default 128). Without them
 	// the session carries control requests only (Hello.NoQP).
 	Device rdma.Device
 	PD     rdma.PD
@@ -135,7 +136,7 @@ func Dial(ctx context.Context, addr, target string, cfg Config) (_ *Conn, err er
 	if c.CQ, err = cfg.Device.CreateCQ(size); err != nil {
 		return nil, err
 	}
-	qcfg := rdma.QPConfig{SendCQ: c.CQ, RecvCQ: c.CQ, AckTimeout: cfg.QP.AckTimeout, RetryCount: cfg.QP.RetryCount}
+	qcfg := rdma.QPConfig{SendCQ: c.CQ, RecvCQ: c.CQ, AckTimeout: cfg.QP.AckTimeout, RetryCount: cfg.QP.RetryCount, Lane: cfg.QP.Lane}
 	if c.QP, err = cfg.PD.CreateQP(qcfg); err != nil {
 		return nil, err
 	}

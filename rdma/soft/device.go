@@ -101,6 +101,9 @@ func openDevice(name string, opts rdma.Options) (*device, error) {
 func (d *device) Name() string     { return d.name }
 func (d *device) Provider() string { return ProviderName }
 
+// Links implements rdma.Multilink.
+func (d *device) Links() int { return int(d.links) }
+
 // Addr returns the device's data endpoint.
 func (d *device) Addr() string { return d.addr }
 

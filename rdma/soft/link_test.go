@@ -158,6 +158,26 @@ func TestLanesKeepQPsTogether(t *testing.T) {
 	}
 }
 
+// Lanes 1 to Links ride distinct links, as rdma.Multilink promises: lane
+// k the link k-1, lane Links+1 the first again.
+func TestLanesAboveZeroRideDistinctLinks(t *testing.T) {
+	const nLinks, n = 3, 4
+	p := newDevicePairWith(t, rdma.Options{Links: nLinks}, n, 256, func(pair int) rdma.QPConfig { return rdma.QPConfig{Lane: 1 + pair} })
+	if ml, ok := p.dx.(rdma.Multilink); !ok || ml.Links() != nLinks {
+		t.Fatalf("a soft device with Options.Links %d: Multilink %v", nLinks, ok)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if p.roundTripsAtOnce(t, ctx, 10); t.Failed() {
+		return
+	}
+	for i, q := range p.qps {
+		if got := int(q.x.(*qp).out.Load().key.index); got != i%nLinks {
+			t.Errorf("the QP of lane %d is on link %d, want %d", 1+i, got, i%nLinks)
+		}
+	}
+}
+
 func TestLaneMustNotBeNegative(t *testing.T) {
 	d := openDevWith(t, rdma.Options{})
 	cq := createCQ(t, d, 4)
