@@ -29,8 +29,9 @@
 // direction of requests, or a few: this device's links to a peer device,
 // as many as Options.Links (default 1), carry the requests of every QP here
 // connected to a QP there, and their answers, each QP on one link: its
-// lane's (QPConfig.Lane above 0), or else the one its number picks
-// (consecutive QPs take different links). More links let
+// lane's (QPConfig.Lane above 0: lane k on link k-1, modulo the links,
+// which the device reports as an rdma.Multilink), or else the one its
+// number picks (consecutive QPs take different links). More links let
 // more Waits read their own responses (below); fewer put more frames in
 // each write. ModifyToRTS starts the QP's sender goroutine, which joins
 // its link to the peer's data endpoint, dialing it (and saying hello) if
