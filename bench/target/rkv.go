@@ -465,12 +465,8 @@ type RKV struct {
 // OpenDevice opens the soft RDMA device a client of the comparison runs
 // on (loopback).
 func OpenDevice() (rdma.Device, error) {
-	return rdma.Open("soft", "", rdma.Options{ListenAddr: "127.0.0.1:0", Links: ClientLinks})
+	return rdma.Open("soft", "", rdma.Options{ListenAddr: "127.0.0.1:0", Links: client.SoftLinks})
 }
-
-// ClientLinks is the soft links of the client's device to each server, as
-// rkv-client's --soft-links default.
-const ClientLinks = 3
 
 // NewRKV creates the client and waits for its view (bounded by ctx).
 func NewRKV(ctx context.Context, opts RKVOptions) (*RKV, error) {

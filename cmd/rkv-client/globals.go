@@ -30,14 +30,6 @@ var errNoCluster = errors.New("cluster unavailable")
 // maxSoftLinks bounds --soft-links.
 const maxSoftLinks = 16
 
-// defaultSoftLinks is --soft-links' default. Side by side with one link
-// (a pool of up to 64 connections, 5 to 8 pairs): GETs 1.55x at two
-// goroutines, 1.16x at four and at sixteen, 1.03x at one; PUTs 1.08x,
-// durable PUTs 0.95x. The pool gives concurrent requests connections of
-// distinct links (client.serverPool), and a lone goroutine the one it
-// used last.
-const defaultSoftLinks = 3
-
 // globals are the flags every command takes.
 type globals struct {
 	env    map[string]string // the process environment
@@ -89,7 +81,7 @@ func (g *globals) register(fs *pflag.FlagSet) {
 	fs.StringVar(&g.provider, "provider", "auto", "RDMA provider: auto, soft or verbs")
 	fs.StringVar(&g.device, "device", "", "RDMA device (default: the provider's first)")
 	fs.StringVar(&g.dataAddr, "data-addr", "127.0.0.1:0", "soft provider's local data endpoint")
-	fs.IntVar(&g.softLinks, "soft-links", defaultSoftLinks, "soft provider's TCP links to each server: the connections' read QPs spread over them, and requests in flight at once take connections on distinct links (GETs then read their own answers), while their write QPs share one (commits arrive together)")
+	fs.IntVar(&g.softLinks, "soft-links", client.SoftLinks, "soft provider's TCP links to each server: the connections' read QPs spread over them, and requests in flight at once take connections on distinct links (GETs then read their own answers), while their write QPs share one (commits arrive together)")
 	fs.StringVar(&g.bind, "bind", "127.0.0.1:0", "local gossip address with --join; servers must reach it by UDP and TCP")
 	fs.IntVar(&g.conns, "conns", 0, "connections to each server: the requests in flight per server (default 4; bench: its concurrency)")
 	fs.StringVar(&g.cpuProfile, "cpuprofile", "", "write a Go CPU profile of the command to this file (go tool pprof)")
