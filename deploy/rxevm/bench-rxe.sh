@@ -6,10 +6,14 @@
 #   bash deploy/rxevm/bench-rxe.sh [OUT]
 #
 # In the VM: one rkv-server (verbs provider) on rxe1, rkv-client bench on
-# rxe0 with one request in flight; then perftest between the same devices.
-# rkv's latencies are round trips; ib_write_lat reports half of one, so the
-# table doubles it. The VM is emulated (TCG): absolute numbers are far
-# slower than hardware, the ratios are the point.
+# rxe0 with one request in flight, and perftest between the same devices,
+# measured back to back at each size, RKV_RXE_RUNS times (default 3) in
+# the same boot, the order alternating from run to run. Each ratio is
+# taken within a run; the table gives the median over the runs and, in
+# parentheses, the lowest and highest. rkv's latencies are round trips;
+# ib_write_lat reports half of one, so the table doubles it. The VM is
+# emulated (TCG): absolute numbers are far slower than hardware and move
+# from one boot to the next, the ratios are the point.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:-docs/bench/rxe.md}
@@ -21,14 +25,19 @@ mkdir -p "$(dirname "$out")"
 tmp=$(mktemp)
 trap 'rm -f "$tmp"' EXIT
 
+runs=${RKV_RXE_RUNS:-3}
+[[ $runs =~ ^[1-9][0-9]?$ ]] || { echo "bench-rxe: RKV_RXE_RUNS=$runs: want 1 to 99" >&2; exit 2; }
+
+# Prints a line "SIZE RECORD RUN GET READ PUT WRITE" (microseconds) per size and run.
 # shellcheck disable=SC2016 # expanded inside the VM
-bash deploy/rxevm/run.sh --rxe 2 --timeout 1200 --env "BENCH_BIN=$PWD/bin/verbs" -- bash -c '
+bash deploy/rxevm/run.sh --rxe 2 --timeout $((600 + 400 * runs)) --env "BENCH_BIN=$PWD/bin/verbs" --env "RKV_RXE_RUNS=$runs" -- bash -c '
 set -euo pipefail
 IFS=, read -r -a devs <<<"$RKV_RXE_DEVICES"
 IFS=, read -r -a addrs <<<"$RKV_RXE_ADDRS"
 gid=$RKV_RXE_GID_INDEX
+runs=$RKV_RXE_RUNS
 state=$(mktemp -d)
-unset RKV_RXE_DEVICES RKV_RXE_ADDRS RKV_RXE_GID_INDEX RKV_RXE_NETDEVS RKV_RXE_VM # set by the VM harness, not rkv flags
+unset RKV_RXE_DEVICES RKV_RXE_ADDRS RKV_RXE_GID_INDEX RKV_RXE_NETDEVS RKV_RXE_VM RKV_RXE_RUNS # set for this script, not rkv flags
 "$BENCH_BIN/rkv-server" --name s1 --data-dir "$state/s1" --provider verbs --device "${devs[1]}" --bootstrap --replicas 1 \
 	--gossip-addr "${addrs[1]}:7946" --control-addr "${addrs[1]}:7950" --sync none \
 	--arena-size 64MiB --arena-count 1 --index-slots 4096 --lease-size 1MiB >"$state/log" 2>&1 &
@@ -51,24 +60,50 @@ perf() { # TOOL SIZE: typical usec, server on rxe1, client on rxe0 (3 tries: the
 		port=$((port + 1))
 		[[ -n $v ]] && break
 	done
-	echo "${v:-?}"
+	[[ -n $v ]] || { echo "bench-rxe: $1 -s $2 gave no result" >&2; exit 1; }
+	echo "$v"
 }
-echo "| value | record (B) | rkv GET p50 | ib_read_lat | GET ratio | rkv PUT p50 | 2 x ib_write_lat | PUT ratio |"
-echo "|---:|---:|---:|---:|---:|---:|---:|---:|"
-i=0
-for size in 64 1024 65536; do
-	pre="s$size/"
-	common=(--keys 200 --value-size "$size" --concurrency 1 --distribution uniform --prefix "$pre" --quiet --output json)
+rkv() { # SIZE: "GET PUT", p50 usec
+	local common=(--keys 200 --value-size "$1" --concurrency 1 --distribution uniform --prefix "s$1/" --quiet --output json)
+	local put get
 	put=$("${cli[@]}" bench --workload put --ops 2000 "${common[@]}" | p50 put)
 	get=$("${cli[@]}" bench --workload c --no-load --ops 4000 --warmup 1s "${common[@]}" | p50 get)
-	rec=$((size + 32 + ${#pre} + 3))  # record header, key (prefix + up to 3 digits), value
-	rd=$(perf ib_read_lat "$rec")
-	wr=$(perf ib_write_lat "$rec")
-	awk -v v="$size" -v r="$rec" -v g="$get" -v rd="$rd" -v p="$put" -v wr="$wr" "BEGIN {
-		printf \"| %d | %d | %s us | %s us | %.2f | %s us | %.1f us | %.2f |\n\", v, r, g, rd, g / rd, p, 2 * wr, p / (2 * wr) }"
+	[[ -n $put && -n $get ]] || { echo "bench-rxe: rkv-client bench at $1 B gave no result" >&2; exit 1; }
+	echo "$get $put"
+}
+for run in $(seq "$runs"); do
+	for size in 64 1024 65536; do
+		pre="s$size/"
+		rec=$((size + 32 + ${#pre} + 3)) # record header, key (prefix + up to 3 digits), value
+		if ((run % 2)); then
+			got=$(rkv "$size")
+			rd=$(perf ib_read_lat "$rec")
+			wr=$(perf ib_write_lat "$rec")
+		else
+			rd=$(perf ib_read_lat "$rec")
+			wr=$(perf ib_write_lat "$rec")
+			got=$(rkv "$size")
+		fi
+		read -r get put <<<"$got"
+		echo "$size $rec $run $get $rd $put $wr"
+		echo "bench-rxe: run $run of $runs, $size B: GET $get us, ib_read_lat $rd us, PUT $put us, ib_write_lat $wr us" >&2
+	done
 done
-' | tee "$tmp"
-grep -q '^| 65536 ' "$tmp" || { echo "bench-rxe: the VM run did not produce every row" >&2; exit 1; }
+' >"$tmp"
+[[ $(wc -l <"$tmp") -eq $((3 * runs)) ]] || { echo "bench-rxe: the VM run did not produce every row" >&2; exit 1; }
+
+# spread EXPRESSION SIZE: the median over the runs and, with more
+# than one, the lowest and highest, of an awk expression of a row's fields.
+spread() {
+	awk -v s="$2" "\$1 == s { print $1 }" "$tmp" | sort -g | awk '
+		function f(v) { return v >= 100 ? sprintf("%.0f", v) : sprintf("%.3g", v) }
+		{ x[NR] = $1 }
+		END {
+			m = NR % 2 ? x[(NR + 1) / 2] : (x[NR / 2] + x[NR / 2 + 1]) / 2
+			if (NR == 1) printf "%s", f(m)
+			else printf "%s (%s-%s)", f(m), f(x[1]), f(x[NR])
+		}'
+}
 {
 	echo "Measured $(date -u +%Y-%m-%d) by \`make bench-rxe\` (deploy/rxevm/bench-rxe.sh): one rkv-server"
 	echo "(verbs provider, \`--sync none\`) on rxe1, \`rkv-client bench --concurrency 1 --conns 1\` on rxe0,"
@@ -76,7 +111,16 @@ grep -q '^| 65536 ' "$tmp" || { echo "bench-rxe: the VM run did not produce ever
 	echo "in one qemu VM under software emulation (TCG). A warm GET is one RDMA_READ of the record;"
 	echo "a PUT is an RDMA_WRITE and the commit as a SEND after it on the same QP, answered by a SEND"
 	echo "(one round trip). ib_write_lat reports half a round trip, so the table doubles it."
+	echo "Each size was measured $runs times in the same boot, rkv and perftest back to back (the order"
+	echo "alternating from run to run): each ratio is taken within a run, and the table gives the median"
+	echo "over the runs, with the lowest and highest in parentheses. Latencies are p50s (perftest's"
+	echo "\"typical\"), in microseconds; the emulation's speed moves them from one boot to the next."
 	echo
-	cat "$tmp"
+	echo "| value (B) | record (B) | rkv GET p50 (us) | ib_read_lat (us) | GET ratio | rkv PUT p50 (us) | 2 x ib_write_lat (us) | PUT ratio |"
+	echo "|---:|---:|---:|---:|---:|---:|---:|---:|"
+	for size in 64 1024 65536; do
+		rec=$(awk -v s="$size" '$1 == s { print $2; exit }' "$tmp")
+		echo "| $size | $rec | $(spread '$4' "$size") | $(spread '$5' "$size") | $(spread '$4 / $5' "$size") | $(spread '$6' "$size") | $(spread '2 * $7' "$size") | $(spread '$6 / (2 * $7)' "$size") |"
+	done
 } >"$out"
 echo "bench-rxe: wrote $out"
