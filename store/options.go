@@ -154,7 +154,9 @@ type Options struct {
 	// policies flush at each checkpoint instead). Defaults 32 MiB, and
 	// under the durable policies, whose records pass through the log, a
 	// sixteenth of the arenas up to 256 MiB (at least 32 MiB and 4
-	// LeaseSize); and 100ms. A new log is filled with zeros when made,
+	// LeaseSize); and 1s (at 100ms, MultiPuts over 10,000 zipfian keys
+	// wrote a third of their commits into Pebble, at 1s a fifth, and ran
+	// 1.09x as fast). A new log is filled with zeros when made,
 	// in the background (256 MiB took 0.23s here; commits wait for it),
 	// so that its syncs write no metadata.
 	IndexLogSize       int64
@@ -274,7 +276,7 @@ func (o Options) withDefaults() (Options, error) {
 		o.CheckpointBytes = max(16<<20, o.IndexLogSize/2)
 	}
 	if o.IndexFlushInterval == 0 {
-		o.IndexFlushInterval = 100 * time.Millisecond
+		o.IndexFlushInterval = time.Second
 	}
 	if o.SessionTTL == 0 {
 		o.SessionTTL = 10 * time.Minute
