@@ -155,8 +155,8 @@ type Options struct {
 	// under the durable policies, whose records pass through the log, a
 	// sixteenth of the arenas up to 256 MiB (at least 32 MiB and 4
 	// LeaseSize); and 1s (at 100ms, MultiPuts over 10,000 zipfian keys
-	// wrote a third of their commits into Pebble, at 1s a fifth, and ran
-	// 1.09x as fast). A new log is filled with zeros when made,
+	// wrote a third of their commits into Pebble, at 1s a fifth: see
+	// docs/ARCHITECTURE.md). A new log is filled with zeros when made,
 	// in the background (256 MiB took 0.23s here; commits wait for it),
 	// so that its syncs write no metadata.
 	IndexLogSize       int64
