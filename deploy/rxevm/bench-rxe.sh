@@ -6,8 +6,10 @@
 #   bash deploy/rxevm/bench-rxe.sh [OUT]
 #
 # In the VM: one rkv-server (verbs provider) on rxe1, rkv-client bench on
-# rxe0 with one request in flight, and perftest between the same devices,
-# measured back to back at each size, RKV_RXE_RUNS times (default 3) in
+# rxe0 with one request in flight, perftest between the same devices, and
+# the same shapes on the bare provider (rdma/verbs' BenchmarkRead and
+# BenchmarkWriteSendReply: a READ, and a WRITE and SEND answered by a
+# SEND, waiting on completion channels as rkv does), measured back to back, RKV_RXE_RUNS times (default 3) in
 # the same boot, the order alternating from run to run. Each ratio is
 # taken within a run; the table gives the median over the runs and, in
 # parentheses, the lowest and highest. rkv's latencies are round trips;
@@ -20,6 +22,7 @@ out=${1:-docs/bench/rxe.md}
 GO=${GO:-go}
 
 "$GO" build -tags verbs -o bin/verbs/ ./cmd/rkv-server ./cmd/rkv-client
+"$GO" test -tags verbs -c -o bin/verbs/verbs.test ./rdma/verbs
 bash deploy/rxevm/prepare.sh >/dev/null
 mkdir -p "$(dirname "$out")"
 tmp=$(mktemp)
@@ -28,7 +31,8 @@ trap 'rm -f "$tmp"' EXIT
 runs=${RKV_RXE_RUNS:-3}
 [[ $runs =~ ^[1-9][0-9]?$ ]] || { echo "bench-rxe: RKV_RXE_RUNS=$runs: want 1 to 99" >&2; exit 2; }
 
-# Prints a line "SIZE RECORD RUN GET READ PUT WRITE" (microseconds) per size and run.
+# Prints a line "SIZE RECORD RUN GET READ PUT WRITE PREAD PPUT" (microseconds) per size and run:
+# rkv, perftest, then the bare provider.
 # shellcheck disable=SC2016 # expanded inside the VM
 bash deploy/rxevm/run.sh --rxe 2 --timeout $((600 + 400 * runs)) --env "BENCH_BIN=$PWD/bin/verbs" --env "RKV_RXE_RUNS=$runs" -- bash -c '
 set -euo pipefail
@@ -71,7 +75,21 @@ rkv() { # SIZE: "GET PUT", p50 usec
 	[[ -n $put && -n $get ]] || { echo "bench-rxe: rkv-client bench at $1 B gave no result" >&2; exit 1; }
 	echo "$get $put"
 }
+# provider: "SIZE PREAD PPUT" per size, p50 usec, from the bare provider: its benchmarks of
+# the same shapes, waiting on completion channels as rkv does.
+provider() {
+	local out size rd wr
+	out=$("$BENCH_BIN/verbs.test" -test.run "^$" -test.bench "^Benchmark(Read|WriteSendReply)$/cross/wait/(64B|1KiB|64KiB)$" -test.benchtime 500x 2>&1)
+	for size in 64B:64 1KiB:1024 64KiB:65536; do
+		rd=$(grep "^BenchmarkRead/cross/wait/${size%%:*}-" <<<"$out" | grep -o "[0-9.]* p50-µs" | cut -d" " -f1)
+		wr=$(grep "^BenchmarkWriteSendReply/cross/wait/${size%%:*}-" <<<"$out" | grep -o "[0-9.]* p50-µs" | cut -d" " -f1)
+		[[ -n $rd && -n $wr ]] || { echo "bench-rxe: the provider benchmarks at ${size%%:*} gave no result:" >&2; echo "$out" >&2; exit 1; }
+		echo "${size#*:} $rd $wr"
+	done
+}
 for run in $(seq "$runs"); do
+	((run % 2)) || floors=$(provider)
+	rows=()
 	for size in 64 1024 65536; do
 		pre="s$size/"
 		rec=$((size + 32 + ${#pre} + 3)) # record header, key (prefix + up to 3 digits), value
@@ -85,8 +103,15 @@ for run in $(seq "$runs"); do
 			got=$(rkv "$size")
 		fi
 		read -r get put <<<"$got"
-		echo "$size $rec $run $get $rd $put $wr"
+		rows+=("$size $rec $run $get $rd $put $wr")
 		echo "bench-rxe: run $run of $runs, $size B: GET $get us, ib_read_lat $rd us, PUT $put us, ib_write_lat $wr us" >&2
+	done
+	((run % 2)) && floors=$(provider)
+	for row in "${rows[@]}"; do
+		read -r size _ <<<"$row"
+		floor=$(grep "^$size " <<<"$floors" | cut -d" " -f2-)
+		echo "$row $floor"
+		echo "bench-rxe: run $run of $runs, $size B: the bare provider: READ and PUT shape $floor us" >&2
 	done
 done
 ' >"$tmp"
@@ -110,17 +135,20 @@ spread() {
 	echo "perftest between the same two devices with the record's size (key + value + 32-byte header),"
 	echo "in one qemu VM under software emulation (TCG). A warm GET is one RDMA_READ of the record;"
 	echo "a PUT is an RDMA_WRITE and the commit as a SEND after it on the same QP, answered by a SEND"
-	echo "(one round trip). ib_write_lat reports half a round trip, so the table doubles it."
+	echo "(one round trip). ib_write_lat reports half a round trip, so the table doubles it. The"
+	echo "provider columns are the same shapes on rdma/verbs alone, waiting on completion channels as"
+	echo "rkv does: a READ (\`BenchmarkRead\`), and a WRITE and a 64-byte SEND answered by a 64-byte SEND"
+	echo "(\`BenchmarkWriteSendReply\`), with the value's size; what rkv adds is the last column."
 	echo "Each size was measured $runs times in the same boot, rkv and perftest back to back (the order"
 	echo "alternating from run to run): each ratio is taken within a run, and the table gives the median"
 	echo "over the runs, with the lowest and highest in parentheses. Latencies are p50s (perftest's"
 	echo "\"typical\"), in microseconds; the emulation's speed moves them from one boot to the next."
 	echo
-	echo "| value (B) | record (B) | rkv GET p50 (us) | ib_read_lat (us) | GET ratio | rkv PUT p50 (us) | 2 x ib_write_lat (us) | PUT ratio |"
-	echo "|---:|---:|---:|---:|---:|---:|---:|---:|"
+	echo "| value (B) | record (B) | rkv GET p50 (us) | ib_read_lat (us) | GET ratio | provider READ (us) | rkv PUT p50 (us) | 2 x ib_write_lat (us) | PUT ratio | provider PUT shape (us) | rkv PUT / provider |"
+	echo "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 	for size in 64 1024 65536; do
 		rec=$(awk -v s="$size" '$1 == s { print $2; exit }' "$tmp")
-		echo "| $size | $rec | $(spread '$4' "$size") | $(spread '$5' "$size") | $(spread '$4 / $5' "$size") | $(spread '$6' "$size") | $(spread '2 * $7' "$size") | $(spread '$6 / (2 * $7)' "$size") |"
+		echo "| $size | $rec | $(spread '$4' "$size") | $(spread '$5' "$size") | $(spread '$4 / $5' "$size") | $(spread '$8' "$size") | $(spread '$6' "$size") | $(spread '2 * $7' "$size") | $(spread '$6 / (2 * $7)' "$size") | $(spread '$9' "$size") | $(spread '$6 / $9' "$size") |"
 	done
 } >"$out"
 echo "bench-rxe: wrote $out"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Prints perftest's ib_read_lat/ib_write_lat and rdma/verbs' READ/WRITE
-# latency benchmarks side by side, from one boot of the rxe VM, between rxe0
+# latency benchmarks, and the PUT's shape on the bare provider
+# (BenchmarkWriteSendReply), side by side, from one boot of the rxe VM, between rxe0
 # and rxe1 (same sizes). Run from the repository root:
 #   bash deploy/rxevm/latency.sh [path/to/verbs.test]
 # perftest's ib_write_lat reports half a round trip; ours are round trips.
@@ -32,5 +33,5 @@ for size in 2 64 1024; do
 	printf "ib_write_lat %5s B: %s us\n" "$size" "$(perf ib_write_lat "$size")"
 done
 echo "== rdma/verbs, same devices (round trips; p50 per request)"
-'"$TEST"' -test.run "^$" -test.bench "^Benchmark(Read|Write)$/cross/wait" -test.benchtime 2000x 2>&1 | grep -E "^Benchmark|^ok|FAIL"
+'"$TEST"' -test.run "^$" -test.bench "^Benchmark(Read|Write|WriteSendReply)$/cross/wait" -test.benchtime 2000x 2>&1 | grep -E "^Benchmark|^ok|FAIL"
 '
