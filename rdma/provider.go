@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"sort"
 	"sync"
+	"time"
 )
 
 // Provider opens devices of one kind. Providers register themselves with
@@ -54,6 +55,15 @@ type Options struct {
 	// one, sixteen and sixty-four; PUTs 1x. Its write QPs spread as well,
 	// durable PUTs were 0.93x: their commits came in more, smaller reads.)
 	Links int
+	// Spin (verbs) is how long a CQ's Wait keeps polling, yielding to
+	// other goroutines between polls, before it arms the CQ and sleeps on
+	// its completion channel. On a NIC a request's completion comes a few
+	// microseconds after its post, and sleeping costs an interrupt and a
+	// wake-up of several microseconds more; spinning a little catches it
+	// awake. Spinning costs CPU while nothing comes, so a process that
+	// waits on many idle CQs (a server) keeps it short or 0. Default 0:
+	// sleep as soon as the CQ is empty. Must not be negative.
+	Spin time.Duration
 	// Logger (soft) receives the provider's logs: data connections
 	// refused or dropped, QPs moved to ERR and why. The command that opens
 	// the device passes its own, so that these lines share its handler
@@ -165,7 +175,7 @@ type MR interface {
 // its receive queue in the order its RECVs were consumed or flushed, but
 // how concurrent calls share them out is unspecified. (verbs lets one Wait
 // at a time sleep on its completion channel and queues the others behind
-// it; soft parks them all. Either way none spins.)
+// it; soft parks them all. Either way none spins beyond Options.Spin.)
 type CQ interface {
 	// Poll moves up to len(wc) completions into wc[:n] and returns n. It
 	// never blocks beyond a short lock (soft may hand a lone QP's
@@ -179,7 +189,8 @@ type CQ interface {
 	// cancellation) or the CQ is closed (ErrClosed), then behaves as
 	// Poll. With len(wc) == 0 it returns at once. It sleeps rather than
 	// spins (soft: in a socket read or on a channel; verbs: on the
-	// completion channel's fd in the netpoller).
+	// completion channel's fd in the netpoller, after polling for the
+	// device's Options.Spin, 0 by default).
 	Wait(ctx context.Context, wc []Completion) (int, error)
 	// Close releases the CQ. It fails with ErrBusy while a QP uses it.
 	// Waits in progress return ErrClosed (verbs' Close blocks until a Wait

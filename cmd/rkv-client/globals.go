@@ -27,6 +27,10 @@ import (
 // errNoCluster wraps failures to join the cluster or to find a server in it.
 var errNoCluster = errors.New("cluster unavailable")
 
+// maxVerbsSpin bounds --verbs-spin (and rkv-server's): a longer spin is
+// a busy poll.
+const maxVerbsSpin = 10 * time.Millisecond
+
 // maxSoftLinks bounds --soft-links.
 const maxSoftLinks = 16
 
@@ -51,6 +55,7 @@ type globals struct {
 	device        string
 	dataAddr      string
 	softLinks     int
+	verbsSpin     time.Duration
 	bind          string
 	logLevel      string
 	conns         int
@@ -81,6 +86,7 @@ func (g *globals) register(fs *pflag.FlagSet) {
 	fs.StringVar(&g.provider, "provider", "auto", "RDMA provider: auto, soft or verbs")
 	fs.StringVar(&g.device, "device", "", "RDMA device (default: the provider's first)")
 	fs.StringVar(&g.dataAddr, "data-addr", "127.0.0.1:0", "soft provider's local data endpoint")
+	fs.DurationVar(&g.verbsSpin, "verbs-spin", client.VerbsSpin, "verbs provider: how long a request's wait polls for its completion before it sleeps on the completion channel (an interrupt and a wake-up more); 0 to 10ms, 0: sleep at once")
 	fs.IntVar(&g.softLinks, "soft-links", client.SoftLinks, "soft provider's TCP links to each server: the connections' read QPs spread over them, and requests in flight at once take connections on distinct links (GETs then read their own answers), while their write QPs share one (commits arrive together)")
 	fs.StringVar(&g.bind, "bind", "127.0.0.1:0", "local gossip address with --join; servers must reach it by UDP and TCP")
 	fs.IntVar(&g.conns, "conns", 0, "connections to each server: the requests in flight per server (default 4; bench: its concurrency)")
@@ -119,6 +125,9 @@ func (g *globals) finish(cmd *cobra.Command) error {
 	}
 	if g.conns < 0 {
 		return fmt.Errorf("--conns %d: must not be negative", g.conns)
+	}
+	if g.verbsSpin < 0 || g.verbsSpin > maxVerbsSpin {
+		return fmt.Errorf("--verbs-spin %v: want 0 to %v", g.verbsSpin, maxVerbsSpin)
 	}
 	if g.softLinks < 1 || g.softLinks > maxSoftLinks {
 		return fmt.Errorf("--soft-links %d: want 1 to %d", g.softLinks, maxSoftLinks)
@@ -250,7 +259,7 @@ func (g *globals) connect(cmd *cobra.Command) (*client.Client, error) {
 		via = "--join " + strings.Join(g.join, ",")
 	}
 	if g.dev == nil {
-		dev, err := rdma.Open(g.provider, g.device, rdma.Options{ListenAddr: g.dataAddr, Links: g.softLinks, Logger: log})
+		dev, err := rdma.Open(g.provider, g.device, rdma.Options{ListenAddr: g.dataAddr, Links: g.softLinks, Spin: g.verbsSpin, Logger: log})
 		if err != nil {
 			return nil, &exitError{exitOther, fmt.Errorf("opening the RDMA device (--provider %s): %w", g.provider, err)}
 		}

@@ -77,6 +77,24 @@ func TestDevices(t *testing.T) {
 	}
 }
 
+// Flags out of their bounds are usage errors naming the flag and the
+// bounds, before any connection (the seed is unreachable).
+func TestFlagBounds(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--verbs-spin", "-1us"}, "--verbs-spin -1µs: want 0 to 10ms"},
+		{[]string{"--verbs-spin", "11ms"}, "--verbs-spin 11ms: want 0 to 10ms"},
+		{[]string{"--soft-links", "0"}, "--soft-links 0: want 1 to"},
+	} {
+		args := append(append([]string{"--join", "127.0.0.1:1"}, tc.args...), "get", "k")
+		if _, errs, code := runCLI(nil, args...); code != exitUsage || !strings.Contains(errs, tc.want) {
+			t.Errorf("%v: exit %d, %q; want %d and %q", tc.args, code, errs, exitUsage, tc.want)
+		}
+	}
+}
+
 func TestTLSFlagErrors(t *testing.T) {
 	dir := t.TempDir()
 	files := testpki.New(t, "127.0.0.1").WriteFiles(t, dir)

@@ -41,6 +41,7 @@ type options struct {
 	IndexLogSize        int64
 	RegistrationWorkers int
 	RegistrationNice    int
+	VerbsSpin           time.Duration
 	Provider            string
 	Device              string
 	DataAddr            string
@@ -177,6 +178,7 @@ func newFlagSet(o *options) *pflag.FlagSet {
 	fs.StringVar(&o.Provider, "provider", "auto", "RDMA provider: auto (verbs if compiled in and a device exists, else soft), soft, verbs")
 	fs.StringVar(&o.Device, "device", "", "RDMA device name (default: the provider's first device)")
 	fs.StringVar(&o.DataAddr, "data-addr", "127.0.0.1:0", "soft provider's data endpoint host:port")
+	fs.DurationVar(&o.VerbsSpin, "verbs-spin", 0, "verbs provider: how long a session's wait for its next commit, and a forward's for its answer, polls before it sleeps on the completion channel; spinning answers sooner and costs CPU on every idle session; 0 to 10ms, 0: sleep at once")
 	fs.StringVar(&o.ControlAddr, "control-addr", "127.0.0.1:0", "control RPC listener host:port, advertised by gossip (on 0.0.0.0 or [::], with the host of --gossip-addr); what clients pass to --endpoints")
 	fs.IntVar(&o.MaxConns, "max-conns", 8192, "control connections open at once; more are answered with an error and closed")
 	fs.IntVar(&o.MaxConnsPerHost, "max-conns-per-host", 1024, "control connections open at once from one IP address (a client holds 4 per server)")
@@ -345,6 +347,9 @@ func readConfigFile(path string) ([]configEntry, error) {
 	return out, nil
 }
 
+// maxVerbsSpin bounds --verbs-spin: a longer spin is a busy poll.
+const maxVerbsSpin = 10 * time.Millisecond
+
 func (o *options) validate() error {
 	if o.Name == "" {
 		return errors.New("--name is required (or RKV_NAME, or name = ... in --config)")
@@ -388,6 +393,9 @@ func (o *options) validate() error {
 	}
 	if o.RegistrationWorkers < 0 {
 		return fmt.Errorf("--registration-workers %d: must be 0 (default) or more", o.RegistrationWorkers)
+	}
+	if o.VerbsSpin < 0 || o.VerbsSpin > maxVerbsSpin {
+		return fmt.Errorf("--verbs-spin %v: must be 0 to %v (longer is a busy poll)", o.VerbsSpin, maxVerbsSpin)
 	}
 	if o.RegistrationNice < 0 || o.RegistrationNice > 19 {
 		return fmt.Errorf("--registration-nice %d: must be 0 to 19 (nice values go no further)", o.RegistrationNice)

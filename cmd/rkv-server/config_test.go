@@ -93,6 +93,8 @@ func TestOptionsErrors(t *testing.T) {
 		{[]string{"--name", "n", "--max-sessions", "0"}, nil, "--max-sessions 0: must be at least 1"},
 		{[]string{"--name", "n", "--registration-nice", "20"}, nil, "--registration-nice 20: must be 0 to 19"},
 		{[]string{"--name", "n", "--registration-nice", "-5"}, nil, "--registration-nice -5: must be 0 to 19"},
+		{[]string{"--name", "n", "--verbs-spin", "-1us"}, nil, "--verbs-spin -1µs: must be 0 to 10ms"},
+		{[]string{"--name", "n", "--verbs-spin", "1s"}, nil, "--verbs-spin 1s: must be 0 to 10ms"},
 		{[]string{"--name", "n", "--gossip-addr", "nowhere"}, nil, "host:port"},
 		{[]string{"--name", "n", "--gossip-key", "abcd"}, nil, "gossip key"},
 		{[]string{"--name", "n", "--log-format", "xml"}, nil, "--log-format"},

@@ -80,7 +80,7 @@ func run(args []string, environ []string, stdout, stderr io.Writer, sigs <-chan 
 		log.Error("creating the data directory", "dir", o.DataDir, "err", err)
 		return exitError
 	}
-	dev, err := rdma.Open(o.Provider, o.Device, rdma.Options{ListenAddr: o.DataAddr, Logger: log})
+	dev, err := rdma.Open(o.Provider, o.Device, rdma.Options{ListenAddr: o.DataAddr, Spin: o.VerbsSpin, Logger: log})
 	if err != nil {
 		log.Error("opening the RDMA device", "provider", o.Provider, "device", o.Device, "err", err)
 		return exitError

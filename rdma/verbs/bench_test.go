@@ -100,27 +100,37 @@ func latencyLoop(b *testing.B, p *tpair, op rdma.Opcode, size int, spin bool) {
 //
 //	<topology>/<wait|poll>/<size>
 //
-// with both sides waiting on the completion channel, or both spinning on
-// Poll.
+// with both sides waiting on the completion channel ("wait"), waiting
+// after a spin of benchSpin ("spin", Options.Spin on both devices), or
+// spinning on Poll alone ("poll").
 func BenchmarkWriteSendReply(b *testing.B) {
 	devs := testDevices(b)
 	topos := [][3]string{{"loopback", devs[0], devs[0]}}
 	if len(devs) > 1 {
 		topos = append(topos, [3]string{"cross", devs[0], devs[len(devs)-1]})
 	}
+	spinning := testOptions(b)
+	spinning.Spin = benchSpin
 	for _, tp := range topos {
 		b.Run(tp[0], func(b *testing.B) {
-			p := newTPair(b, tp[1], tp[2], rdma.QPConfig{}, false)
-			for _, mode := range []string{"wait", "poll"} {
+			pairs := map[string]*tpair{"wait": newTPair(b, tp[1], tp[2], rdma.QPConfig{}, false)}
+			pairs["poll"] = pairs["wait"]
+			pairs["spin"] = newTPairWith(b, tp[1], tp[2], spinning, spinning, rdma.QPConfig{}, false)
+			for _, mode := range []string{"wait", "spin", "poll"} {
 				b.Run(mode, func(b *testing.B) {
 					for _, size := range []int{64, 1024, 65536} {
-						b.Run(sizeName(size), func(b *testing.B) { writeSendReplyLoop(b, p, size, mode == "poll") })
+						b.Run(sizeName(size), func(b *testing.B) { writeSendReplyLoop(b, pairs[mode], size, mode == "poll") })
 					}
 				})
 			}
 		})
 	}
 }
+
+// benchSpin is the "spin" mode's Options.Spin: long enough to catch an
+// answer on a NIC (microseconds) and under the rxe VM's emulation (a few
+// hundred).
+const benchSpin = time.Millisecond
 
 // Where in each side's buffer the loop's messages go: the commit (A) or
 // the reply (B) to send, the RECV slot, and A's record, written to the

@@ -4,6 +4,7 @@ package verbs
 
 import (
 	"testing"
+	"time"
 
 	"github.com/rkv-io/rkv/rdma/rdmatest"
 )
@@ -23,5 +24,23 @@ func TestConformance(t *testing.T) {
 		// Soft-RoCE under TCG moves ~40 MB/s: 1 GiB each way would take
 		// most of a minute. 128 MiB still spans many MRs' worth of pages.
 		LargeSize: 128 << 20,
+	})
+}
+
+// TestConformanceSpinning runs the suite again with both devices' Waits
+// polling before they sleep (Options.Spin), as rkv's clients run: the
+// spin must not change what a Wait returns, to whom, or when it gives up.
+// The large region is smaller: the first run covers it.
+func TestConformanceSpinning(t *testing.T) {
+	devs := testDevices(t)
+	opts := testOptions(t)
+	opts.Spin = 200 * time.Microsecond
+	rdmatest.Run(t, rdmatest.Config{
+		Provider:  ProviderName,
+		DeviceA:   devs[0],
+		DeviceB:   devs[len(devs)-1],
+		OptionsA:  opts,
+		OptionsB:  opts,
+		LargeSize: 8 << 20,
 	})
 }

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -28,10 +29,11 @@ import (
 const pollBatch = 32
 
 // cq is a completion queue with its own completion channel. Poll is
-// ibv_poll_cq into a reused C array. Wait sleeps in Go's netpoller on the
-// channel's (non-blocking) fd instead of busy-polling, which on a machine
-// with few CPUs would starve a software device such as rxe of the CPU time
-// it needs to produce the completion.
+// ibv_poll_cq into a reused C array. Wait polls for the device's
+// Options.Spin (0 by default) and then sleeps in Go's netpoller on the
+// channel's (non-blocking) fd rather than busy-polling on, which on a
+// machine with few CPUs would starve a software device such as rxe of the
+// CPU time it needs to produce the completion.
 type cq struct {
 	dev  *device
 	cq   *C.struct_ibv_cq
@@ -44,7 +46,8 @@ type cq struct {
 	wcs    []C.struct_ibv_wc
 	closed bool // set by Close: Poll and Wait return ErrClosed
 
-	overrun atomic.Bool // IBV_EVENT_CQ_ERR arrived
+	overrun atomic.Bool   // IBV_EVENT_CQ_ERR arrived
+	arms    atomic.Uint64 // ibv_req_notify_cq calls, for the tests
 
 	file     *os.File // a dup of the channel fd, in the netpoller
 	rc       syscall.RawConn
@@ -224,17 +227,23 @@ func wcOpcode(op C.enum_ibv_wc_opcode) rdma.Opcode {
 	return 0
 }
 
-// Wait blocks until a completion is available or ctx is done. The protocol
-// is the usual one for completion channels: poll; if empty, arm
-// (ibv_req_notify_cq) and poll again, so a completion that arrived before
-// the arm is not missed; only then sleep on the channel fd until the
-// event, which is read and acknowledged at once; repeat.
+// Wait blocks until a completion is available or ctx is done. It polls,
+// and keeps polling for the device's Options.Spin; then it follows the
+// usual protocol for completion channels: arm (ibv_req_notify_cq) and poll
+// again, so a completion that arrived before the arm is not missed; only
+// then sleep on the channel fd until the event, which is read and
+// acknowledged at once; repeat.
 func (c *cq) Wait(ctx context.Context, wc []rdma.Completion) (int, error) {
 	if n, err := c.Poll(wc); n > 0 || err != nil || len(wc) == 0 {
 		return n, err
 	}
 	if err := ctx.Err(); err != nil {
 		return 0, err
+	}
+	if c.dev.spin > 0 {
+		if n, err := c.spin(ctx, wc); n > 0 || err != nil {
+			return n, err
+		}
 	}
 	select {
 	case c.waitSem <- struct{}{}:
@@ -279,6 +288,27 @@ func (c *cq) Wait(ctx context.Context, wc []rdma.Completion) (int, error) {
 	}
 }
 
+// spin polls until a completion comes, ctx ends or the device's spin
+// time has passed, yielding the thread to other goroutines between polls.
+// It returns what it found, or ctx's error.
+func (c *cq) spin(ctx context.Context, wc []rdma.Completion) (int, error) {
+	end := time.Now().Add(c.dev.spin)
+	for {
+		runtime.Gosched()
+		if n, err := c.Poll(wc); n > 0 || err != nil {
+			return n, err
+		}
+		select {
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		default:
+		}
+		if !time.Now().Before(end) {
+			return 0, nil
+		}
+	}
+}
+
 func (c *cq) isClosed() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -306,6 +336,7 @@ func (c *cq) pollArmed(wc []rdma.Completion) (int, error) {
 	if n > 0 || err != nil {
 		return n, err
 	}
+	c.arms.Add(1)
 	if rc := C.ibv_req_notify_cq(c.cq, 0); rc != 0 {
 		return 0, fmt.Errorf("rdma/verbs: ibv_req_notify_cq: %v", syscall.Errno(rc))
 	}

@@ -17,6 +17,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 	"unsafe"
 
 	"github.com/rkv-io/rkv/rdma"
@@ -88,6 +89,9 @@ func (provider) Open(name string, opts rdma.Options) (rdma.Device, error) {
 	if opts.Port < 1 || opts.Port > 255 {
 		return nil, fmt.Errorf("rdma/verbs: port %d out of range 1..255", opts.Port)
 	}
+	if opts.Spin < 0 {
+		return nil, fmt.Errorf("rdma/verbs: Options.Spin %v: must not be negative", opts.Spin)
+	}
 	if _, _, err := parseGIDOption(opts.GID); err != nil {
 		return nil, err // before touching any device
 	}
@@ -130,6 +134,7 @@ type device struct {
 	mtu      C.enum_ibv_mtu // the port's active MTU
 	ethernet bool           // RoCE: the address vector needs a GRH
 	lim      limits
+	spin     time.Duration // Options.Spin: how long a CQ's Wait polls before it sleeps
 
 	life life.Lifetime // children: PDs and CQs
 
@@ -161,7 +166,7 @@ func openDevice(d *C.struct_ibv_device, name string, opts rdma.Options) (_ *devi
 			C.ibv_close_device(ctx)
 		}
 	}()
-	dev := &device{name: name, ctx: ctx, port: opts.Port,
+	dev := &device{name: name, ctx: ctx, port: opts.Port, spin: opts.Spin,
 		cqByPtr: map[*C.struct_ibv_cq]*cq{}, qpByPtr: map[*C.struct_ibv_qp]*qp{}, qpByNum: map[uint32]*qp{}}
 	dev.life.InitDevice("rdma/verbs: device " + name)
 

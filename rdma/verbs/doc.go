@@ -46,12 +46,17 @@
 //     rounding (about 100 ms measured on rxe).
 //   - READs and atomics in flight: up to 16 per QP in each direction
 //     (max_rd_atomic, max_dest_rd_atomic), less if the device allows less.
-//   - Waiting: CQ.Wait uses a completion channel whose fd sleeps in Go's
-//     netpoller (poll, arm with ibv_req_notify_cq, poll again, sleep, read
-//     and acknowledge the event). It does not busy-poll: on machines with
-//     few CPUs a spinning poller starves a software device (rxe does its
-//     protocol work in kernel threads and softirqs). Callers that want to
-//     spin can loop on Poll.
+//   - Waiting: CQ.Wait polls for the device's Options.Spin (0 by default),
+//     yielding to other goroutines between polls, then sleeps on a
+//     completion channel whose fd sleeps in Go's netpoller (arm with
+//     ibv_req_notify_cq, poll again, sleep, read and acknowledge the
+//     event). It does not busy-poll beyond the spin: on machines with few
+//     CPUs a spinning poller starves a software device (rxe does its
+//     protocol work in kernel threads and softirqs). A spin that outlasts
+//     the answer saves the sleep's wake-ups: under the rxe VM a PUT's
+//     shape took 346 µs spinning 1 ms against 840 µs sleeping at once (p99
+//     1.1 and 2.2 ms; spinning on Poll alone, 356 µs and 16 ms). Callers
+//     that want to spin without bound can loop on Poll.
 //   - Posting: work requests and SGEs are written into C arrays allocated
 //     with the QP (MaxSendWR×MaxSGE, MaxRecvWR×MaxSGE) and reused;
 //     PostSend, PostRecv and Poll allocate nothing.
@@ -103,7 +108,7 @@
 //     error completion was polled) is reported as ERR without asking.
 //   - CQ.Wait: one Wait at a time sleeps on the completion channel; other
 //     Waits on the same CQ queue behind it and poll in turn, so any number
-//     may wait and none spins.
+//     may wait and none spins beyond Options.Spin.
 //   - QP.Close holds the post locks, so it waits for a post in progress,
 //     and ibv_destroy_qp stops the device's work on the QP before it
 //     returns. Device, PD and CQ lifetimes (ErrBusy, exactly-once Close)

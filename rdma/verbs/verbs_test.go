@@ -195,10 +195,15 @@ func (s *tside) close(t testing.TB) {
 // loopback through it) and connects a QP on each over conn.
 func newTPair(t testing.TB, nameA, nameB string, qcfg rdma.QPConfig, tcp bool) *tpair {
 	t.Helper()
-	opts := testOptions(t)
+	return newTPairWith(t, nameA, nameB, testOptions(t), testOptions(t), qcfg, tcp)
+}
+
+// newTPairWith is newTPair with each device opened with its own options.
+func newTPairWith(t testing.TB, nameA, nameB string, optsA, optsB rdma.Options, qcfg rdma.QPConfig, tcp bool) *tpair {
+	t.Helper()
 	p := &tpair{}
 	var err error
-	if p.devA, err = rdma.Open("verbs", nameA, opts); err != nil {
+	if p.devA, err = rdma.Open("verbs", nameA, optsA); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
@@ -206,7 +211,7 @@ func newTPair(t testing.TB, nameA, nameB string, qcfg rdma.QPConfig, tcp bool) *
 			t.Errorf("closing device A: %v", err)
 		}
 	})
-	if p.devB, err = rdma.Open("verbs", nameB, opts); err != nil {
+	if p.devB, err = rdma.Open("verbs", nameB, optsB); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
@@ -513,6 +518,71 @@ func TestPostValidation(t *testing.T) {
 		t.Errorf("posting 64 on a queue of 4 = %v, want ErrQueueFull at index >= 4", err)
 	} else {
 		t.Logf("queue full at request %d (MaxSendWR 4; the device rounds up)", pe.Index)
+	}
+}
+
+// TestWaitSpins checks Options.Spin: a Wait takes a completion that comes
+// within the spin without arming the CQ, sleeps once the spin is over and
+// is woken by one that comes later, and leaves its spin when ctx ends. A
+// negative Spin is refused at Open.
+func TestWaitSpins(t *testing.T) {
+	devs := testDevices(t)
+	if _, err := rdma.Open("verbs", devs[0], rdma.Options{Spin: -time.Microsecond}); err == nil || !strings.Contains(err.Error(), "Spin") {
+		t.Errorf("Open with a negative Spin: %v, want an error naming Spin", err)
+	}
+	// The spin is long enough for the emulated VM (a SEND takes about
+	// 0.1-1 ms there) and short against the test's patience.
+	const spin = 400 * time.Millisecond
+	spinning := testOptions(t)
+	spinning.Spin = spin
+	p := newTPairWith(t, devs[0], devs[len(devs)-1], testOptions(t), spinning, rdma.QPConfig{}, true)
+	bcq := p.b.cq.(*cq)
+	sendAfter := func(d time.Duration, id uint64) {
+		if err := p.b.qp.PostRecv([]rdma.RecvWR{{ID: id}}); err != nil {
+			t.Fatal(err)
+		}
+		go func() {
+			time.Sleep(d)
+			if err := p.a.qp.PostSend([]rdma.SendWR{{ID: id, Op: rdma.OpSend}}); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+
+	// A completion within the spin: taken without arming the CQ.
+	arms := bcq.arms.Load()
+	sendAfter(20*time.Millisecond, 1)
+	if c := wait1(t, p.b.cq); c.ID != 1 || c.Op != rdma.OpRecv {
+		t.Fatalf("Wait = %+v, want the RECV of the SEND", c)
+	}
+	if got := bcq.arms.Load() - arms; got != 0 {
+		t.Errorf("the CQ was armed %d times for a completion within the spin", got)
+	}
+
+	// A completion after the spin: the Wait sleeps, armed, and wakes.
+	arms = bcq.arms.Load()
+	start := time.Now()
+	sendAfter(spin+300*time.Millisecond, 2)
+	if c := wait1(t, p.b.cq); c.ID != 2 || c.Op != rdma.OpRecv {
+		t.Fatalf("Wait = %+v, want the RECV of the later SEND", c)
+	}
+	if time.Since(start) < spin {
+		t.Errorf("the later SEND completed after %v, before the spin was over", time.Since(start))
+	}
+	if bcq.arms.Load() == arms {
+		t.Error("the CQ was not armed for a completion after the spin")
+	}
+
+	// A context that ends within the spin ends the Wait then.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
+	defer cancel()
+	start = time.Now()
+	var wc [1]rdma.Completion
+	if n, err := p.b.cq.Wait(ctx, wc[:]); n != 0 || !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Wait under a context that ends during the spin = %d, %v", n, err)
+	}
+	if took := time.Since(start); took > spin/2 {
+		t.Errorf("Wait under a 30 ms context took %v: it spun on after the context ended", took)
 	}
 }
 
