@@ -561,13 +561,9 @@ func TestWaitSpins(t *testing.T) {
 
 	// A completion after the spin: the Wait sleeps, armed, and wakes.
 	arms = bcq.arms.Load()
-	start := time.Now()
 	sendAfter(spin+300*time.Millisecond, 2)
 	if c := wait1(t, p.b.cq); c.ID != 2 || c.Op != rdma.OpRecv {
 		t.Fatalf("Wait = %+v, want the RECV of the later SEND", c)
-	}
-	if time.Since(start) < spin {
-		t.Errorf("the later SEND completed after %v, before the spin was over", time.Since(start))
 	}
 	if bcq.arms.Load() == arms {
 		t.Error("the CQ was not armed for a completion after the spin")
@@ -576,7 +572,7 @@ func TestWaitSpins(t *testing.T) {
 	// A context that ends within the spin ends the Wait then.
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
 	defer cancel()
-	start = time.Now()
+	start := time.Now()
 	var wc [1]rdma.Completion
 	if n, err := p.b.cq.Wait(ctx, wc[:]); n != 0 || !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("Wait under a context that ends during the spin = %d, %v", n, err)
