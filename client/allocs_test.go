@@ -6,6 +6,7 @@ import (
 	"math"
 	"testing"
 
+	"github.com/rkv-io/rkv/client"
 	"github.com/rkv-io/rkv/internal/race"
 	"github.com/rkv-io/rkv/store"
 )
@@ -80,6 +81,28 @@ func TestSteadyStateAllocs(t *testing.T) {
 	t.Logf("a MultiGet of 16 allocates %.1f times", n)
 	if n > 12 {
 		t.Errorf("a MultiGet of 16 cached keys allocates %.1f times; the budget is 12", n)
+	}
+	// A MultiPut of 16 to one server allocates nothing per pair: its own
+	// bookkeeping (the keys, sessions, groups, the retry loop's closures),
+	// the batch's commits and results on both sides, and their frames'
+	// decoding: 25 here. It allocated 66 when it kept a set of the keys
+	// given (a copy of each) and started a goroutine for the one server.
+	kvs := make([]client.KV, len(keys))
+	for i, k := range keys {
+		kvs[i] = client.KV{Key: k, Value: v}
+	}
+	multiPut := func() {
+		if err := cl.MultiPut(context.Background(), kvs); err != nil {
+			t.Fatalf("MultiPut: %v", err)
+		}
+	}
+	for range 200 {
+		multiPut()
+	}
+	n = leastAllocs(multiPut)
+	t.Logf("a MultiPut of 16 allocates %.1f times", n)
+	if n > 32 {
+		t.Errorf("a MultiPut of 16 allocates %.1f times, client and server together; the budget is 32", n)
 	}
 }
 

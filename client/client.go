@@ -584,15 +584,7 @@ func (c *Client) multiGet(ctx context.Context, keys [][]byte) ([][]byte, error) 
 				return err
 			})
 		}
-		if len(groups) == 1 {
-			readGroup(0)
-		} else {
-			var wg sync.WaitGroup
-			for gi := range groups {
-				wg.Go(func() { readGroup(gi) })
-			}
-			wg.Wait()
-		}
+		inParallel(len(groups), readGroup)
 		var again []int
 		var first error
 		for gi, err := range results {
@@ -615,6 +607,26 @@ func (c *Client) multiGet(ctx context.Context, keys [][]byte) ([][]byte, error) 
 		return nil, err
 	}
 	return vals, nil
+}
+
+// inParallel runs f(0) .. f(n-1) at once and returns when all have
+// returned. The last runs on the calling goroutine: a batch for one server,
+// the usual case, starts no goroutine (whose stack would grow anew down the
+// whole put or read path each time).
+func inParallel(n int, f func(i int)) {
+	switch n {
+	case 0:
+		return
+	case 1:
+		f(0) // before the WaitGroup, which the goroutines' closures put on the heap
+		return
+	}
+	var wg sync.WaitGroup
+	for i := range n - 1 {
+		wg.Go(func() { f(i) })
+	}
+	f(n - 1)
+	wg.Wait()
 }
 
 // Put stores value under key: an RDMA_WRITE into a lease and a commit.

@@ -574,7 +574,7 @@ func TestClusterPutRecoversFromRevokedLease(t *testing.T) {
 }
 
 // MultiPut stores pairs across servers in batches: every value readable
-// after, a key given twice stored with its last value, the servers
+// after, a key given more than once stored with its last value, the servers
 // taking CommitBatches (one per lease and buffer's worth, not one commit
 // per pair), from goroutines sharing one client; bad keys and values
 // are refused before anything is sent.
@@ -587,8 +587,9 @@ func TestClusterMultiPut(t *testing.T) {
 	for i := range n {
 		kvs = append(kvs, client.KV{Key: key(i), Value: append(value(i), make([]byte, 2048)...)})
 	}
-	kvs[7].Value = nil                                                   // an empty value
-	kvs = append(kvs, client.KV{Key: key(5), Value: []byte("the last")}) // key 5 again
+	kvs[7].Value = nil // an empty value
+	kvs = append(kvs, client.KV{Key: key(5), Value: []byte("not this")}, client.KV{Key: key(9), Value: []byte("nine again")},
+		client.KV{Key: key(5), Value: []byte("the last")}) // keys 5 and 9 again, 5 twice
 	count := func() (commits, batches uint64) {
 		for _, s := range c.Running() {
 			st := s.Stats()
@@ -608,8 +609,11 @@ func TestClusterMultiPut(t *testing.T) {
 	for i := range n {
 		v, err := cl.Get(ctx, key(i))
 		want := kvs[i].Value
-		if i == 5 {
+		switch i {
+		case 5:
 			want = []byte("the last")
+		case 9:
+			want = []byte("nine again")
 		}
 		if err != nil || string(v) != string(want) || (i == 7 && (v == nil || len(v) != 0)) {
 			t.Fatalf("key %d after MultiPut: %d bytes, %v; want %d", i, len(v), err, len(want))

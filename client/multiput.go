@@ -3,6 +3,7 @@
 package client
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"errors"
@@ -40,19 +41,18 @@ func (c *Client) MultiPut(ctx context.Context, kvs []KV, opts ...OpOption) error
 		return err
 	}
 	defer cancel()
-	last := make(map[string]int, len(kvs))
-	for i, k := range keys {
-		last[string(k)] = i
-	}
-	pending := make([]int, 0, len(last))
+	pending := lastOfEachKey(keys)
 	ws := make([]*writeSession, len(kvs))
-	for i, k := range keys {
-		if last[string(k)] == i {
-			pending = append(pending, i)
-			ws[i] = c.ids.next(proto.ShardOf(k)) // each put a session of its own: a retry of any is answered once
-			defer c.ids.done(ws[i])
-		}
+	for _, i := range pending {
+		ws[i] = c.ids.next(proto.ShardOf(keys[i])) // each put a session of its own: a retry of any is answered once
 	}
+	defer func() {
+		for _, w := range ws {
+			if w != nil {
+				c.ids.done(w)
+			}
+		}
+	}()
 	return c.do(ctx, "PUT", func(ctx context.Context) error {
 		groups, err := c.groupByOwner(keys, pending)
 		if err != nil {
@@ -85,18 +85,11 @@ func (c *Client) MultiPut(ctx context.Context, kvs []KV, opts ...OpOption) error
 				fatal = cmp.Or(fatal, err)
 			}
 		}
-		var wg sync.WaitGroup
+		var tasks []func()
 		for _, g := range groups {
-			var batched, single []int
-			for _, i := range g.idx {
-				if g.t.m.Holders(proto.ShardOf(keys[i])) > 1 {
-					single = append(single, i)
-				} else {
-					batched = append(batched, i)
-				}
-			}
+			batched, single := splitBackedUp(g, keys)
 			if len(batched) > 0 {
-				wg.Go(func() {
+				tasks = append(tasks, func() {
 					left := batched
 					err := c.withConn(ctx, g.t.name, func(sc *serverConn) error {
 						var err error
@@ -106,13 +99,16 @@ func (c *Client) MultiPut(ctx context.Context, kvs []KV, opts ...OpOption) error
 					done(g.t, batched, left, err)
 				})
 			}
+			if len(single) == 0 {
+				continue
+			}
 			queue := make(chan int, len(single))
 			for _, i := range single {
 				queue <- i
 			}
 			close(queue)
 			for range min(len(single), c.cfg.ConnsPerServer) {
-				wg.Go(func() {
+				tasks = append(tasks, func() {
 					for i := range queue {
 						err := c.withConn(ctx, g.t.name, func(sc *serverConn) error {
 							return sc.put(ctx, g.t, kvs[i].Key, kvs[i].Value, ws[i].Write)
@@ -122,7 +118,7 @@ func (c *Client) MultiPut(ctx context.Context, kvs []KV, opts ...OpOption) error
 				})
 			}
 		}
-		wg.Wait()
+		inParallel(len(tasks), func(i int) { tasks[i]() })
 		if fatal != nil {
 			return fatal
 		}
@@ -140,6 +136,43 @@ func backedUpBy(t *target, keys [][]byte, idx []int, node string) bool {
 		}
 	}
 	return false
+}
+
+// lastOfEachKey returns the indexes of keys, in order, that no later key
+// equals: a key given twice is put once, with its last value. It sorts
+// instead of keeping a set, which would copy every key.
+func lastOfEachKey(keys [][]byte) []int {
+	idx := make([]int, len(keys))
+	for i := range idx {
+		idx[i] = i
+	}
+	slices.SortFunc(idx, func(a, b int) int { return cmp.Or(bytes.Compare(keys[a], keys[b]), cmp.Compare(a, b)) })
+	kept := idx[:0]
+	for j, i := range idx {
+		if j+1 == len(idx) || !bytes.Equal(keys[i], keys[idx[j+1]]) {
+			kept = append(kept, i) // the last one given of its key: the sort put it last
+		}
+	}
+	slices.Sort(kept)
+	return kept
+}
+
+// splitBackedUp splits g's keys into those of shards without backups,
+// which go in batches, and the rest, which are put one by one. Without
+// backups anywhere in g, batched is g.idx itself.
+func splitBackedUp(g keyGroup, keys [][]byte) (batched, single []int) {
+	backedUp := func(i int) bool { return g.t.m.Holders(proto.ShardOf(keys[i])) > 1 }
+	if !slices.ContainsFunc(g.idx, backedUp) {
+		return g.idx, nil
+	}
+	for _, i := range g.idx {
+		if backedUp(i) {
+			single = append(single, i)
+		} else {
+			batched = append(batched, i)
+		}
+	}
+	return batched, single
 }
 
 // putBatch puts the pairs of kvs at idx, whose keys sc's server is
